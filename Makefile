@@ -1,0 +1,49 @@
+# streamd. The two commands a fresh machine needs: `make run` and `make test`.
+# With no STREAMD_DATABASE_URL, both start (or reuse) a private PostgreSQL cluster in
+# .state/pg (internal/localpg); `make db-stop` stops it.
+
+GO        ?= go
+GOFLAGS   ?=
+TEST_TIMEOUT ?= 20m
+STREAMD   := $(GO) run ./cmd/streamd
+
+.PHONY: run test test-race db-start db-stop db-url migrate build vet fmt bench bench-full soak chaos
+
+run:
+	$(STREAMD) serve
+
+build:
+	$(GO) build -o bin/streamd ./cmd/streamd
+
+# Start (or reuse) the database first, so a missing PostgreSQL fails here with a clear
+# message rather than in every test package at once.
+test: db-start
+	$(GO) vet ./...
+	$(GO) test $(GOFLAGS) -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+test-race: db-start
+	$(GO) test $(GOFLAGS) -race -count=1 -timeout 30m ./...
+
+db-start:
+	$(STREAMD) db start
+
+db-stop:
+	$(STREAMD) db stop
+
+db-url:
+	@$(STREAMD) db url
+
+migrate:
+	$(STREAMD) migrate
+
+vet:
+	$(GO) vet ./...
+
+fmt:
+	gofmt -l -w $$(git ls-files '*.go')
+
+bench: db-start
+	$(GO) run ./bench/cmd/streamd-bench -suite quick
+
+bench-full: db-start
+	$(GO) run ./bench/cmd/streamd-bench -suite full

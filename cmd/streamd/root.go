@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/streamd/streamd/internal/localpg"
+)
+
+// globals are the flags every subcommand shares.
+type globals struct {
+	databaseURL string
+	output      string
+	logFormat   string
+	logLevel    string
+	logger      *slog.Logger
+}
+
+func newRootCmd() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:   "streamd",
+		Short: "streamd: Kafka-style streams, consumer groups and queues in PostgreSQL",
+		Long: `streamd keeps streams (partitioned append-only logs), consumer groups and
+visibility-timeout queues in PostgreSQL. This one binary is the coordinator daemon
+(streamd serve) and the command-line tool for everything else.
+
+Connection: --database-url, else $STREAMD_DATABASE_URL, else a private PostgreSQL
+cluster that streamd starts (or reuses) in the project's .state folder.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			return g.init(cmd.ErrOrStderr())
+		},
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection string (default $STREAMD_DATABASE_URL, else the local development cluster)")
+	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	pf.StringVar(&g.logFormat, "log-format", envOr("STREAMD_LOG_FORMAT", "text"), "log format: text or json ($STREAMD_LOG_FORMAT)")
+	pf.StringVar(&g.logLevel, "log-level", envOr("STREAMD_LOG_LEVEL", "info"), "log level: debug, info, warn or error ($STREAMD_LOG_LEVEL)")
+
+	root.AddCommand(
+		newServeCmd(g),
+		newMigrateCmd(g),
+		newDBCmd(g),
+	)
+	return root
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func (g *globals) init(stderr io.Writer) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch g.logFormat {
+	case "text":
+		g.logger = slog.New(slog.NewTextHandler(stderr, opts))
+	case "json":
+		g.logger = slog.New(slog.NewJSONHandler(stderr, opts))
+	default:
+		return fmt.Errorf("--log-format %q: want text or json", g.logFormat)
+	}
+	slog.SetDefault(g.logger)
+	switch g.output {
+	case "table", "json":
+	default:
+		return fmt.Errorf("--output %q: want table or json", g.output)
+	}
+	return nil
+}
+
+// url resolves the database: the flag, then $STREAMD_DATABASE_URL, then the local
+// development cluster (started if needed).
+func (g *globals) url(ctx context.Context) (string, error) {
+	if g.databaseURL != "" {
+		return g.databaseURL, nil
+	}
+	return localpg.DatabaseURL(ctx, &localpg.Config{Logger: g.logger})
+}
+
+// pool opens a connection pool on the resolved database.
+func (g *globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
+	url, err := g.url(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
+// print writes v as indented JSON when --output json, else calls table.
+func (g *globals) print(w io.Writer, v any, table func(tw *tabwriter.Writer)) error {
+	if g.output == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+func row(tw *tabwriter.Writer, cols ...any) {
+	parts := make([]string, len(cols))
+	for i, c := range cols {
+		parts[i] = fmt.Sprint(c)
+	}
+	fmt.Fprintln(tw, strings.Join(parts, "\t"))
+}

@@ -1,0 +1,18 @@
+package sqlerr
+
+// Every SQLSTATE that streamd's SQL functions raise. Class SD is streamd's own.
+// Log (sql/functions/0100_log.sql): SD0xx. Consumer groups: SD1xx. Queues: SD2xx.
+// Retention and configuration: SD3xx. Event sourcing: SD4xx.
+const (
+	StreamNotFound    = "SD001"
+	PartitionNotFound = "SD002"
+	InvalidName       = "SD003"
+	PayloadTooLarge   = "SD004"
+	InvalidArgument   = "SD005"
+	PartitionDecrease = "SD006"
+	OffsetOutOfRange  = "SD007"
+
+	// JSON that does not parse (PostgreSQL's invalid_text_representation, raised by
+	// the jsonb input function).
+	InvalidJSON = "22P02"
+)

@@ -1,0 +1,105 @@
+// Package sqlerr maps the SQLSTATEs that streamd's SQL functions raise to the Go
+// sentinels of the public packages. It is the one place where codes become errors:
+// codes.go lists every code, and each public package registers its sentinels in init.
+package sqlerr
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Error is a database error that streamd's SQL raised on purpose. It matches its
+// sentinel with errors.Is and the underlying *pgconn.PgError with errors.As.
+type Error struct {
+	// Sentinel is the condition, e.g. streams.ErrStreamNotFound.
+	Sentinel error
+	// PgErr is the error PostgreSQL returned; its Message says what was wrong.
+	PgErr *pgconn.PgError
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%v: %s", e.Sentinel, e.PgErr.Message)
+}
+
+// Unwrap returns the sentinel and the PostgreSQL error.
+func (e *Error) Unwrap() []error { return []error{e.Sentinel, e.PgErr} }
+
+var (
+	mu       sync.RWMutex
+	registry = map[string]error{}
+)
+
+// Register maps SQLSTATE code to sentinel. Registering a code twice with different
+// sentinels panics: one code, one meaning.
+func Register(code string, sentinel error) {
+	mu.Lock()
+	defer mu.Unlock()
+	if prev, ok := registry[code]; ok && prev != sentinel {
+		panic(fmt.Sprintf("sqlerr: SQLSTATE %s registered twice (%v, %v)", code, prev, sentinel))
+	}
+	registry[code] = sentinel
+}
+
+// Wrap returns err as an *Error when it is a PostgreSQL error with a registered
+// code, and err unchanged otherwise (nil stays nil).
+func Wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	mu.RLock()
+	sentinel, ok := registry[pgErr.Code]
+	mu.RUnlock()
+	if !ok {
+		return err
+	}
+	return &Error{Sentinel: sentinel, PgErr: pgErr}
+}
+
+// Code returns the SQLSTATE of err, or "" when err is not a PostgreSQL error.
+func Code(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// Retriable reports whether an operation that failed with err may be retried: the
+// connection broke, the server is shutting down or restarting, the transaction was a
+// serialization or deadlock victim, or no connection could be had. Callers that retry
+// writes must make them idempotent (event ids, lease tokens, epochs).
+func Retriable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "40001", pgErr.Code == "40P01": // serialization failure, deadlock
+			return true
+		case pgErr.Code == "53300", pgErr.Code == "53400": // too many connections
+			return true
+		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "08": // connection exception
+			return true
+		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03": // shutdown, crash, cannot connect now
+			return true
+		}
+		return false
+	}
+	if errors.Is(err, errors.ErrUnsupported) {
+		return false
+	}
+	// Not a server error: a network error, a closed connection, a dial failure.
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	return isConnectionFailure(err)
+}

@@ -1,0 +1,317 @@
+-- Functions of the persistent log. Applied idempotently on every migrate.
+--
+-- Errors raised here use SQLSTATE class SD (streamd); the Go side maps each code to a
+-- sentinel in one place (streams/errors.go):
+--   SD001 stream not found       SD002 partition not found   SD003 invalid name
+--   SD004 payload too large      SD005 invalid argument      SD006 partitions decrease
+--   SD007 offset out of range
+
+-- A stream name: 1 to 249 characters of [A-Za-z0-9._-], not "." or ".." (Kafka's rule).
+CREATE OR REPLACE FUNCTION streamd.valid_stream_name(p_name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_name IS NOT NULL AND p_name ~ '^[A-Za-z0-9._-]{1,249}$' AND p_name NOT IN ('.', '..')
+$$;
+
+-- The partition of a key: the first four bytes of SHA-256 of its UTF-8 bytes, as a
+-- big-endian unsigned integer, modulo the partition count. The Go producer computes the
+-- same (streams.PartitionForKey), so a key lands on one partition by either path.
+CREATE OR REPLACE FUNCTION streamd.partition_for_key(p_key text, p_partitions integer) RETURNS integer
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT (((get_byte(h, 0)::bigint << 24) | (get_byte(h, 1) << 16) | (get_byte(h, 2) << 8) | get_byte(h, 3))
+            % p_partitions)::integer
+    FROM (SELECT sha256(convert_to(p_key, 'UTF8')) AS h) s
+$$;
+
+-- Creates a stream with p_partitions partitions, or grows an existing one to that many.
+-- Asking for fewer partitions than the stream has is refused (SD006): offsets, keys and
+-- group offsets live on partitions.
+CREATE OR REPLACE FUNCTION streamd.create_stream(p_stream_name text, p_partitions integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_current integer;
+BEGIN
+    IF NOT streamd.valid_stream_name(p_stream_name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD003',
+            MESSAGE = format('invalid stream name %L: use 1 to 249 characters of A-Z a-z 0-9 . _ -', p_stream_name);
+    END IF;
+    IF p_partitions IS NULL OR p_partitions < 1 OR p_partitions > 10000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005',
+            MESSAGE = format('invalid partition count %s for stream %L: must be between 1 and 10000', p_partitions, p_stream_name);
+    END IF;
+
+    INSERT INTO streamd.streams (stream_name, partitions) VALUES (p_stream_name, p_partitions)
+    ON CONFLICT (stream_name) DO NOTHING;
+    SELECT partitions INTO v_current FROM streamd.streams WHERE stream_name = p_stream_name FOR UPDATE;
+
+    IF p_partitions < v_current THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD006',
+            MESSAGE = format('stream %L has %s partitions; the count cannot decrease to %s', p_stream_name, v_current, p_partitions);
+    END IF;
+    IF p_partitions > v_current THEN
+        UPDATE streamd.streams SET partitions = p_partitions, updated_at = now() WHERE stream_name = p_stream_name;
+    END IF;
+    INSERT INTO streamd.stream_partitions (stream_name, partition)
+    SELECT p_stream_name, g FROM generate_series(0, p_partitions - 1) g
+    ON CONFLICT DO NOTHING;
+END;
+$$;
+
+-- Deletes a stream, its partitions and all its events. Returns false when it did not exist.
+CREATE OR REPLACE FUNCTION streamd.delete_stream(p_stream_name text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- Lock the stream first so that concurrent appends fail cleanly with SD001 after us.
+    PERFORM 1 FROM streamd.streams WHERE stream_name = p_stream_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM 1 FROM streamd.stream_partitions WHERE stream_name = p_stream_name ORDER BY partition FOR UPDATE;
+    DELETE FROM streamd.events WHERE stream_name = p_stream_name;
+    DELETE FROM streamd.streams WHERE stream_name = p_stream_name;
+    RETURN true;
+END;
+$$;
+
+-- Appends a batch of events to one stream, atomically, and returns each one's position.
+-- This is the Go producer's path and the fast path for SQL callers. The arrays are
+-- parallel (element i of each describes event i); any array may be NULL, meaning all
+-- its elements are NULL. A NULL partition routes by key (partition_for_key), or, for a
+-- keyless event, to one partition chosen per call. A NULL event_id gets a UUID.
+--
+-- An event whose event_id the stream already holds is not stored again: its row says
+-- duplicate = true with the original position (L4). Offsets stay gapless either way.
+--
+-- Head rows are locked in ascending partition order, so concurrent batches never
+-- deadlock on them; they stay locked until the calling transaction ends (L1).
+CREATE OR REPLACE FUNCTION streamd.append(
+    p_stream_name     text,
+    p_partitions      integer[],
+    p_event_ids       text[],
+    p_event_types     text[],
+    p_keys            text[],
+    p_data            text[],
+    p_data_bytes      bytea[],
+    p_metadata        text[],
+    p_correlation_ids text[],
+    p_causation_ids   text[],
+    p_versions        integer[]
+) RETURNS TABLE (ord integer, partition integer, "offset" bigint, "timestamp" timestamptz, duplicate boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n        integer := coalesce(cardinality(p_event_ids), cardinality(p_data), cardinality(p_data_bytes), cardinality(p_keys), 0);
+    v_stream   streamd.streams%ROWTYPE;
+    v_sticky   integer;
+    v_parts    integer[];
+    v_ids      text[];
+    v_offs     bigint[];
+    v_tss      timestamptz[];
+    v_bp       integer[] := '{}';
+    v_bo       bigint[] := '{}';
+    v_bt       timestamptz[] := '{}';
+    v_bc       bigint[] := '{}';
+    v_next     bigint;
+    v_off      bigint;
+    v_base     bigint;
+    v_ts       timestamptz;
+    v_inserted integer;
+    v_bad      integer;
+    r          record;
+BEGIN
+    SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+    IF NOT FOUND THEN
+        IF NOT streamd.valid_stream_name(p_stream_name) THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD003', MESSAGE = format('invalid stream name %L', p_stream_name);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'SD001', MESSAGE = format('stream %L does not exist', p_stream_name);
+    END IF;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF (p_partitions IS NOT NULL AND cardinality(p_partitions) <> v_n)
+       OR (p_event_ids IS NOT NULL AND cardinality(p_event_ids) <> v_n)
+       OR (p_event_types IS NOT NULL AND cardinality(p_event_types) <> v_n)
+       OR (p_keys IS NOT NULL AND cardinality(p_keys) <> v_n)
+       OR (p_data IS NOT NULL AND cardinality(p_data) <> v_n)
+       OR (p_data_bytes IS NOT NULL AND cardinality(p_data_bytes) <> v_n)
+       OR (p_metadata IS NOT NULL AND cardinality(p_metadata) <> v_n)
+       OR (p_correlation_ids IS NOT NULL AND cardinality(p_correlation_ids) <> v_n)
+       OR (p_causation_ids IS NOT NULL AND cardinality(p_causation_ids) <> v_n)
+       OR (p_versions IS NOT NULL AND cardinality(p_versions) <> v_n) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = 'append: the arrays must all have the same length';
+    END IF;
+
+    -- Route, name and check every event before touching anything.
+    v_sticky := (pg_current_xact_id()::text::bigint % v_stream.partitions)::integer;
+    SELECT array_agg(coalesce(u.p, CASE WHEN u.k IS NOT NULL THEN streamd.partition_for_key(u.k, v_stream.partitions) ELSE v_sticky END) ORDER BY u.i),
+           array_agg(coalesce(u.e, gen_random_uuid()::text) ORDER BY u.i)
+      INTO v_parts, v_ids
+      FROM unnest(coalesce(p_partitions, array_fill(NULL::integer, ARRAY[v_n])),
+                  coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])),
+                  coalesce(p_event_ids, array_fill(NULL::text, ARRAY[v_n])))
+           WITH ORDINALITY AS u(p, k, e, i);
+
+    SELECT min(u.i) INTO v_bad FROM unnest(v_parts) WITH ORDINALITY AS u(p, i)
+     WHERE u.p < 0 OR u.p >= v_stream.partitions;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD002',
+            MESSAGE = format('stream %L has no partition %s (it has %s)', p_stream_name, v_parts[v_bad], v_stream.partitions);
+    END IF;
+    SELECT min(u.i) INTO v_bad
+      FROM unnest(coalesce(p_data, array_fill(NULL::text, ARRAY[v_n])),
+                  coalesce(p_data_bytes, array_fill(NULL::bytea, ARRAY[v_n]))) WITH ORDINALITY AS u(d, b, i)
+     WHERE coalesce(octet_length(u.d), 0) + coalesce(octet_length(u.b), 0) > v_stream.max_payload_bytes
+        OR (u.d IS NOT NULL AND u.b IS NOT NULL);
+    IF v_bad IS NOT NULL THEN
+        IF p_data[v_bad] IS NOT NULL AND p_data_bytes[v_bad] IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD005',
+                MESSAGE = format('event %s has both a JSON and a binary payload; give one', v_bad);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'SD004',
+            MESSAGE = format('event %s: payload of %s bytes exceeds the limit of %s bytes of stream %L', v_bad,
+                             coalesce(octet_length(p_data[v_bad]), octet_length(p_data_bytes[v_bad])), v_stream.max_payload_bytes, p_stream_name);
+    END IF;
+
+    -- Reserve offsets: one head-row update per partition, in ascending partition order.
+    FOR r IN SELECT u.p, count(*) AS cnt FROM unnest(v_parts) AS u(p) GROUP BY u.p ORDER BY u.p LOOP
+        UPDATE streamd.stream_partitions h
+           SET next_offset = h.next_offset + r.cnt,
+               last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
+         WHERE h.stream_name = p_stream_name AND h.partition = r.p
+        RETURNING h.next_offset - r.cnt, h.last_appended_at INTO v_base, v_ts;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD002', MESSAGE = format('stream %L has no partition %s', p_stream_name, r.p);
+        END IF;
+        v_bp := v_bp || r.p;
+        v_bo := v_bo || v_base;
+        v_bt := v_bt || v_ts;
+        v_bc := v_bc || r.cnt;
+    END LOOP;
+
+    SELECT array_agg(b.base + x.rn - 1 ORDER BY x.i), array_agg(b.ts ORDER BY x.i)
+      INTO v_offs, v_tss
+      FROM (SELECT u.i, u.p, row_number() OVER (PARTITION BY u.p ORDER BY u.i) AS rn
+              FROM unnest(v_parts) WITH ORDINALITY AS u(p, i)) x
+      JOIN unnest(v_bp, v_bo, v_bt) AS b(p, base, ts) ON b.p = x.p;
+
+    PERFORM set_config('streamd.append_trusted', 'on', true);
+    WITH ins AS (
+        INSERT INTO streamd.events AS e (stream_name, partition, "offset", event_id, event_type, key, data, data_bytes,
+                                         metadata, "timestamp", correlation_id, causation_id, version)
+        SELECT p_stream_name, u.p, u.o, u.e, coalesce(u.t, ''), u.k, u.d::jsonb, u.b, u.m::jsonb, u.ts, u.c, u.ca, coalesce(u.v, 1)
+          FROM unnest(v_parts, v_offs, v_ids,
+                      coalesce(p_event_types, array_fill(NULL::text, ARRAY[v_n])),
+                      coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])),
+                      coalesce(p_data, array_fill(NULL::text, ARRAY[v_n])),
+                      coalesce(p_data_bytes, array_fill(NULL::bytea, ARRAY[v_n])),
+                      coalesce(p_metadata, array_fill(NULL::text, ARRAY[v_n])),
+                      v_tss,
+                      coalesce(p_correlation_ids, array_fill(NULL::text, ARRAY[v_n])),
+                      coalesce(p_causation_ids, array_fill(NULL::text, ARRAY[v_n])),
+                      coalesce(p_versions, array_fill(NULL::integer, ARRAY[v_n])))
+               AS u(p, o, e, t, k, d, b, m, ts, c, ca, v)
+         ORDER BY u.p, u.o
+        ON CONFLICT (stream_name, event_id) DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_inserted FROM ins;
+
+    IF v_inserted = v_n THEN
+        PERFORM set_config('streamd.append_trusted', 'off', true);
+        RETURN QUERY SELECT u.i::integer, u.p, u.o, u.ts, false FROM unnest(v_parts, v_offs, v_tss) WITH ORDINALITY AS u(p, o, ts, i);
+        RETURN;
+    END IF;
+
+    -- Rare path: some event_ids were already stored (a retry). Close the holes their
+    -- reserved offsets left by moving our own rows (not yet visible to anyone) down in
+    -- offset order, and give back the offsets that were not used.
+    FOR r IN SELECT b.p, b.base, b.cnt FROM unnest(v_bp, v_bo, v_bc) AS b(p, base, cnt) LOOP
+        v_next := r.base;
+        FOR v_off IN SELECT e."offset" FROM streamd.events e
+                      WHERE e.stream_name = p_stream_name AND e.partition = r.p
+                        AND e."offset" >= r.base AND e."offset" < r.base + r.cnt
+                      ORDER BY e."offset" LOOP
+            IF v_off <> v_next THEN
+                UPDATE streamd.events e SET "offset" = v_next
+                 WHERE e.stream_name = p_stream_name AND e.partition = r.p AND e."offset" = v_off;
+            END IF;
+            v_next := v_next + 1;
+        END LOOP;
+        UPDATE streamd.stream_partitions h SET next_offset = v_next
+         WHERE h.stream_name = p_stream_name AND h.partition = r.p;
+    END LOOP;
+    PERFORM set_config('streamd.append_trusted', 'off', true);
+
+    -- An event is new when its stored row lies in the range reserved above for its
+    -- partition and it is the first of its event_id in this batch.
+    RETURN QUERY
+        SELECT x.i::integer, e.partition, e."offset", e."timestamp",
+               NOT (x.first_of_id AND e.partition = x.p AND e."offset" >= b.base)
+          FROM (SELECT u.e, u.p, u.i, row_number() OVER (PARTITION BY u.e ORDER BY u.p, u.i) = 1 AS first_of_id
+                  FROM unnest(v_ids, v_parts) WITH ORDINALITY AS u(e, p, i)) x
+          JOIN unnest(v_bp, v_bo) AS b(p, base) ON b.p = x.p
+          JOIN streamd.events e ON e.stream_name = p_stream_name AND e.event_id = x.e
+         ORDER BY x.i;
+END;
+$$;
+
+-- The first offset of a partition whose timestamp is at or after p_time, or the log end
+-- (next_offset) when there is none. Timestamps are monotonic per partition (the
+-- appending transaction stamps them under the head-row lock), so this is a binary
+-- search of primary-key probes, robust to holes left by retention or compaction.
+CREATE OR REPLACE FUNCTION streamd.offset_for_time(p_stream_name text, p_partition integer, p_time timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_lo  bigint;
+    v_hi  bigint;
+    v_mid bigint;
+    v_off bigint;
+    v_ts  timestamptz;
+BEGIN
+    SELECT h.log_start_offset, h.next_offset INTO v_lo, v_hi
+      FROM streamd.stream_partitions h WHERE h.stream_name = p_stream_name AND h.partition = p_partition;
+    IF NOT FOUND THEN
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    -- Invariant: the answer is the first event at or after some x in [v_lo, v_hi].
+    WHILE v_lo < v_hi LOOP
+        v_mid := v_lo + (v_hi - v_lo) / 2;
+        SELECT e."offset", e."timestamp" INTO v_off, v_ts
+          FROM streamd.events e
+         WHERE e.stream_name = p_stream_name AND e.partition = p_partition AND e."offset" >= v_mid
+         ORDER BY e."offset" LIMIT 1;
+        IF NOT FOUND OR v_ts >= p_time THEN
+            v_hi := v_mid;
+        ELSE
+            v_lo := v_off + 1;
+        END IF;
+    END LOOP;
+    SELECT e."offset" INTO v_off
+      FROM streamd.events e
+     WHERE e.stream_name = p_stream_name AND e.partition = p_partition AND e."offset" >= v_lo
+     ORDER BY e."offset" LIMIT 1;
+    IF NOT FOUND THEN
+        SELECT h.next_offset INTO v_off FROM streamd.stream_partitions h
+         WHERE h.stream_name = p_stream_name AND h.partition = p_partition;
+    END IF;
+    RETURN v_off;
+END;
+$$;
+
+-- Raises SD001 or SD002 (or SD003 for an invalid name) for a partition that is not there.
+CREATE OR REPLACE FUNCTION streamd.raise_partition_missing(p_stream_name text, p_partition integer) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_partitions integer;
+BEGIN
+    IF NOT streamd.valid_stream_name(p_stream_name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD003', MESSAGE = format('invalid stream name %L', p_stream_name);
+    END IF;
+    SELECT s.partitions INTO v_partitions FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD001', MESSAGE = format('stream %L does not exist', p_stream_name);
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'SD002',
+        MESSAGE = format('stream %L has no partition %s (it has %s)', p_stream_name, p_partition, v_partitions);
+END;
+$$;

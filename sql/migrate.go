@@ -1,0 +1,213 @@
+// Package schema (directory sql/) holds every table, function and view of streamd as
+// .sql files embedded into the binary, and applies them.
+//
+// Migrate applies the versioned migrations in sql/migrations once each, in order, then
+// re-applies sql/functions and sql/views (CREATE OR REPLACE) whenever their text
+// changed. It runs under a session advisory lock, so two concurrent runs are safe: the
+// second waits for the first and then finds nothing to do. All objects live in the
+// PostgreSQL schema "streamd".
+package schema
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed migrations/*.sql functions/*.sql views/*.sql
+var files embed.FS
+
+// advisoryLockKey serialises migrations across processes ("streamd!" as an int64).
+const advisoryLockKey int64 = 0x73747265616d6421
+
+// Migration is one versioned schema change.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// Result says what a Migrate call did.
+type Result struct {
+	// Applied lists the versions of the migrations this call applied.
+	Applied []int
+	// ObjectsUpdated is true when functions or views were (re)created.
+	ObjectsUpdated bool
+}
+
+// Migrations returns the embedded migrations in version order.
+func Migrations() ([]Migration, error) {
+	entries, err := fs.ReadDir(files, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	var out []Migration
+	seen := map[int]string{}
+	for _, e := range entries {
+		name := e.Name()
+		num, _, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("schema: migration file %s: name must start with a positive version number and '_'", name)
+		}
+		if prev, dup := seen[v]; dup {
+			return nil, fmt.Errorf("schema: migrations %s and %s share version %d", prev, name, v)
+		}
+		seen[v] = name
+		b, err := files.ReadFile(path.Join("migrations", name))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Migration{Version: v, Name: strings.TrimSuffix(name, ".sql"), SQL: string(b)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// objects returns the function files then the view files, each in name order, and a
+// hash of all of them.
+func objects() ([]string, string, error) {
+	var texts []string
+	h := sha256.New()
+	for _, dir := range []string{"functions", "views"} {
+		entries, err := fs.ReadDir(files, dir)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, e := range entries {
+			if !strings.HasSuffix(e.Name(), ".sql") {
+				continue
+			}
+			b, err := files.ReadFile(path.Join(dir, e.Name()))
+			if err != nil {
+				return nil, "", err
+			}
+			texts = append(texts, string(b))
+			h.Write([]byte(dir + "/" + e.Name() + "\n"))
+			h.Write(b)
+		}
+	}
+	return texts, hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Migrate brings the database's streamd schema up to date. It is idempotent and safe
+// to run concurrently from several processes.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) (Result, error) {
+	var res Result
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return res, fmt.Errorf("migrate: acquire connection: %w", err)
+	}
+	defer conn.Release()
+	return migrateConn(ctx, conn.Conn())
+}
+
+// MigrateConn is Migrate on a single connection.
+func MigrateConn(ctx context.Context, conn *pgx.Conn) (Result, error) {
+	return migrateConn(ctx, conn)
+}
+
+func migrateConn(ctx context.Context, conn *pgx.Conn) (res Result, err error) {
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", advisoryLockKey); err != nil {
+		return res, fmt.Errorf("migrate: take advisory lock: %w", err)
+	}
+	defer func() {
+		// Unlock even when ctx was cancelled; a broken connection drops the lock anyway.
+		_, uerr := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", advisoryLockKey)
+		if err == nil && uerr != nil {
+			err = fmt.Errorf("migrate: release advisory lock: %w", uerr)
+		}
+	}()
+
+	if _, err := conn.Exec(ctx, `
+		CREATE SCHEMA IF NOT EXISTS streamd;
+		CREATE TABLE IF NOT EXISTS streamd.schema_migrations (
+			version    integer     PRIMARY KEY,
+			name       text        NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now()
+		);
+		CREATE TABLE IF NOT EXISTS streamd.schema_objects (
+			id         boolean     PRIMARY KEY DEFAULT true CHECK (id),
+			hash       text        NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now()
+		);`); err != nil {
+		return res, fmt.Errorf("migrate: create bookkeeping tables: %w", err)
+	}
+
+	migrations, err := Migrations()
+	if err != nil {
+		return res, err
+	}
+	applied := map[int]bool{}
+	rows, err := conn.Query(ctx, "SELECT version FROM streamd.schema_migrations")
+	if err != nil {
+		return res, fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return res, fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	for _, v := range versions {
+		applied[v] = true
+	}
+
+	texts, hash, err := objects()
+	if err != nil {
+		return res, err
+	}
+	var current string
+	err = conn.QueryRow(ctx, "SELECT hash FROM streamd.schema_objects").Scan(&current)
+	if err != nil && err != pgx.ErrNoRows {
+		return res, fmt.Errorf("migrate: read object hash: %w", err)
+	}
+
+	for _, m := range migrations {
+		if applied[m.Version] {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO streamd.schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
+			return err
+		})
+		if err != nil {
+			return res, fmt.Errorf("migrate: apply %s: %w", m.Name, err)
+		}
+		res.Applied = append(res.Applied, m.Version)
+		current = "" // a migration may drop objects: re-create them all
+	}
+
+	if current != hash {
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			// Function bodies refer to each other in any order; check them when called.
+			if _, err := tx.Exec(ctx, "SET LOCAL check_function_bodies = off"); err != nil {
+				return err
+			}
+			for _, t := range texts {
+				if _, err := tx.Exec(ctx, t); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO streamd.schema_objects (hash) VALUES ($1)
+				ON CONFLICT (id) DO UPDATE SET hash = EXCLUDED.hash, applied_at = now()`, hash)
+			return err
+		})
+		if err != nil {
+			return res, fmt.Errorf("migrate: apply functions and views: %w", err)
+		}
+		res.ObjectsUpdated = true
+	}
+	return res, nil
+}

@@ -1,0 +1,228 @@
+// Package streams is the persistent log: streams with partitions, appends (batched,
+// in the caller's transaction, or by plain SQL INSERT), fetch by offset range and
+// offsets by time.
+//
+// Guarantees (docs/architecture.md says where each is enforced and tested):
+//   - L1: within a partition, offsets are 0, 1, 2, ... with no gaps and become visible
+//     in offset order, because each append locks its partition's head row until it
+//     commits.
+//   - L2: an append is atomic; ProduceTx appends inside the caller's transaction.
+//   - L3: a plain INSERT INTO streamd.events gets a correct offset from a trigger.
+//   - L4: a record whose EventID the stream holds is stored once.
+package streams
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// DBTX is what the package needs from a connection, pool or transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ClientConfig configures a Client. A nil *ClientConfig means the defaults.
+type ClientConfig struct {
+	// Logger receives the client's log lines. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Client administers streams and reads them. It is safe for concurrent use.
+type Client struct {
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+}
+
+// NewClient returns a Client on pool.
+func NewClient(pool *pgxpool.Pool, cfg *ClientConfig) *Client {
+	c := &Client{pool: pool, logger: slog.Default()}
+	if cfg != nil && cfg.Logger != nil {
+		c.logger = cfg.Logger
+	}
+	return c
+}
+
+// Pool returns the client's pool.
+func (c *Client) Pool() *pgxpool.Pool { return c.pool }
+
+// StreamInfo describes a stream.
+type StreamInfo struct {
+	Name            string          `json:"name"`
+	Partitions      int32           `json:"partitions"`
+	MaxPayloadBytes int32           `json:"max_payload_bytes"`
+	CreatedAt       time.Time       `json:"created_at"`
+	PartitionInfo   []PartitionInfo `json:"partition_info,omitempty"`
+}
+
+// PartitionInfo describes one partition from its head row.
+type PartitionInfo struct {
+	Partition      int32 `json:"partition"`
+	LogStartOffset int64 `json:"log_start_offset"`
+	// NextOffset is the log end: the offset the next event gets.
+	NextOffset     int64      `json:"next_offset"`
+	LastAppendedAt *time.Time `json:"last_appended_at,omitempty"`
+}
+
+// CreateStream creates stream name with the given number of partitions, or grows an
+// existing stream to that many. Fewer partitions than the stream has is refused with
+// ErrPartitionsDecrease; an invalid name with ErrInvalidName.
+func (c *Client) CreateStream(ctx context.Context, name string, partitions int32) error {
+	return CreateStreamTx(ctx, c.pool, name, partitions)
+}
+
+// CreateStreamTx is CreateStream on db (a pool, connection or transaction).
+func CreateStreamTx(ctx context.Context, db DBTX, name string, partitions int32) error {
+	if !ValidName(name) {
+		return invalid(ErrInvalidName, "stream name %q: use 1 to 249 characters of A-Z a-z 0-9 . _ -", name)
+	}
+	if partitions < 1 || partitions > 10000 {
+		return invalid(ErrInvalidArgument, "stream %s: partition count %d must be between 1 and 10000", name, partitions)
+	}
+	if _, err := db.Exec(ctx, "SELECT streamd.create_stream($1, $2)", name, partitions); err != nil {
+		return fmt.Errorf("create stream %s: %w", name, sqlerr.Wrap(err))
+	}
+	return nil
+}
+
+// DeleteStream deletes a stream and all its events. It returns ErrStreamNotFound when
+// there is no such stream.
+func (c *Client) DeleteStream(ctx context.Context, name string) error {
+	var existed bool
+	if err := c.pool.QueryRow(ctx, "SELECT streamd.delete_stream($1)", name).Scan(&existed); err != nil {
+		return fmt.Errorf("delete stream %s: %w", name, sqlerr.Wrap(err))
+	}
+	if !existed {
+		return fmt.Errorf("delete stream %s: %w", name, ErrStreamNotFound)
+	}
+	return nil
+}
+
+// ListStreams returns every stream, by name.
+func (c *Client) ListStreams(ctx context.Context) ([]StreamInfo, error) {
+	rows, err := c.pool.Query(ctx, `SELECT stream_name, partitions, max_payload_bytes, created_at
+		FROM streamd.streams ORDER BY stream_name`)
+	if err != nil {
+		return nil, fmt.Errorf("list streams: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StreamInfo, error) {
+		var s StreamInfo
+		err := r.Scan(&s.Name, &s.Partitions, &s.MaxPayloadBytes, &s.CreatedAt)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list streams: %w", err)
+	}
+	return out, nil
+}
+
+// DescribeStream returns a stream with its partitions' log start and end offsets.
+func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamInfo, error) {
+	return DescribeStreamTx(ctx, c.pool, name)
+}
+
+// DescribeStreamTx is DescribeStream on db.
+func DescribeStreamTx(ctx context.Context, db DBTX, name string) (*StreamInfo, error) {
+	var s StreamInfo
+	err := db.QueryRow(ctx, `SELECT stream_name, partitions, max_payload_bytes, created_at
+		FROM streamd.streams WHERE stream_name = $1`, name).Scan(&s.Name, &s.Partitions, &s.MaxPayloadBytes, &s.CreatedAt)
+	if err == pgx.ErrNoRows {
+		return nil, fmt.Errorf("describe stream %q: %w", name, ErrStreamNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("describe stream %s: %w", name, err)
+	}
+	rows, err := db.Query(ctx, `SELECT partition, log_start_offset, next_offset, last_appended_at
+		FROM streamd.stream_partitions WHERE stream_name = $1 ORDER BY partition`, name)
+	if err != nil {
+		return nil, fmt.Errorf("describe stream %s: %w", name, err)
+	}
+	s.PartitionInfo, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionInfo, error) {
+		var p PartitionInfo
+		err := r.Scan(&p.Partition, &p.LogStartOffset, &p.NextOffset, &p.LastAppendedAt)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("describe stream %s: %w", name, err)
+	}
+	return &s, nil
+}
+
+// Produce appends records atomically in one transaction (L2) and returns their
+// positions in the order given. Records may name several streams. For many small
+// concurrent appends, a Producer batches them into fewer transactions.
+func (c *Client) Produce(ctx context.Context, records ...Record) ([]Position, error) {
+	var out []Position
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = ProduceTx(ctx, tx, records...)
+		return err
+	})
+	return out, err
+}
+
+// ProduceTx appends records inside the caller's transaction tx (the transactional
+// outbox): they become visible when, and only if, tx commits. Positions are final
+// once tx commits.
+//
+// The head rows of the partitions written stay locked until tx ends: other appends to
+// those partitions wait for it. Keep such transactions short.
+func ProduceTx(ctx context.Context, tx DBTX, records ...Record) ([]Position, error) {
+	if len(records) == 0 {
+		return nil, nil
+	}
+	if err := validateRecords(records); err != nil {
+		return nil, err
+	}
+	out := make([]Position, len(records))
+	// One append call per stream, in name order so that transactions touching several
+	// streams lock head rows in one global order.
+	for _, g := range groupByStream(records) {
+		pos, err := appendBatch(ctx, tx, g.stream, g.records)
+		if err != nil {
+			return nil, err
+		}
+		for i, idx := range g.index {
+			out[idx] = pos[i]
+		}
+	}
+	return out, nil
+}
+
+func validateRecords(records []Record) error {
+	for i := range records {
+		if err := validateRecord(&records[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateRecord(r *Record) error {
+	if !ValidName(r.Stream) {
+		return invalid(ErrInvalidName, "stream name %q: use 1 to 249 characters of A-Z a-z 0-9 . _ -", r.Stream)
+	}
+	if r.Partition != nil && *r.Partition < 0 {
+		return invalid(ErrPartitionNotFound, "stream %s: partition %d is negative", r.Stream, *r.Partition)
+	}
+	if r.Data != nil && r.Bytes != nil {
+		return invalid(ErrInvalidArgument, "stream %s: a record has both Data and Bytes; set one", r.Stream)
+	}
+	if r.Data != nil && !json.Valid(r.Data) {
+		return invalid(ErrInvalidJSON, "stream %s: record data is not valid JSON", r.Stream)
+	}
+	if r.Version < 0 {
+		return invalid(ErrInvalidArgument, "stream %s: version %d is negative", r.Stream, r.Version)
+	}
+	return nil
+}

@@ -1,0 +1,226 @@
+package streams
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// FetchOpts bounds a Fetch. A nil *FetchOpts means the defaults.
+type FetchOpts struct {
+	// MaxBytes bounds the payload bytes returned (Event.Size); at least one event is
+	// returned when one is available, whatever its size. Defaults to 1 MiB.
+	MaxBytes int
+	// MaxRecords bounds the number of events returned. Defaults to 500.
+	MaxRecords int
+	// MaxWait, when positive, waits up to this long for events to arrive when there
+	// are none at the offset yet (long poll). Defaults to 0: return at once.
+	MaxWait time.Duration
+	// PollInterval is the first interval between polls while waiting; it doubles up to
+	// 100ms. Defaults to 5ms.
+	PollInterval time.Duration
+}
+
+// FetchResult is what a Fetch returns.
+type FetchResult struct {
+	// Events are in offset order, starting at the first stored offset at or after the
+	// one asked for (retention and compaction may leave holes).
+	Events []Event
+	// NextOffset is the offset to fetch next: one past the last event returned, or the
+	// offset asked for when none was.
+	NextOffset int64
+	// LogStartOffset and HighWatermark (the log end: the next offset to be assigned)
+	// bound the partition's stored offsets at the time of the fetch.
+	LogStartOffset int64
+	HighWatermark  int64
+}
+
+const fetchSQL = `SELECT h.log_start_offset, h.next_offset,
+       e."offset", e.event_id, e.event_type, e.key, e.data, e.data_bytes, e.metadata,
+       e."timestamp", e.correlation_id, e.causation_id, e.version
+  FROM streamd.stream_partitions h
+  LEFT JOIN LATERAL (
+        SELECT * FROM streamd.events e
+         WHERE e.stream_name = h.stream_name AND e.partition = h.partition AND e."offset" >= $3
+         ORDER BY e."offset"
+         LIMIT $4) e ON true
+ WHERE h.stream_name = $1 AND h.partition = $2`
+
+// Fetch reads the events of one partition from offset on, in offset order. An offset
+// below the log start (deleted by retention) or past the log end fails with an
+// *OffsetOutOfRangeError; an offset equal to the log end returns no events (after
+// waiting up to opts.MaxWait for some).
+func (c *Client) Fetch(ctx context.Context, stream string, partition int32, offset int64, opts *FetchOpts) (*FetchResult, error) {
+	return FetchTx(ctx, c.pool, stream, partition, offset, opts)
+}
+
+// FetchTx is Fetch on db (a pool, connection or transaction).
+func FetchTx(ctx context.Context, db DBTX, stream string, partition int32, offset int64, opts *FetchOpts) (*FetchResult, error) {
+	o := FetchOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = 1 << 20
+	}
+	if o.MaxRecords <= 0 {
+		o.MaxRecords = 500
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = 5 * time.Millisecond
+	}
+	if partition < 0 {
+		return nil, invalid(ErrPartitionNotFound, "fetch %s: partition %d is negative", stream, partition)
+	}
+	if offset < 0 {
+		return nil, invalid(ErrInvalidArgument, "fetch %s/%d: offset %d is negative", stream, partition, offset)
+	}
+	var deadline time.Time
+	if o.MaxWait > 0 {
+		deadline = time.Now().Add(o.MaxWait)
+	}
+	interval := o.PollInterval
+	for {
+		res, err := fetchOnce(ctx, db, stream, partition, offset, &o)
+		if err != nil || len(res.Events) > 0 || deadline.IsZero() {
+			return res, err
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return res, nil
+		}
+		if wait > interval {
+			wait = interval
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, nil
+		case <-t.C:
+		}
+		if interval *= 2; interval > 100*time.Millisecond {
+			interval = 100 * time.Millisecond
+		}
+	}
+}
+
+func fetchOnce(ctx context.Context, db DBTX, stream string, partition int32, offset int64, o *FetchOpts) (*FetchResult, error) {
+	rows, err := db.Query(ctx, fetchSQL, stream, partition, offset, o.MaxRecords)
+	if err != nil {
+		return nil, fmt.Errorf("fetch %s/%d: %w", stream, partition, sqlerr.Wrap(err))
+	}
+	defer rows.Close()
+	res := &FetchResult{NextOffset: offset}
+	found := false
+	size := 0
+	for rows.Next() {
+		found = true
+		var (
+			off     *int64
+			e       Event
+			eventID *string
+			typ     *string
+			key     *string
+			data    []byte
+			bin     []byte
+			meta    []byte
+			ts      *time.Time
+			corr    *string
+			caus    *string
+			version *int32
+		)
+		if err := rows.Scan(&res.LogStartOffset, &res.HighWatermark, &off, &eventID, &typ, &key, &data, &bin, &meta,
+			&ts, &corr, &caus, &version); err != nil {
+			return nil, fmt.Errorf("fetch %s/%d: %w", stream, partition, err)
+		}
+		if off == nil {
+			continue // the partition exists but has no events at or after offset
+		}
+		e.Stream, e.Partition, e.Offset = stream, partition, *off
+		e.EventID, e.EventType = *eventID, *typ
+		if key != nil {
+			e.Key = *key
+		}
+		if data != nil {
+			e.Data = json.RawMessage(data)
+		}
+		e.Bytes = bin
+		if meta != nil {
+			e.Headers = decodeHeaders(meta)
+		}
+		e.Timestamp = *ts
+		if corr != nil {
+			e.CorrelationID = *corr
+		}
+		if caus != nil {
+			e.CausationID = *caus
+		}
+		e.Version = *version
+		if len(res.Events) > 0 && size+e.Size() > o.MaxBytes {
+			break
+		}
+		size += e.Size()
+		res.Events = append(res.Events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("fetch %s/%d: %w", stream, partition, sqlerr.Wrap(err))
+	}
+	rows.Close()
+	if !found {
+		return nil, partitionMissing(ctx, db, stream, partition)
+	}
+	if offset < res.LogStartOffset || offset > res.HighWatermark {
+		return nil, &OffsetOutOfRangeError{Stream: stream, Partition: partition, Offset: offset,
+			LogStartOffset: res.LogStartOffset, NextOffset: res.HighWatermark}
+	}
+	if n := len(res.Events); n > 0 {
+		res.NextOffset = res.Events[n-1].Offset + 1
+	}
+	return res, nil
+}
+
+// partitionMissing returns the typed error for a partition without a head row.
+func partitionMissing(ctx context.Context, db DBTX, stream string, partition int32) error {
+	_, err := db.Exec(ctx, "SELECT streamd.raise_partition_missing($1, $2)", stream, partition)
+	if err == nil {
+		err = fmt.Errorf("%w: %s/%d", ErrPartitionNotFound, stream, partition)
+	}
+	return fmt.Errorf("fetch %s/%d: %w", stream, partition, sqlerr.Wrap(err))
+}
+
+// decodeHeaders turns the metadata column into headers: string values as they are,
+// other JSON values as their JSON text. Metadata that is not a JSON object (written by
+// plain SQL) is returned under the header "metadata".
+func decodeHeaders(meta []byte) map[string]string {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(meta, &obj); err != nil {
+		return map[string]string{"metadata": string(meta)}
+	}
+	out := make(map[string]string, len(obj))
+	for k, v := range obj {
+		var s string
+		if err := json.Unmarshal(v, &s); err == nil {
+			out[k] = s
+		} else {
+			out[k] = string(v)
+		}
+	}
+	return out
+}
+
+// OffsetForTime returns the first offset of a partition whose timestamp is at or
+// after t, or the log end when every stored event is older (Kafka's offsetsForTimes).
+func (c *Client) OffsetForTime(ctx context.Context, stream string, partition int32, t time.Time) (int64, error) {
+	var off int64
+	err := c.pool.QueryRow(ctx, "SELECT streamd.offset_for_time($1, $2, $3)", stream, partition, t).Scan(&off)
+	if err != nil {
+		return 0, fmt.Errorf("offset for time %s/%d: %w", stream, partition, sqlerr.Wrap(err))
+	}
+	return off, nil
+}
+

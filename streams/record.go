@@ -1,0 +1,91 @@
+package streams
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"regexp"
+	"time"
+)
+
+// Record is an event to append.
+type Record struct {
+	// Stream is the stream to append to. Required.
+	Stream string
+	// Key routes the record: records with the same key go to the same partition (unless
+	// Partition is set). Empty means no key (stored as NULL).
+	Key string
+	// Partition, when not nil, names the partition explicitly. See PartitionOf.
+	Partition *int32
+	// EventID identifies the record within its stream: appending a record whose
+	// EventID the stream already holds stores nothing and returns the original
+	// position (Position.Duplicate). Empty means a random UUID is assigned; set it to
+	// make retries across processes idempotent.
+	EventID string
+	// EventType is a free-form type name ("OrderPlaced"). Empty is allowed.
+	EventType string
+	// Data is the JSON payload. Data and Bytes both nil is a tombstone (NULL data).
+	Data json.RawMessage
+	// Bytes is a binary payload, stored in data_bytes, for values that are not JSON.
+	// At most one of Data and Bytes may be set.
+	Bytes []byte
+	// Headers are stored as a JSON object in the metadata column.
+	Headers map[string]string
+	// CorrelationID and CausationID link related events.
+	CorrelationID string
+	CausationID   string
+	// Version is the event's schema version. Zero means 1.
+	Version int32
+}
+
+// PartitionOf returns a pointer to p, for Record.Partition.
+func PartitionOf(p int32) *int32 { return &p }
+
+// Position is where an appended record was stored.
+type Position struct {
+	Partition int32
+	Offset    int64
+	// Timestamp is the log's time for the record; monotonic within a partition.
+	Timestamp time.Time
+	// Duplicate is true when the stream already held the record's EventID and this
+	// append stored nothing; the position is the original one.
+	Duplicate bool
+}
+
+// Event is a stored record, as Fetch returns it.
+type Event struct {
+	Stream        string
+	Partition     int32
+	Offset        int64
+	EventID       string
+	EventType     string
+	Key           string
+	Data          json.RawMessage
+	Bytes         []byte
+	Headers       map[string]string
+	Timestamp     time.Time
+	CorrelationID string
+	CausationID   string
+	Version       int32
+}
+
+// Size is the payload size that MaxBytes limits count: data plus key.
+func (e *Event) Size() int { return len(e.Data) + len(e.Bytes) + len(e.Key) }
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,249}$`)
+
+// ValidName reports whether name is a valid stream name: 1 to 249 characters of
+// [A-Za-z0-9._-], and not "." or "..". The SQL function streamd.valid_stream_name
+// applies the same rule.
+func ValidName(name string) bool {
+	return nameRE.MatchString(name) && name != "." && name != ".."
+}
+
+// PartitionForKey returns the partition of key among n partitions: the first four
+// bytes of SHA-256 of the key, big-endian, modulo n. The SQL function
+// streamd.partition_for_key computes the same, so a plain SQL INSERT and the Go
+// producer route a key to the same partition.
+func PartitionForKey(key string, n int32) int32 {
+	sum := sha256.Sum256([]byte(key))
+	return int32(binary.BigEndian.Uint32(sum[:4]) % uint32(n))
+}
