@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
@@ -223,4 +222,3 @@ func (c *Client) OffsetForTime(ctx context.Context, stream string, partition int
 	}
 	return off, nil
 }
-

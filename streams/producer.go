@@ -1,0 +1,446 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// ProducerConfig configures a Producer. A nil *ProducerConfig means the defaults.
+type ProducerConfig struct {
+	// Linger is how long a partition's first buffered record waits for more before its
+	// batch is sent. Defaults to 0: a batch is sent as soon as the partition has no
+	// batch in flight, and records that arrive meanwhile form the next batch, so
+	// batches grow with load without adding latency when idle.
+	Linger time.Duration
+	// Logger receives the producer's log lines. Defaults to slog.Default().
+	Logger *slog.Logger
+	// MaxBatchBytes bounds the payload bytes of one batch. Defaults to 1 MiB.
+	MaxBatchBytes int
+	// MaxBatchRecords bounds the records of one batch (one transaction). Defaults to 1000.
+	MaxBatchRecords int
+	// MaxBufferedRecords bounds the records buffered or in flight; Produce blocks while
+	// the buffer is full. Defaults to 100000.
+	MaxBufferedRecords int
+	// MaxInFlight bounds the append transactions running at once, across partitions.
+	// Defaults to 4.
+	MaxInFlight int
+	// MetadataMaxAge is how long a stream's partition count and payload limit are
+	// cached. Defaults to 30s.
+	MetadataMaxAge time.Duration
+	// Registerer registers the producer's metrics. Defaults to nil: no metrics.
+	Registerer prometheus.Registerer
+	// RetryTimeout is how long a batch that failed with a retriable error (a broken
+	// connection, a server restart) is retried. Retries are safe: every record carries
+	// its event id, so a batch that did commit is not stored twice. Defaults to 30s.
+	RetryTimeout time.Duration
+}
+
+func (c *ProducerConfig) withDefaults() (ProducerConfig, error) {
+	out := ProducerConfig{}
+	if c != nil {
+		out = *c
+	}
+	switch {
+	case out.Linger < 0:
+		return out, fmt.Errorf("%w: ProducerConfig.Linger %v is negative", ErrInvalidArgument, out.Linger)
+	case out.MaxBatchBytes < 0:
+		return out, fmt.Errorf("%w: ProducerConfig.MaxBatchBytes %d is negative", ErrInvalidArgument, out.MaxBatchBytes)
+	case out.MaxBatchRecords < 0:
+		return out, fmt.Errorf("%w: ProducerConfig.MaxBatchRecords %d is negative", ErrInvalidArgument, out.MaxBatchRecords)
+	case out.MaxBufferedRecords < 0:
+		return out, fmt.Errorf("%w: ProducerConfig.MaxBufferedRecords %d is negative", ErrInvalidArgument, out.MaxBufferedRecords)
+	case out.MaxInFlight < 0:
+		return out, fmt.Errorf("%w: ProducerConfig.MaxInFlight %d is negative", ErrInvalidArgument, out.MaxInFlight)
+	case out.MetadataMaxAge < 0:
+		return out, fmt.Errorf("%w: ProducerConfig.MetadataMaxAge %v is negative", ErrInvalidArgument, out.MetadataMaxAge)
+	case out.RetryTimeout < 0:
+		return out, fmt.Errorf("%w: ProducerConfig.RetryTimeout %v is negative", ErrInvalidArgument, out.RetryTimeout)
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.MaxBatchBytes == 0 {
+		out.MaxBatchBytes = 1 << 20
+	}
+	if out.MaxBatchRecords == 0 {
+		out.MaxBatchRecords = 1000
+	}
+	if out.MaxBufferedRecords == 0 {
+		out.MaxBufferedRecords = 100000
+	}
+	if out.MaxInFlight == 0 {
+		out.MaxInFlight = 4
+	}
+	if out.MetadataMaxAge == 0 {
+		out.MetadataMaxAge = 30 * time.Second
+	}
+	if out.RetryTimeout == 0 {
+		out.RetryTimeout = 30 * time.Second
+	}
+	return out, nil
+}
+
+// Producer batches concurrent Produce calls per partition into one append
+// transaction per batch, and runs the batches of different partitions in parallel.
+// A record's position is reported only after its batch committed.
+//
+// Ordering: records produced to one partition are appended in the order their
+// Produce calls enqueued them (one batch per partition is in flight at a time).
+//
+// Concurrency: all methods are safe for concurrent use. Close must be called to flush
+// and release the producer's goroutines.
+type Producer struct {
+	pool    *pgxpool.Pool
+	cfg     ProducerConfig
+	metrics *producerMetrics
+
+	bufSem      chan struct{} // one token per buffered record
+	inFlightSem chan struct{} // one token per running append
+	ctx         context.Context
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup // send goroutines
+
+	mu     sync.Mutex
+	closed bool
+	parts  map[partKey]*partQueue
+	idle   *sync.Cond // signalled when a partition queue drains
+
+	metaMu sync.Mutex
+	meta   map[string]*streamMeta
+}
+
+type partKey struct {
+	stream    string
+	partition int32
+}
+
+type partQueue struct {
+	key       partKey
+	pending   []*pendingRecord
+	bytes     int
+	sending   bool
+	lingering bool // a linger timer is armed
+	lingerDue bool // the linger timer fired while a batch was in flight
+}
+
+type pendingRecord struct {
+	rec  Record
+	done func(Position, error)
+}
+
+type streamMeta struct {
+	partitions      int32
+	maxPayloadBytes int32
+	fetchedAt       time.Time
+	sticky          int32 // partition for keyless records
+	stickyLeft      int   // records left before the sticky partition rotates
+}
+
+// NewProducer returns a Producer appending through pool.
+func NewProducer(pool *pgxpool.Pool, cfg *ProducerConfig) (*Producer, error) {
+	conf, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newProducerMetrics(conf.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Producer{
+		pool:        pool,
+		cfg:         conf,
+		metrics:     m,
+		bufSem:      make(chan struct{}, conf.MaxBufferedRecords),
+		inFlightSem: make(chan struct{}, conf.MaxInFlight),
+		ctx:         ctx,
+		cancel:      cancel,
+		parts:       map[partKey]*partQueue{},
+		meta:        map[string]*streamMeta{},
+	}
+	p.idle = sync.NewCond(&p.mu)
+	return p, nil
+}
+
+// Produce appends rec and blocks until its batch committed, returning its position.
+// Bad input (unknown stream or partition, invalid name or JSON, payload over the
+// stream's limit) fails at once with the typed error and affects no other record.
+//
+// If ctx ends first, Produce returns ctx.Err(); the record may still be appended
+// (its event id makes a later retry of the same record idempotent).
+func (p *Producer) Produce(ctx context.Context, rec Record) (Position, error) {
+	type result struct {
+		pos Position
+		err error
+	}
+	ch := make(chan result, 1)
+	p.ProduceAsync(ctx, rec, func(pos Position, err error) { ch <- result{pos, err} })
+	select {
+	case r := <-ch:
+		return r.pos, r.err
+	case <-ctx.Done():
+		return Position{}, ctx.Err()
+	}
+}
+
+// ProduceAsync enqueues rec and returns; done is called exactly once, from a producer
+// goroutine, with the record's position after its batch committed, or with the error.
+// done must not block for long: it delays the partition's next batch. ProduceAsync
+// blocks only while the buffer is full (MaxBufferedRecords) or while it loads the
+// stream's metadata.
+func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Position, error)) {
+	if err := validateRecord(&rec); err != nil {
+		done(Position{}, err)
+		return
+	}
+	partition, err := p.route(ctx, &rec)
+	if err != nil {
+		done(Position{}, err)
+		return
+	}
+	if rec.EventID == "" {
+		// Assigned now so that a retried batch is deduplicated by the database.
+		rec.EventID = uuid.NewString()
+	}
+	select {
+	case p.bufSem <- struct{}{}:
+	case <-ctx.Done():
+		done(Position{}, ctx.Err())
+		return
+	}
+	pr := &pendingRecord{rec: rec, done: done}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		<-p.bufSem
+		done(Position{}, ErrProducerClosed)
+		return
+	}
+	key := partKey{rec.Stream, partition}
+	q := p.parts[key]
+	if q == nil {
+		q = &partQueue{key: key}
+		p.parts[key] = q
+	}
+	q.pending = append(q.pending, pr)
+	q.bytes += len(rec.Data) + len(rec.Bytes) + len(rec.Key)
+	p.maybeSendLocked(q)
+	p.mu.Unlock()
+}
+
+// maybeSendLocked starts a batch for q when one is due: nothing in flight and either
+// no linger, a full batch, or the linger elapsed. Otherwise it arms the linger timer.
+// p.mu must be held.
+func (p *Producer) maybeSendLocked(q *partQueue) {
+	if q.sending || len(q.pending) == 0 {
+		return
+	}
+	full := len(q.pending) >= p.cfg.MaxBatchRecords || q.bytes >= p.cfg.MaxBatchBytes
+	if p.cfg.Linger == 0 || full || q.lingerDue || p.closed {
+		p.startSendLocked(q)
+		return
+	}
+	if !q.lingering {
+		q.lingering = true
+		time.AfterFunc(p.cfg.Linger, func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			q.lingering = false
+			q.lingerDue = true
+			p.maybeSendLocked(q)
+		})
+	}
+}
+
+func (p *Producer) startSendLocked(q *partQueue) {
+	n, bytes := 0, 0
+	for n < len(q.pending) && n < p.cfg.MaxBatchRecords {
+		r := &q.pending[n].rec
+		size := len(r.Data) + len(r.Bytes) + len(r.Key)
+		if n > 0 && bytes+size > p.cfg.MaxBatchBytes {
+			break
+		}
+		bytes += size
+		n++
+	}
+	batch := make([]*pendingRecord, n)
+	copy(batch, q.pending[:n])
+	q.pending = append(q.pending[:0:0], q.pending[n:]...)
+	q.bytes -= bytes
+	q.sending = true
+	q.lingerDue = false
+	p.wg.Add(1)
+	go p.send(q, batch)
+}
+
+// send appends one batch, owned by its goroutine until it reports the results and
+// hands the partition to the next batch.
+func (p *Producer) send(q *partQueue, batch []*pendingRecord) {
+	defer p.wg.Done()
+	p.inFlightSem <- struct{}{}
+	recs := make([]Record, len(batch))
+	for i, b := range batch {
+		recs[i] = b.rec
+		recs[i].Partition = &q.key.partition
+	}
+	start := time.Now()
+	pos, err := p.appendWithRetry(recs)
+	<-p.inFlightSem
+	p.metrics.observeBatch(len(batch), time.Since(start), err)
+	if errors.Is(err, ErrPartitionNotFound) || errors.Is(err, ErrStreamNotFound) {
+		p.forgetMeta(q.key.stream)
+	}
+	for i, b := range batch {
+		if err != nil {
+			b.done(Position{}, err)
+		} else {
+			b.done(pos[i], nil)
+		}
+		<-p.bufSem
+	}
+	p.mu.Lock()
+	q.sending = false
+	if len(q.pending) == 0 {
+		delete(p.parts, q.key)
+		p.idle.Broadcast()
+	} else {
+		p.maybeSendLocked(q)
+	}
+	p.mu.Unlock()
+}
+
+func (p *Producer) appendWithRetry(recs []Record) ([]Position, error) {
+	deadline := time.Now().Add(p.cfg.RetryTimeout)
+	backoff := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		pos, err := appendBatch(p.ctx, p.pool, recs[0].Stream, recs)
+		if err == nil || !sqlerr.Retriable(err) || time.Now().Add(backoff).After(deadline) || p.ctx.Err() != nil {
+			return pos, err
+		}
+		p.cfg.Logger.Warn("append failed; retrying", "stream", recs[0].Stream, "attempt", attempt, "err", err)
+		p.metrics.retries.Inc()
+		t := time.NewTimer(backoff + time.Duration(rand.Int64N(int64(backoff/2))))
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			t.Stop()
+			return nil, err
+		}
+		if backoff *= 2; backoff > 2*time.Second {
+			backoff = 2 * time.Second
+		}
+	}
+}
+
+// route picks rec's partition: the explicit one (checked against the partition
+// count), the key's, or the stream's sticky partition for keyless records. It also
+// checks the payload against the stream's limit, so bad records fail alone.
+func (p *Producer) route(ctx context.Context, rec *Record) (int32, error) {
+	p.metaMu.Lock()
+	defer p.metaMu.Unlock()
+	m := p.meta[rec.Stream]
+	if m == nil || time.Since(m.fetchedAt) > p.cfg.MetadataMaxAge {
+		fresh, err := p.loadMeta(ctx, rec.Stream)
+		if err != nil {
+			return 0, err
+		}
+		if m != nil {
+			fresh.sticky, fresh.stickyLeft = m.sticky%fresh.partitions, m.stickyLeft
+		}
+		m = fresh
+		p.meta[rec.Stream] = m
+	}
+	if size := len(rec.Data) + len(rec.Bytes); size > int(m.maxPayloadBytes) {
+		return 0, invalid(ErrPayloadTooLarge, "stream %s: payload of %d bytes exceeds the limit of %d bytes", rec.Stream, size, m.maxPayloadBytes)
+	}
+	switch {
+	case rec.Partition != nil:
+		if *rec.Partition >= m.partitions {
+			return 0, invalid(ErrPartitionNotFound, "stream %s has no partition %d (it has %d)", rec.Stream, *rec.Partition, m.partitions)
+		}
+		return *rec.Partition, nil
+	case rec.Key != "":
+		return PartitionForKey(rec.Key, m.partitions), nil
+	default:
+		// Kafka's sticky partitioner: keyless records fill one partition's batch, then
+		// move on, so they form large batches without unbalancing the partitions.
+		if m.stickyLeft <= 0 {
+			m.sticky = rand.Int32N(m.partitions)
+			m.stickyLeft = p.cfg.MaxBatchRecords
+		}
+		m.stickyLeft--
+		return m.sticky, nil
+	}
+}
+
+func (p *Producer) loadMeta(ctx context.Context, stream string) (*streamMeta, error) {
+	m := &streamMeta{fetchedAt: time.Now()}
+	err := p.pool.QueryRow(ctx, "SELECT partitions, max_payload_bytes FROM streamd.streams WHERE stream_name = $1", stream).
+		Scan(&m.partitions, &m.maxPayloadBytes)
+	if err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, invalid(ErrStreamNotFound, "stream %q does not exist", stream)
+		}
+		return nil, fmt.Errorf("produce to %s: load stream metadata: %w", stream, err)
+	}
+	return m, nil
+}
+
+func (p *Producer) forgetMeta(stream string) {
+	p.metaMu.Lock()
+	delete(p.meta, stream)
+	p.metaMu.Unlock()
+}
+
+// Flush sends every buffered record at once, ignoring Linger, and waits until all of
+// them are committed or failed, or ctx ends.
+func (p *Producer) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		p.mu.Lock()
+		for _, q := range p.parts {
+			q.lingerDue = true
+			p.maybeSendLocked(q)
+		}
+		for len(p.parts) > 0 && ctx.Err() == nil {
+			p.idle.Wait()
+		}
+		p.mu.Unlock()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		// Wake the waiter so its goroutine exits.
+		p.mu.Lock()
+		p.idle.Broadcast()
+		p.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// Close flushes the buffered records, waiting for them until ctx ends, then stops
+// the producer: records still unsent then fail with ErrProducerClosed or the
+// cancellation. Produce after Close fails with ErrProducerClosed.
+func (p *Producer) Close(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	err := p.Flush(ctx)
+	p.cancel()
+	p.wg.Wait()
+	return err
+}
