@@ -47,6 +47,10 @@ var ErrMissingBinaries = errors.New("localpg: PostgreSQL server binaries not fou
 
 // Config says where the local cluster lives. The zero value uses the defaults.
 type Config struct {
+	// BinDir is the folder of initdb, pg_ctl and postgres. Defaults to the one found on
+	// PATH or the newest /usr/lib/postgresql/*/bin (installing Debian's postgresql
+	// package when none is found and apt-get is usable). When set, nothing is installed.
+	BinDir string
 	// Logger receives lifecycle messages. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Port is the TCP port. Defaults to $STREAMD_PG_PORT, else DefaultPort.
@@ -238,9 +242,15 @@ func open(cfg *Config) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	bin, err := findBinaries(conf.Logger)
-	if err != nil {
-		return nil, err
+	bin := conf.BinDir
+	if bin == "" {
+		bin, err = findBinaries(conf.Logger)
+		if err != nil {
+			return nil, err
+		}
+	} else if !hasBinaries(bin) {
+		return nil, fmt.Errorf("%w in %s: need initdb, pg_ctl and postgres there (Debian: apt-get install postgresql), or set %s to use an existing database",
+			ErrMissingBinaries, bin, EnvDatabaseURL)
 	}
 	c := &Cluster{cfg: conf, bin: bin, dataDir: filepath.Join(conf.StateDir, "pg", "data")}
 	sock := filepath.Join(conf.StateDir, "pg", "run")
