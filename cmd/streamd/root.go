@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/internal/localpg"
+	schema "github.com/streamd/streamd/sql"
 )
 
 // globals are the flags every subcommand shares.
@@ -52,6 +53,9 @@ cluster that streamd starts (or reuses) in the project's .state folder.`,
 		newServeCmd(g),
 		newMigrateCmd(g),
 		newDBCmd(g),
+		newStreamCmd(g),
+		newProduceCmd(g),
+		newFetchCmd(g),
 	)
 	return root
 }
@@ -95,7 +99,9 @@ func (g *globals) url(ctx context.Context) (string, error) {
 	return localpg.DatabaseURL(ctx, &localpg.Config{Logger: g.logger})
 }
 
-// pool opens a connection pool on the resolved database.
+// pool opens a connection pool on the resolved database. The private development
+// cluster is migrated on first use; any other database must have been migrated
+// (streamd migrate, or streamd serve), else the error says so.
 func (g *globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	url, err := g.url(ctx)
 	if err != nil {
@@ -108,6 +114,21 @@ func (g *globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("connect: %w", err)
+	}
+	var migrated bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass('streamd.schema_migrations') IS NOT NULL").Scan(&migrated); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if !migrated {
+		if g.databaseURL != "" || os.Getenv(localpg.EnvDatabaseURL) != "" {
+			pool.Close()
+			return nil, fmt.Errorf("the database has no streamd schema: run 'streamd migrate' first")
+		}
+		if _, err := schema.Migrate(ctx, pool); err != nil {
+			pool.Close()
+			return nil, err
+		}
 	}
 	return pool, nil
 }

@@ -57,7 +57,8 @@ type Config struct {
 	Port int
 	// StateDir is the folder that holds the data directory, the log and the lock.
 	// Defaults to $STREAMD_STATE_DIR, else .state in the project root (the nearest
-	// folder above the working directory with a go.mod), else ~/.local/state/streamd.
+	// folder above the working directory with streamd's go.mod), else
+	// ~/.local/state/streamd (for root: $TMPDIR/streamd-state).
 	StateDir string
 }
 
@@ -105,7 +106,8 @@ func defaultStateDir() string {
 			}
 		}
 	}
-	if home, err := os.UserHomeDir(); err == nil {
+	// root's home is not reachable by the postgres user the server runs as.
+	if home, err := os.UserHomeDir(); err == nil && os.Geteuid() != 0 {
 		return filepath.Join(home, ".local", "state", "streamd")
 	}
 	return filepath.Join(os.TempDir(), "streamd-state")

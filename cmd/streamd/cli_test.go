@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+)
+
+// run executes the CLI in-process with args against the test database.
+func run(t *testing.T, ctx context.Context, stdin string, args ...string) (string, error) {
+	t.Helper()
+	cmd := newRootCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetIn(strings.NewReader(stdin))
+	cmd.SetArgs(append([]string{"--database-url", testdb.URL(t)}, args...))
+	err := cmd.ExecuteContext(ctx)
+	if err != nil {
+		return out.String() + errOut.String(), err
+	}
+	return out.String(), nil
+}
+
+func TestCLIStreamProduceFetch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := testdb.Name("cli")
+	_, err := run(t, ctx, "", "stream", "create", s, "--partitions", "2")
+	require.NoError(t, err)
+	out, err := run(t, ctx, "{\"n\":1}\nplain text\n{\"n\":3}\n", "produce", s, "--partition", "1", "--type", "T", "-H", "a=b")
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("%s/1@0\n%s/1@1\n%s/1@2\n", s, s, s), out)
+
+	out, err = run(t, ctx, "", "fetch", s, "--partition", "1", "--offset", "1")
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2)
+	var ev eventJSONLine
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &ev))
+	require.Equal(t, int64(1), ev.Offset)
+	require.JSONEq(t, `"plain text"`, string(ev.Data))
+	require.Equal(t, "T", ev.EventType)
+	require.Equal(t, map[string]string{"a": "b"}, ev.Headers)
+
+	out, err = run(t, ctx, "", "stream", "describe", s, "-o", "json")
+	require.NoError(t, err)
+	var info struct {
+		PartitionInfo []struct {
+			Partition  int32 `json:"partition"`
+			NextOffset int64 `json:"next_offset"`
+		} `json:"partition_info"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &info))
+	require.Len(t, info.PartitionInfo, 2)
+	require.Equal(t, int64(3), info.PartitionInfo[1].NextOffset)
+
+	out, err = run(t, ctx, "", "stream", "list")
+	require.NoError(t, err)
+	require.Contains(t, out, s)
+
+	// Bad input: an error that says what was wrong, nothing written.
+	out, err = run(t, ctx, "{}\n", "produce", s, "--partition", "7")
+	require.Error(t, err)
+	require.Contains(t, out, "partition")
+	_, err = run(t, ctx, "", "stream", "create", "bad name")
+	require.ErrorContains(t, err, "invalid")
+	_, err = run(t, ctx, "", "stream", "list", "-o", "yaml")
+	require.ErrorContains(t, err, "--output")
+
+	_, err = run(t, ctx, "", "stream", "delete", s)
+	require.NoError(t, err)
+	_, err = run(t, ctx, "", "stream", "describe", s)
+	require.ErrorContains(t, err, "not found")
+}
+
+// TestServeHealthMetricsAndCleanStop: serve answers /healthz and a /metrics page that
+// the Prometheus text parser accepts, and returns nil when its context ends (what
+// SIGINT and SIGTERM do through signal.NotifyContext in main).
+func TestServeHealthMetricsAndCleanStop(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := run(t, ctx, "", "serve", "--http-addr", addr)
+		done <- err
+	}()
+	var resp *http.Response
+	require.Eventually(t, func() bool {
+		resp, err = http.Get("http://" + addr + "/healthz")
+		return err == nil
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	resp.Body.Close()
+
+	resp, err = http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bufio.NewReader(resp.Body))
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Contains(t, families, "streamd_up")
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop after its context ended")
+	}
+	_, err = http.Get("http://" + addr + "/healthz")
+	require.Error(t, err, "the listener is closed")
+}

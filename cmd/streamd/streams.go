@@ -1,0 +1,317 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/streamd/streamd/streams"
+)
+
+func newStreamCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "stream",
+		Short: "Create, list, describe and delete streams",
+	}
+	var partitions int32
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a stream, or grow an existing one to --partitions",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pool, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			c := streams.NewClient(pool, nil)
+			if err := c.CreateStream(cmd.Context(), args[0], partitions); err != nil {
+				return err
+			}
+			info, err := c.DescribeStream(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printStream(g, cmd, info)
+		},
+	}
+	create.Flags().Int32VarP(&partitions, "partitions", "p", 1, "number of partitions")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List streams",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pool, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			all, err := streams.NewClient(pool, nil).ListStreams(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if all == nil {
+				all = []streams.StreamInfo{}
+			}
+			return g.print(cmd.OutOrStdout(), all, func(tw *tabwriter.Writer) {
+				row(tw, "STREAM", "PARTITIONS", "MAX PAYLOAD", "CREATED")
+				for _, s := range all {
+					row(tw, s.Name, s.Partitions, s.MaxPayloadBytes, s.CreatedAt.Format(time.RFC3339))
+				}
+			})
+		},
+	}
+
+	describe := &cobra.Command{
+		Use:   "describe NAME",
+		Short: "Show a stream's partitions with their log start and end offsets",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pool, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			info, err := streams.NewClient(pool, nil).DescribeStream(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printStream(g, cmd, info)
+		},
+	}
+
+	del := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Delete a stream and all its events",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pool, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			return streams.NewClient(pool, nil).DeleteStream(cmd.Context(), args[0])
+		},
+	}
+	cmd.AddCommand(create, list, describe, del)
+	return cmd
+}
+
+func printStream(g *globals, cmd *cobra.Command, info *streams.StreamInfo) error {
+	return g.print(cmd.OutOrStdout(), info, func(tw *tabwriter.Writer) {
+		row(tw, "STREAM", "PARTITION", "LOG START", "LOG END", "RETAINED", "LAST APPEND")
+		for _, p := range info.PartitionInfo {
+			last := "-"
+			if p.LastAppendedAt != nil {
+				last = p.LastAppendedAt.Format(time.RFC3339Nano)
+			}
+			row(tw, info.Name, p.Partition, p.LogStartOffset, p.NextOffset, p.NextOffset-p.LogStartOffset, last)
+		}
+	})
+}
+
+func newProduceCmd(g *globals) *cobra.Command {
+	var (
+		key       string
+		partition int32
+		eventType string
+		raw       bool
+		headers   []string
+	)
+	cmd := &cobra.Command{
+		Use:   "produce STREAM",
+		Short: "Append each line of stdin as a record",
+		Long: `Appends each line of standard input as one record of STREAM. A line that is valid
+JSON is stored as JSON data; other lines are stored as JSON strings, or as binary
+payloads with --raw. Records are batched by a Producer; each position is printed
+after its batch committed.`,
+		Example: `  echo '{"order":1}' | streamd produce orders --key customer-7 --type OrderPlaced`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			pool, err := g.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			hdr := map[string]string{}
+			for _, h := range headers {
+				k, v, ok := strings.Cut(h, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("--header %q: want key=value", h)
+				}
+				hdr[k] = v
+			}
+			prod, err := streams.NewProducer(pool, &streams.ProducerConfig{Logger: g.logger})
+			if err != nil {
+				return err
+			}
+			type result struct {
+				pos streams.Position
+				err error
+			}
+			var pending []chan result
+			sc := bufio.NewScanner(cmd.InOrStdin())
+			sc.Buffer(make([]byte, 64*1024), 16<<20)
+			for sc.Scan() {
+				line := sc.Bytes()
+				rec := streams.Record{Stream: args[0], Key: key, EventType: eventType}
+				if len(hdr) > 0 {
+					rec.Headers = hdr
+				}
+				if cmd.Flags().Changed("partition") {
+					rec.Partition = streams.PartitionOf(partition)
+				}
+				switch {
+				case raw:
+					rec.Bytes = append([]byte(nil), line...)
+				case json.Valid(line):
+					rec.Data = append(json.RawMessage(nil), line...)
+				default:
+					b, _ := json.Marshal(string(line))
+					rec.Data = b
+				}
+				ch := make(chan result, 1)
+				prod.ProduceAsync(ctx, rec, func(p streams.Position, err error) { ch <- result{p, err} })
+				pending = append(pending, ch)
+			}
+			if err := sc.Err(); err != nil {
+				return fmt.Errorf("read stdin: %w", err)
+			}
+			closeErr := prod.Close(ctx)
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			failed := 0
+			for i, ch := range pending {
+				r := <-ch
+				if r.err != nil {
+					failed++
+					fmt.Fprintf(cmd.ErrOrStderr(), "line %d: %v\n", i+1, r.err)
+					continue
+				}
+				if g.output == "json" {
+					_ = enc.Encode(r.pos)
+				} else {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s/%d@%d\n", args[0], r.pos.Partition, r.pos.Offset)
+				}
+			}
+			if failed > 0 {
+				return fmt.Errorf("%d of %d records failed", failed, len(pending))
+			}
+			return closeErr
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&key, "key", "k", "", "record key (routes to a partition)")
+	f.Int32VarP(&partition, "partition", "p", 0, "explicit partition (default: by key, else sticky)")
+	f.StringVarP(&eventType, "type", "t", "", "event type")
+	f.BoolVar(&raw, "raw", false, "store lines as binary payloads (data_bytes) instead of JSON")
+	f.StringArrayVarP(&headers, "header", "H", nil, "header key=value (repeatable)")
+	return cmd
+}
+
+func newFetchCmd(g *globals) *cobra.Command {
+	var (
+		partition int32
+		offset    int64
+		fromTime  string
+		max       int
+		follow    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "fetch STREAM",
+		Short: "Print a partition's records from an offset as JSON lines",
+		Example: `  streamd fetch orders --partition 0 --offset 0 --max 10
+  streamd fetch orders -p 1 --from-time 2026-11-22T10:00:00Z --follow`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			pool, err := g.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			c := streams.NewClient(pool, nil)
+			if fromTime != "" {
+				t, err := time.Parse(time.RFC3339Nano, fromTime)
+				if err != nil {
+					return fmt.Errorf("--from-time %q: want RFC 3339, e.g. 2026-11-22T10:00:00Z", fromTime)
+				}
+				if offset, err = c.OffsetForTime(ctx, args[0], partition, t); err != nil {
+					return err
+				}
+			}
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			printed := 0
+			for max <= 0 || printed < max {
+				opts := &streams.FetchOpts{MaxRecords: 500}
+				if follow {
+					opts.MaxWait = time.Second
+				}
+				if max > 0 && max-printed < opts.MaxRecords {
+					opts.MaxRecords = max - printed
+				}
+				res, err := c.Fetch(ctx, args[0], partition, offset, opts)
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return err
+				}
+				for i := range res.Events {
+					if err := enc.Encode(eventJSON(&res.Events[i])); err != nil {
+						return err
+					}
+					printed++
+				}
+				offset = res.NextOffset
+				if len(res.Events) == 0 && !follow {
+					return nil
+				}
+				if ctx.Err() != nil {
+					return nil
+				}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.Int32VarP(&partition, "partition", "p", 0, "partition to read")
+	f.Int64Var(&offset, "offset", 0, "first offset to read")
+	f.StringVar(&fromTime, "from-time", "", "start at the first record at or after this RFC 3339 time")
+	f.IntVarP(&max, "max", "n", 0, "stop after this many records (0: all)")
+	f.BoolVarP(&follow, "follow", "f", false, "keep waiting for new records")
+	return cmd
+}
+
+// eventJSONLine is a record as fetch prints it.
+type eventJSONLine struct {
+	Stream        string            `json:"stream"`
+	Partition     int32             `json:"partition"`
+	Offset        int64             `json:"offset"`
+	EventID       string            `json:"event_id"`
+	EventType     string            `json:"event_type,omitempty"`
+	Key           string            `json:"key,omitempty"`
+	Data          json.RawMessage   `json:"data"`
+	Bytes         []byte            `json:"data_bytes,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	Timestamp     time.Time         `json:"timestamp"`
+	CorrelationID string            `json:"correlation_id,omitempty"`
+	CausationID   string            `json:"causation_id,omitempty"`
+	Version       int32             `json:"version"`
+}
+
+func eventJSON(e *streams.Event) eventJSONLine {
+	data := e.Data
+	if data == nil {
+		data = json.RawMessage("null")
+	}
+	return eventJSONLine{e.Stream, e.Partition, e.Offset, e.EventID, e.EventType, e.Key, data, e.Bytes, e.Headers,
+		e.Timestamp, e.CorrelationID, e.CausationID, e.Version}
+}
+
