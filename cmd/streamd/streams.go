@@ -314,4 +314,3 @@ func eventJSON(e *streams.Event) eventJSONLine {
 	return eventJSONLine{e.Stream, e.Partition, e.Offset, e.EventID, e.EventType, e.Key, data, e.Bytes, e.Headers,
 		e.Timestamp, e.CorrelationID, e.CausationID, e.Version}
 }
-
