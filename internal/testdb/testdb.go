@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	neturl "net/url"
 	"os"
 	"strings"
@@ -147,4 +148,15 @@ func WithDatabase(t testing.TB, base, name string) string {
 	}
 	// Keyword/value form: a later keyword overrides an earlier one.
 	return base + " dbname=" + name
+}
+
+// MustURL is URL for code without a testing.TB (TestMain, Example functions): it
+// exits the test binary with the reason when no database can be had.
+func MustURL() string {
+	once.Do(setup)
+	if initErr != nil {
+		fmt.Fprintf(os.Stderr, "testdb: no test database (set %s or install the PostgreSQL server binaries): %v\n", localpg.EnvDatabaseURL, initErr)
+		os.Exit(2)
+	}
+	return url
 }
