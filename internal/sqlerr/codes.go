@@ -12,6 +12,13 @@ const (
 	PartitionDecrease = "SD006"
 	OffsetOutOfRange  = "SD007"
 
+	// Queues (sql/functions/0300_messages.sql).
+	QueueNotFound        = "SD201"
+	InvalidQueueName     = "SD202"
+	QueuePayloadTooLarge = "SD203"
+	QueueInvalidArgument = "SD204"
+	QueueInUse           = "SD205"
+
 	// JSON that does not parse (PostgreSQL's invalid_text_representation, raised by
 	// the jsonb input function).
 	InvalidJSON = "22P02"
