@@ -12,6 +12,14 @@ const (
 	PartitionDecrease = "SD006"
 	OffsetOutOfRange  = "SD007"
 
+	// Consumer groups (sql/functions/0200_consumer_groups*.sql).
+	Fenced             = "SD101"
+	GroupNotFound      = "SD102"
+	InvalidGroupID     = "SD103"
+	GroupNotEmpty      = "SD104"
+	GroupInvalidArg    = "SD105"
+	DeadLetterNotFound = "SD106"
+
 	// Queues (sql/functions/0300_messages.sql).
 	QueueNotFound        = "SD201"
 	InvalidQueueName     = "SD202"
