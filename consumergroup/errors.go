@@ -1,0 +1,41 @@
+package consumergroup
+
+import (
+	"errors"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// Conditions the consumer group reports. Each is matched with errors.Is; the error's
+// text says which group, member, partition or value was wrong. Errors raised by
+// streamd's SQL also unwrap to the *pgconn.PgError PostgreSQL returned.
+var (
+	// ErrFenced: the member is not a live member of the group at its epoch (its session
+	// expired, it left, or a restart with its instance id replaced it), or it does not
+	// own the partition it commits. Nothing was written. The Consumer reacts by
+	// dropping its partitions (OnLost) and joining again.
+	ErrFenced = errors.New("fenced")
+	// ErrGroupNotFound: the group does not exist.
+	ErrGroupNotFound = errors.New("group not found")
+	// ErrInvalidGroupID: a group id that is not 1 to 249 characters of [A-Za-z0-9._:-].
+	ErrInvalidGroupID = errors.New("invalid group id")
+	// ErrGroupNotEmpty: an admin operation (offset reset, delete) refused because the
+	// group has live members; stop them or force it.
+	ErrGroupNotEmpty = errors.New("group has live members")
+	// ErrInvalidArgument: any other bad input (negative or past-the-end offset, unknown
+	// partition, bad reset mode, bad configuration).
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrDeadLetterNotFound: no pending dead letter with that id.
+	ErrDeadLetterNotFound = errors.New("dead letter not found")
+	// ErrNotOwned: a Consumer call named a partition this member does not own now.
+	ErrNotOwned = errors.New("partition not owned by this member")
+)
+
+func init() {
+	sqlerr.Register(sqlerr.Fenced, ErrFenced)
+	sqlerr.Register(sqlerr.GroupNotFound, ErrGroupNotFound)
+	sqlerr.Register(sqlerr.InvalidGroupID, ErrInvalidGroupID)
+	sqlerr.Register(sqlerr.GroupNotEmpty, ErrGroupNotEmpty)
+	sqlerr.Register(sqlerr.GroupInvalidArg, ErrInvalidArgument)
+	sqlerr.Register(sqlerr.DeadLetterNotFound, ErrDeadLetterNotFound)
+}

@@ -1,0 +1,549 @@
+-- Consumer group coordination: membership, the sticky balanced assignor, handover,
+-- fenced offset commits, and group administration. Applied idempotently on every
+-- migrate. The Go side is package consumergroup; its errors.go maps these SQLSTATEs:
+--   SD101 fenced (not a member at that epoch, or not the owner)
+--   SD102 group not found          SD103 invalid group id
+--   SD104 group has live members   SD105 invalid argument
+--   SD106 dead letter not found
+--
+-- Lock order, everywhere: the consumer_groups row, then consumer_registrations rows,
+-- then consumer_partitions rows in ascending partition order. Commits lock only
+-- partition rows (FOR SHARE, ascending), so they never deadlock with a rebalance, and a
+-- handover (which updates the partition row) waits for an in-flight commit or makes it
+-- find nothing: the fence is checked and the offset written in one transaction.
+
+-- The LISTEN/NOTIFY channel of a group: a fixed-length identifier whatever the names.
+CREATE OR REPLACE FUNCTION streamd.cg_channel(p_stream_name text, p_group_id text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT 'streamd_group_' || md5(p_stream_name || '/' || p_group_id)
+$$;
+
+-- A group id: 1 to 249 characters of [A-Za-z0-9._:-] (stream names' rule, plus ':').
+CREATE OR REPLACE FUNCTION streamd.cg_valid_group_id(p_group_id text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_group_id IS NOT NULL AND p_group_id ~ '^[A-Za-z0-9._:-]{1,249}$' AND p_group_id NOT IN ('.', '..')
+$$;
+
+-- Locks the group row; creates the group first when p_create. Raises SD001/SD003 for a
+-- missing or invalid stream, SD103 for an invalid group id, SD102 for a missing group.
+CREATE OR REPLACE FUNCTION streamd.cg_lock_group(p_stream_name text, p_group_id text, p_create boolean)
+RETURNS streamd.consumer_groups
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group streamd.consumer_groups%ROWTYPE;
+BEGIN
+    IF NOT streamd.cg_valid_group_id(p_group_id) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD103',
+            MESSAGE = format('invalid group id %L: use 1 to 249 characters of A-Z a-z 0-9 . _ : -', p_group_id);
+    END IF;
+    IF p_create THEN
+        PERFORM 1 FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+        IF NOT FOUND THEN
+            PERFORM streamd.raise_partition_missing(p_stream_name, 0);
+        END IF;
+        INSERT INTO streamd.consumer_groups (stream_name, group_id) VALUES (p_stream_name, p_group_id)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    SELECT * INTO v_group FROM streamd.consumer_groups g
+     WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD102',
+            MESSAGE = format('group %L of stream %L does not exist', p_group_id, p_stream_name);
+    END IF;
+    RETURN v_group;
+END;
+$$;
+
+-- Removes a member: each partition it owns goes to its pending target (the target has
+-- waited for exactly this) or becomes unowned; pending moves to it are cancelled.
+-- The caller holds the group lock and runs cg_assign afterwards.
+CREATE OR REPLACE FUNCTION streamd.cg_drop_member(p_stream_name text, p_group_id text, p_consumer_id text, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM streamd.consumer_partitions cp
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id
+       AND (cp.owner_id = p_consumer_id OR cp.target_id = p_consumer_id)
+     ORDER BY cp.partition FOR UPDATE;
+    UPDATE streamd.consumer_partitions cp
+       SET owner_id = cp.target_id,
+           owner_epoch = (SELECT r.member_epoch FROM streamd.consumer_registrations r
+                           WHERE r.stream_name = p_stream_name AND r.group_id = p_group_id AND r.consumer_id = cp.target_id),
+           target_id = NULL, target_since = NULL, assigned_at = p_now
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = p_consumer_id;
+    UPDATE streamd.consumer_partitions cp SET target_id = NULL, target_since = NULL
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.target_id = p_consumer_id;
+    DELETE FROM streamd.consumer_registrations r
+     WHERE r.stream_name = p_stream_name AND r.group_id = p_group_id AND r.consumer_id = p_consumer_id;
+END;
+$$;
+
+-- Expires the group's members whose session timed out, or that kept a partition
+-- promised to another member longer than their rebalance timeout. Returns how many.
+-- The caller holds the group lock.
+CREATE OR REPLACE FUNCTION streamd.cg_expire(p_stream_name text, p_group_id text, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count integer := 0;
+    r       record;
+BEGIN
+    -- FOR UPDATE re-checks the condition against a concurrent heartbeat's new row.
+    FOR r IN SELECT cr.consumer_id FROM streamd.consumer_registrations cr
+              WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+                AND (cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < p_now
+                     OR EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
+                                 WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id
+                                   AND cp.owner_id = cr.consumer_id AND cp.target_id IS NOT NULL
+                                   AND cp.target_since + cr.rebalance_timeout_ms * interval '1 millisecond' < p_now))
+              ORDER BY cr.consumer_id
+                FOR UPDATE LOOP
+        PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, r.consumer_id, p_now);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+
+-- The assignor: sticky and balanced. Every member gets floor(n/m) or ceil(n/m) of the
+-- n partitions; the members that hold the most now get the larger quotas, each keeps
+-- as many of the partitions it holds (or is about to receive) as its quota allows, and
+-- only the rest move. A partition with no owner goes to its new member at once; an
+-- owned one gets a pending target and moves when its owner releases it or is expired.
+-- The caller holds the group lock. Returns the number of partitions whose owner or
+-- target changed, and notifies the group's channel when that is not zero.
+CREATE OR REPLACE FUNCTION streamd.cg_assign(p_stream_name text, p_group_id text, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n       integer;
+    v_m       integer;
+    v_changed integer := 0;
+    r         record;
+BEGIN
+    SELECT s.partitions INTO v_n FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+    INSERT INTO streamd.consumer_partitions (stream_name, group_id, partition)
+    SELECT p_stream_name, p_group_id, g FROM generate_series(0, v_n - 1) g
+    ON CONFLICT DO NOTHING;
+    SELECT count(*) INTO v_m FROM streamd.consumer_registrations cr
+     WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id;
+
+    IF v_m = 0 THEN
+        UPDATE streamd.consumer_partitions cp SET target_id = NULL, target_since = NULL
+         WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.target_id IS NOT NULL;
+        RETURN 0;
+    END IF;
+
+    FOR r IN
+        WITH cur AS (
+            SELECT cp.partition, cp.owner_id, cp.target_id, coalesce(cp.target_id, cp.owner_id) AS holder
+              FROM streamd.consumer_partitions cp
+             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id
+        ), mem AS (
+            SELECT cr.consumer_id, cr.member_epoch,
+                   (SELECT count(*) FROM cur WHERE cur.holder = cr.consumer_id) AS held
+              FROM streamd.consumer_registrations cr
+             WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+        ), quota AS (
+            SELECT m.consumer_id, m.member_epoch, x.rn,
+                   v_n / v_m + CASE WHEN x.rn <= v_n % v_m THEN 1 ELSE 0 END AS q
+              FROM mem m
+              JOIN (SELECT m2.consumer_id, row_number() OVER (ORDER BY m2.held DESC, m2.consumer_id) AS rn FROM mem m2) x
+                ON x.consumer_id = m.consumer_id
+        ), ranked AS (
+            SELECT c.partition, c.holder,
+                   row_number() OVER (PARTITION BY c.holder ORDER BY (c.owner_id = c.holder) DESC, c.partition) AS k
+              FROM cur c WHERE c.holder IS NOT NULL
+        ), kept AS (
+            SELECT rk.partition, rk.holder FROM ranked rk JOIN quota q ON q.consumer_id = rk.holder WHERE rk.k <= q.q
+        ), kept_count AS (
+            SELECT k.holder, count(*) AS n FROM kept k GROUP BY k.holder
+        ), free AS (
+            SELECT c.partition, row_number() OVER (ORDER BY c.partition) AS fn
+              FROM cur c WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.partition = c.partition)
+        ), slots AS (
+            SELECT q.consumer_id, row_number() OVER (ORDER BY q.rn, s.i) AS sn
+              FROM quota q
+              LEFT JOIN kept_count kc ON kc.holder = q.consumer_id
+             CROSS JOIN LATERAL generate_series(1, q.q - coalesce(kc.n, 0)) AS s(i)
+        ), want AS (
+            SELECT k.partition, k.holder AS new_holder FROM kept k
+            UNION ALL
+            SELECT f.partition, s.consumer_id FROM free f JOIN slots s ON s.sn = f.fn
+        )
+        SELECT c.partition, c.owner_id, c.target_id, w.new_holder, q.member_epoch AS new_epoch
+          FROM cur c
+          LEFT JOIN want w ON w.partition = c.partition
+          LEFT JOIN quota q ON q.consumer_id = w.new_holder
+         ORDER BY c.partition
+    LOOP
+        IF r.new_holder IS NULL THEN
+            CONTINUE; -- cannot happen while there are members; keep the row as it is
+        ELSIF r.owner_id IS NULL THEN
+            UPDATE streamd.consumer_partitions cp
+               SET owner_id = r.new_holder, owner_epoch = r.new_epoch, target_id = NULL, target_since = NULL, assigned_at = p_now
+             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = r.partition;
+            v_changed := v_changed + 1;
+        ELSIF r.owner_id = r.new_holder THEN
+            IF r.target_id IS NOT NULL THEN
+                UPDATE streamd.consumer_partitions cp SET target_id = NULL, target_since = NULL
+                 WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = r.partition;
+                v_changed := v_changed + 1;
+            END IF;
+        ELSIF r.target_id IS DISTINCT FROM r.new_holder THEN
+            UPDATE streamd.consumer_partitions cp SET target_id = r.new_holder, target_since = p_now
+             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = r.partition;
+            v_changed := v_changed + 1;
+        END IF;
+    END LOOP;
+    IF v_changed > 0 THEN
+        PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'assign');
+    END IF;
+    RETURN v_changed;
+END;
+$$;
+
+-- Joins a member to a group (creating the group) and returns its member epoch, the
+-- fence token of its commits. With an instance id that a live member of the group
+-- holds (static membership: a restart within the session timeout), the new member
+-- takes over that member's partitions without a rebalance, and the old one is fenced.
+CREATE OR REPLACE FUNCTION streamd.join_group(
+    p_stream_name          text,
+    p_group_id             text,
+    p_consumer_id          text,
+    p_instance_id          text,
+    p_session_timeout_ms   integer,
+    p_rebalance_timeout_ms integer,
+    p_now                  timestamptz
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now   timestamptz := coalesce(p_now, now());
+    v_epoch bigint;
+    v_old   text;
+BEGIN
+    IF p_consumer_id IS NULL OR length(p_consumer_id) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = format('invalid consumer id %L: use 1 to 255 characters', p_consumer_id);
+    END IF;
+    IF p_instance_id IS NOT NULL AND length(p_instance_id) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = format('invalid instance id %L: use 1 to 255 characters', p_instance_id);
+    END IF;
+    IF p_session_timeout_ms IS NULL OR p_session_timeout_ms <= 0 OR p_rebalance_timeout_ms IS NULL OR p_rebalance_timeout_ms <= 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105',
+            MESSAGE = format('session timeout %s ms and rebalance timeout %s ms must be positive', p_session_timeout_ms, p_rebalance_timeout_ms);
+    END IF;
+    PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, true);
+    PERFORM streamd.cg_expire(p_stream_name, p_group_id, v_now);
+    UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
+     WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id
+    RETURNING g.group_epoch INTO v_epoch;
+
+    IF p_instance_id IS NOT NULL THEN
+        SELECT cr.consumer_id INTO v_old FROM streamd.consumer_registrations cr
+         WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id AND cr.instance_id = p_instance_id
+           FOR UPDATE;
+        IF FOUND THEN
+            PERFORM 1 FROM streamd.consumer_partitions cp
+             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id
+               AND (cp.owner_id = v_old OR cp.target_id = v_old)
+             ORDER BY cp.partition FOR UPDATE;
+            UPDATE streamd.consumer_registrations cr
+               SET consumer_id = p_consumer_id, member_epoch = v_epoch, last_heartbeat = v_now, last_poll_at = v_now,
+                   session_timeout_ms = p_session_timeout_ms, rebalance_timeout_ms = p_rebalance_timeout_ms
+             WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id AND cr.consumer_id = v_old;
+            UPDATE streamd.consumer_partitions cp SET owner_id = p_consumer_id, owner_epoch = v_epoch
+             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = v_old;
+            UPDATE streamd.consumer_partitions cp SET target_id = p_consumer_id
+             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.target_id = v_old;
+            PERFORM streamd.cg_assign(p_stream_name, p_group_id, v_now);
+            RETURN v_epoch;
+        END IF;
+    END IF;
+
+    BEGIN
+        INSERT INTO streamd.consumer_registrations (stream_name, group_id, consumer_id, registered_at, last_heartbeat,
+                                                    session_timeout_ms, member_epoch, instance_id, rebalance_timeout_ms, last_poll_at)
+        VALUES (p_stream_name, p_group_id, p_consumer_id, v_now, v_now,
+                p_session_timeout_ms, v_epoch, p_instance_id, p_rebalance_timeout_ms, v_now);
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105',
+            MESSAGE = format('consumer id %L is already a member of group %L of stream %L; join with a new id', p_consumer_id, p_group_id, p_stream_name);
+    END;
+    PERFORM streamd.cg_assign(p_stream_name, p_group_id, v_now);
+    PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'join');
+    RETURN v_epoch;
+END;
+$$;
+
+-- Raises SD101: the member is not a live member of the group at that epoch.
+CREATE OR REPLACE FUNCTION streamd.cg_raise_fenced(p_stream_name text, p_group_id text, p_consumer_id text, p_epoch bigint, p_detail text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'SD101',
+        MESSAGE = format('member %s (epoch %s) of group %L of stream %L is fenced: %s',
+                         p_consumer_id, p_epoch, p_group_id, p_stream_name, p_detail);
+END;
+$$;
+
+-- A member's heartbeat: records that it is alive and returns its assignment: the
+-- partitions it owns, those of them it must release (another member is waiting for
+-- them), and those paused. A member that is unknown, at another epoch or past its
+-- session timeout is fenced (SD101) and must drop its partitions and join again.
+-- It also expires dead members and rebalances when that is needed, so a group with
+-- live members heals without the streamd daemon.
+CREATE OR REPLACE FUNCTION streamd.group_heartbeat(
+    p_stream_name text,
+    p_group_id    text,
+    p_consumer_id text,
+    p_epoch       bigint,
+    p_now         timestamptz
+) RETURNS TABLE (assigned integer[], revoking integer[], paused integer[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+BEGIN
+    IF EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
+                WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+                  AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < v_now)
+       OR EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
+                   JOIN streamd.consumer_registrations cr USING (stream_name, group_id)
+                  WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id
+                    AND cr.consumer_id = cp.owner_id AND cp.target_id IS NOT NULL
+                    AND cp.target_since + cr.rebalance_timeout_ms * interval '1 millisecond' < v_now)
+       OR EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
+                   WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id IS NULL)
+       OR (SELECT count(*) FROM streamd.consumer_partitions cp
+            WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id)
+          < (SELECT s.partitions FROM streamd.streams s WHERE s.stream_name = p_stream_name) THEN
+        -- Lock order: group row first, then our registration (below).
+        PERFORM 1 FROM streamd.consumer_groups g
+         WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR UPDATE;
+        IF streamd.cg_expire(p_stream_name, p_group_id, v_now) > 0 THEN
+            UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
+             WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
+            PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'expire');
+        END IF;
+        PERFORM streamd.cg_assign(p_stream_name, p_group_id, v_now);
+    END IF;
+
+    UPDATE streamd.consumer_registrations cr SET last_heartbeat = v_now
+     WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+       AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch
+       AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_now;
+    IF NOT FOUND THEN
+        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch,
+                                        'not a member at this epoch (session expired, left, or replaced)');
+    END IF;
+
+    RETURN QUERY
+        SELECT coalesce(array_agg(cp.partition ORDER BY cp.partition), '{}'),
+               coalesce(array_agg(cp.partition ORDER BY cp.partition) FILTER (WHERE cp.target_id IS NOT NULL), '{}'),
+               coalesce(array_agg(cp.partition ORDER BY cp.partition) FILTER (WHERE cp.paused), '{}')
+          FROM streamd.consumer_partitions cp
+         WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id
+           AND cp.owner_id = p_consumer_id AND cp.owner_epoch = p_epoch;
+END;
+$$;
+
+-- Releases partitions the member owns (after it finished and committed them): each
+-- goes to its pending target at once, or back to the assignor. Partitions the member
+-- does not own are ignored. Fenced (SD101) when not a member at that epoch.
+CREATE OR REPLACE FUNCTION streamd.release_partitions(
+    p_stream_name text,
+    p_group_id    text,
+    p_consumer_id text,
+    p_epoch       bigint,
+    p_partitions  integer[],
+    p_now         timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+BEGIN
+    PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, false);
+    PERFORM 1 FROM streamd.consumer_registrations cr
+     WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+       AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch;
+    IF NOT FOUND THEN
+        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch, 'not a member at this epoch');
+    END IF;
+    PERFORM 1 FROM streamd.consumer_partitions cp
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = ANY (p_partitions)
+       AND cp.owner_id = p_consumer_id AND cp.owner_epoch = p_epoch
+     ORDER BY cp.partition FOR UPDATE;
+    UPDATE streamd.consumer_partitions cp
+       SET owner_id = cp.target_id,
+           owner_epoch = (SELECT r.member_epoch FROM streamd.consumer_registrations r
+                           WHERE r.stream_name = p_stream_name AND r.group_id = p_group_id AND r.consumer_id = cp.target_id),
+           target_id = NULL, target_since = NULL, assigned_at = v_now
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = ANY (p_partitions)
+       AND cp.owner_id = p_consumer_id AND cp.owner_epoch = p_epoch;
+    PERFORM streamd.cg_assign(p_stream_name, p_group_id, v_now);
+    PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'release');
+END;
+$$;
+
+-- A clean leave: the member's partitions go to their targets or are reassigned at
+-- once. Returns false when the member was not there (already expired or fenced).
+CREATE OR REPLACE FUNCTION streamd.leave_group(
+    p_stream_name text,
+    p_group_id    text,
+    p_consumer_id text,
+    p_epoch       bigint,
+    p_now         timestamptz
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+BEGIN
+    PERFORM 1 FROM streamd.consumer_groups g
+     WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM 1 FROM streamd.consumer_registrations cr
+     WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+       AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, p_consumer_id, v_now);
+    UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
+     WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
+    PERFORM streamd.cg_expire(p_stream_name, p_group_id, v_now);
+    PERFORM streamd.cg_assign(p_stream_name, p_group_id, v_now);
+    PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'leave');
+    RETURN true;
+END;
+$$;
+
+-- The fence: locks the ownership rows of p_partitions (FOR SHARE, ascending) where the
+-- member owns them at p_epoch and is a live member; raises SD101 naming the first
+-- partition it does not own. The locks hold until the caller's transaction ends, so a
+-- handover cannot pass a commit that was accepted.
+CREATE OR REPLACE FUNCTION streamd.cg_fence(
+    p_stream_name text,
+    p_group_id    text,
+    p_consumer_id text,
+    p_epoch       bigint,
+    p_partitions  integer[],
+    p_now         timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_locked integer[];
+    v_first  integer;
+BEGIN
+    SELECT coalesce(array_agg(x.partition), '{}') INTO v_locked FROM (
+        SELECT cp.partition FROM streamd.consumer_partitions cp
+         WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = ANY (p_partitions)
+           AND cp.owner_id = p_consumer_id AND cp.owner_epoch = p_epoch
+           AND EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
+                        WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+                          AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch
+                          AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= p_now)
+         ORDER BY cp.partition
+           FOR SHARE OF cp) x;
+    SELECT min(u.p) INTO v_first FROM unnest(p_partitions) AS u(p) WHERE u.p <> ALL (v_locked);
+    IF v_first IS NOT NULL THEN
+        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch,
+                                        format('it does not own partition %s at this epoch', v_first));
+    END IF;
+END;
+$$;
+
+-- Commits offsets (the next offset to read, G5) for partitions the member owns at
+-- p_epoch. All or nothing: a partition not owned raises SD101 and nothing changes.
+-- An offset must lie between 0 and the partition's log end (SD105).
+CREATE OR REPLACE FUNCTION streamd.commit_offsets(
+    p_stream_name text,
+    p_group_id    text,
+    p_consumer_id text,
+    p_epoch       bigint,
+    p_partitions  integer[],
+    p_offsets     bigint[],
+    p_metadata    text[],
+    p_now         timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_bad record;
+BEGIN
+    IF p_partitions IS NULL OR p_offsets IS NULL OR cardinality(p_partitions) <> cardinality(p_offsets)
+       OR (p_metadata IS NOT NULL AND cardinality(p_metadata) <> cardinality(p_partitions)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = 'commit offsets: partitions, offsets and metadata must have the same length';
+    END IF;
+    IF (SELECT count(DISTINCT u.p) FROM unnest(p_partitions) u(p)) <> cardinality(p_partitions) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = 'commit offsets: a partition appears twice';
+    END IF;
+    SELECT u.p, u.o, h.next_offset INTO v_bad
+      FROM unnest(p_partitions, p_offsets) AS u(p, o)
+      LEFT JOIN streamd.stream_partitions h ON h.stream_name = p_stream_name AND h.partition = u.p
+     WHERE u.p IS NULL OR u.o IS NULL OR u.o < 0 OR h.next_offset IS NULL OR u.o > h.next_offset
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105',
+            MESSAGE = format('commit offsets: offset %s for partition %s of stream %L is outside [0, %s] (the log end)',
+                             v_bad.o, v_bad.p, p_stream_name, coalesce(v_bad.next_offset::text, 'no such partition'));
+    END IF;
+
+    PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, p_partitions, v_now);
+
+    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
+    SELECT p_stream_name, p_group_id, u.p, u.o, p_consumer_id, p_epoch, u.m, v_now
+      FROM unnest(p_partitions, p_offsets, coalesce(p_metadata, array_fill(NULL::text, ARRAY[cardinality(p_partitions)]))) AS u(p, o, m)
+    ON CONFLICT (stream_name, group_id, partition) DO UPDATE
+       SET "offset" = EXCLUDED."offset", consumer_id = EXCLUDED.consumer_id, member_epoch = EXCLUDED.member_epoch,
+           metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at;
+END;
+$$;
+
+-- Seed 003: records a heartbeat for a member, without the epoch check of
+-- group_heartbeat (kept for the seed's callers; the Go client uses group_heartbeat).
+CREATE OR REPLACE FUNCTION streamd.update_consumer_heartbeat(p_stream_name text, p_group_id text, p_consumer_id text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE streamd.consumer_registrations
+       SET last_heartbeat = now()
+     WHERE stream_name = p_stream_name
+       AND group_id = p_group_id
+       AND consumer_id = p_consumer_id;
+END;
+$$;
+
+-- Seed 003: removes every member whose session expired (or that overstayed its
+-- rebalance timeout), hands its partitions over, and returns how many were removed.
+-- streamd's reaper calls it periodically; heartbeats of live members do the same for
+-- their own group.
+CREATE OR REPLACE FUNCTION streamd.cleanup_stale_consumers()
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_total integer := 0;
+    v_n     integer;
+    g       record;
+BEGIN
+    FOR g IN SELECT DISTINCT cr.stream_name, cr.group_id FROM streamd.consumer_registrations cr
+              WHERE cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now()
+                 OR EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
+                             WHERE cp.stream_name = cr.stream_name AND cp.group_id = cr.group_id
+                               AND cp.owner_id = cr.consumer_id AND cp.target_id IS NOT NULL
+                               AND cp.target_since + cr.rebalance_timeout_ms * interval '1 millisecond' < now())
+              ORDER BY 1, 2 LOOP
+        PERFORM 1 FROM streamd.consumer_groups cg
+         WHERE cg.stream_name = g.stream_name AND cg.group_id = g.group_id FOR UPDATE;
+        v_n := streamd.cg_expire(g.stream_name, g.group_id, now());
+        IF v_n > 0 THEN
+            UPDATE streamd.consumer_groups cg SET group_epoch = cg.group_epoch + 1, updated_at = now()
+             WHERE cg.stream_name = g.stream_name AND cg.group_id = g.group_id;
+            PERFORM streamd.cg_assign(g.stream_name, g.group_id, now());
+            PERFORM pg_notify(streamd.cg_channel(g.stream_name, g.group_id), 'expire');
+            v_total := v_total + v_n;
+        END IF;
+    END LOOP;
+    RETURN v_total;
+END;
+$$;

@@ -1,0 +1,188 @@
+-- Consumer group administration: offset resets, group deletion, pause/resume and the
+-- dead letter queue. Error codes as in 0200_consumer_groups.sql.
+
+-- True when the group has a member whose session has not expired at p_now.
+CREATE OR REPLACE FUNCTION streamd.cg_has_live_members(p_stream_name text, p_group_id text, p_now timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
+                    WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+                      AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= p_now)
+$$;
+
+-- Resets a group's committed offsets (kafka-consumer-groups --reset-offsets).
+-- p_mode: 'earliest' (log start), 'latest' (log end), 'timestamp' (first event at or
+-- after p_time), 'offset' (p_value, clamped to the partition's stored range), 'shift'
+-- (committed offset, or the log start when none, plus p_value, clamped).
+-- p_partitions NULL means all. Refused (SD104) while the group has live members,
+-- unless p_force, which expels them first (fencing their commits; they join again and
+-- start from the new offsets). Returns each partition's previous and new offset.
+CREATE OR REPLACE FUNCTION streamd.reset_group_offsets(
+    p_stream_name text,
+    p_group_id    text,
+    p_mode        text,
+    p_value       bigint,
+    p_time        timestamptz,
+    p_partitions  integer[],
+    p_force       boolean,
+    p_now         timestamptz
+) RETURNS TABLE (partition integer, previous_offset bigint, new_offset bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now  timestamptz := coalesce(p_now, now());
+    v_bad  integer;
+    v_new  bigint;
+    r      record;
+BEGIN
+    IF p_mode IS NULL OR p_mode NOT IN ('earliest', 'latest', 'timestamp', 'offset', 'shift') THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105',
+            MESSAGE = format('reset offsets: mode %L: want earliest, latest, timestamp, offset or shift', p_mode);
+    END IF;
+    IF p_mode = 'timestamp' AND p_time IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = 'reset offsets: mode timestamp needs a time';
+    END IF;
+    IF p_mode IN ('offset', 'shift') AND p_value IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = format('reset offsets: mode %s needs a value', p_mode);
+    END IF;
+    IF p_mode = 'offset' AND p_value < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = format('reset offsets: offset %s is negative', p_value);
+    END IF;
+    PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, false);
+    SELECT min(u.p) INTO v_bad FROM unnest(p_partitions) AS u(p)
+     WHERE NOT EXISTS (SELECT 1 FROM streamd.stream_partitions h WHERE h.stream_name = p_stream_name AND h.partition = u.p);
+    IF v_bad IS NOT NULL OR array_position(p_partitions, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105',
+            MESSAGE = format('reset offsets: stream %L has no partition %s', p_stream_name, coalesce(v_bad::text, 'NULL'));
+    END IF;
+
+    PERFORM streamd.cg_expire(p_stream_name, p_group_id, v_now);
+    IF streamd.cg_has_live_members(p_stream_name, p_group_id, v_now) THEN
+        IF NOT coalesce(p_force, false) THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD104',
+                MESSAGE = format('group %L of stream %L has live members; stop them or force the reset', p_group_id, p_stream_name);
+        END IF;
+    END IF;
+    IF coalesce(p_force, false) THEN
+        FOR r IN SELECT cr.consumer_id FROM streamd.consumer_registrations cr
+                  WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id ORDER BY cr.consumer_id FOR UPDATE LOOP
+            PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, r.consumer_id, v_now);
+        END LOOP;
+        UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
+         WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
+        PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'reset');
+    END IF;
+
+    FOR r IN SELECT h.partition AS p, h.log_start_offset AS lo, h.next_offset AS hi, co."offset" AS cur
+               FROM streamd.stream_partitions h
+               LEFT JOIN streamd.consumer_offsets co
+                 ON co.stream_name = h.stream_name AND co.group_id = p_group_id AND co.partition = h.partition
+              WHERE h.stream_name = p_stream_name AND (p_partitions IS NULL OR h.partition = ANY (p_partitions))
+              ORDER BY h.partition LOOP
+        v_new := CASE p_mode
+                     WHEN 'earliest'  THEN r.lo
+                     WHEN 'latest'    THEN r.hi
+                     WHEN 'timestamp' THEN streamd.offset_for_time(p_stream_name, r.p, p_time)
+                     WHEN 'offset'    THEN p_value
+                     ELSE coalesce(r.cur, r.lo) + p_value
+                 END;
+        v_new := greatest(r.lo, least(r.hi, v_new));
+        INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
+        VALUES (p_stream_name, p_group_id, r.p, v_new, NULL, NULL, 'reset:' || p_mode, v_now)
+        ON CONFLICT (stream_name, group_id, partition) DO UPDATE
+           SET "offset" = EXCLUDED."offset", consumer_id = NULL, member_epoch = NULL,
+               metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at;
+        partition := r.p;
+        previous_offset := r.cur;
+        new_offset := v_new;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- Deletes a group with its members, ownership rows and committed offsets (its dead
+-- letters stay). Refused (SD104) while it has live members unless p_force. Returns
+-- false when there was no such group.
+CREATE OR REPLACE FUNCTION streamd.delete_group(p_stream_name text, p_group_id text, p_force boolean, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+BEGIN
+    PERFORM 1 FROM streamd.consumer_groups g
+     WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF streamd.cg_has_live_members(p_stream_name, p_group_id, v_now) AND NOT coalesce(p_force, false) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD104',
+            MESSAGE = format('group %L of stream %L has live members; stop them or force the delete', p_group_id, p_stream_name);
+    END IF;
+    DELETE FROM streamd.consumer_groups g WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
+    PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'delete');
+    RETURN true;
+END;
+$$;
+
+-- Pauses or resumes partitions for the whole group: whichever member owns them stops
+-- (or resumes) fetching them, across handovers, until resumed.
+CREATE OR REPLACE FUNCTION streamd.set_partitions_paused(p_stream_name text, p_group_id text, p_partitions integer[], p_paused boolean)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_bad integer;
+BEGIN
+    PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, true);
+    PERFORM streamd.cg_assign(p_stream_name, p_group_id, now());
+    SELECT min(u.p) INTO v_bad FROM unnest(p_partitions) AS u(p)
+     WHERE NOT EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
+                        WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = u.p);
+    IF v_bad IS NOT NULL OR p_partitions IS NULL OR array_position(p_partitions, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105',
+            MESSAGE = format('pause: stream %L has no partition %s', p_stream_name, coalesce(v_bad::text, 'NULL'));
+    END IF;
+    UPDATE streamd.consumer_partitions cp SET paused = coalesce(p_paused, false)
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = ANY (p_partitions);
+    PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'pause');
+END;
+$$;
+
+-- Moves one event to the dead letter queue, fenced like a commit: only the owner of
+-- the partition at its epoch may. The event is copied from the log. A record already
+-- there for the group adds to its attempts and becomes pending again. Returns its id.
+CREATE OR REPLACE FUNCTION streamd.dead_letter_event(
+    p_stream_name      text,
+    p_group_id         text,
+    p_consumer_id      text,
+    p_epoch            bigint,
+    p_partition        integer,
+    p_offset           bigint,
+    p_error            text,
+    p_attempts         integer,
+    p_first_failure_at timestamptz,
+    p_now              timestamptz
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_id  bigint;
+BEGIN
+    PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], v_now);
+    INSERT INTO streamd.dead_letter_queue AS d (stream_name, group_id, partition, "offset", event_id, event_type, key, data,
+                                                data_bytes, metadata, event_timestamp, error, attempts,
+                                                first_failure_at, last_failure_at)
+    SELECT e.stream_name, p_group_id, e.partition, e."offset", e.event_id, e.event_type, e.key, e.data,
+           e.data_bytes, e.metadata, e."timestamp", coalesce(p_error, ''), greatest(coalesce(p_attempts, 1), 1),
+           coalesce(p_first_failure_at, v_now), v_now
+      FROM streamd.events e
+     WHERE e.stream_name = p_stream_name AND e.partition = p_partition AND e."offset" = p_offset
+    ON CONFLICT (stream_name, group_id, partition, "offset") DO UPDATE
+       SET attempts = d.attempts + EXCLUDED.attempts, error = EXCLUDED.error,
+           last_failure_at = EXCLUDED.last_failure_at, status = 'pending', resolved_at = NULL, resolved_by = NULL
+    RETURNING d.id INTO v_id;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105',
+            MESSAGE = format('dead letter: no event at offset %s of %s/%s', p_offset, p_stream_name, p_partition);
+    END IF;
+    RETURN v_id;
+END;
+$$;

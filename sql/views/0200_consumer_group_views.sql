@@ -1,0 +1,40 @@
+-- Seed 003's consumer_group_status, per partition (offsets are per partition since
+-- handover moves them between members): the committed offset, the log end, the lag
+-- (log end - committed, G5; the whole retained log when nothing is committed), and the
+-- owner's heartbeat. From head rows and keys only: no scan of events.
+CREATE OR REPLACE VIEW streamd.consumer_group_status AS
+SELECT cp.stream_name,
+       cp.group_id,
+       cp.partition,
+       cp.owner_id                                              AS consumer_id,
+       cp.owner_epoch                                           AS member_epoch,
+       cp.target_id                                             AS pending_owner,
+       cp.paused,
+       co."offset"                                              AS current_offset,
+       h.log_start_offset,
+       h.next_offset                                            AS stream_head,
+       h.next_offset - greatest(coalesce(co."offset", h.log_start_offset), h.log_start_offset) AS lag,
+       cr.last_heartbeat,
+       coalesce(cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now(), false) AS is_stale
+  FROM streamd.consumer_partitions cp
+  JOIN streamd.stream_partitions h ON h.stream_name = cp.stream_name AND h.partition = cp.partition
+  LEFT JOIN streamd.consumer_offsets co
+    ON co.stream_name = cp.stream_name AND co.group_id = cp.group_id AND co.partition = cp.partition
+  LEFT JOIN streamd.consumer_registrations cr
+    ON cr.stream_name = cp.stream_name AND cr.group_id = cp.group_id AND cr.consumer_id = cp.owner_id;
+
+-- One row per group: members, partitions, owned and pending partitions, total lag.
+CREATE OR REPLACE VIEW streamd.consumer_group_summary AS
+SELECT g.stream_name,
+       g.group_id,
+       g.group_epoch,
+       (SELECT count(*) FROM streamd.consumer_registrations cr
+         WHERE cr.stream_name = g.stream_name AND cr.group_id = g.group_id)           AS members,
+       (SELECT count(*) FROM streamd.consumer_group_status s
+         WHERE s.stream_name = g.stream_name AND s.group_id = g.group_id)             AS partitions,
+       (SELECT count(*) FROM streamd.consumer_group_status s
+         WHERE s.stream_name = g.stream_name AND s.group_id = g.group_id AND s.pending_owner IS NOT NULL) AS pending_moves,
+       (SELECT coalesce(sum(s.lag), 0) FROM streamd.consumer_group_status s
+         WHERE s.stream_name = g.stream_name AND s.group_id = g.group_id)             AS lag,
+       g.updated_at
+  FROM streamd.consumer_groups g;
