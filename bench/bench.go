@@ -1,0 +1,215 @@
+// Package bench is streamd's benchmark harness. Every scenario measures streamd and
+// its raw-PostgreSQL baseline in the same run, on the same database, and reports the
+// ratio between them: produce against COPY, fetch against a primary-key range read.
+//
+// A scenario is one file (produce.go, fetch.go, profile.go, ...) implementing
+// Scenario; Scenarios lists them in run order. Run executes a suite (sizes and
+// durations) and returns a Report, which report.go prints, stores as JSON, draws as
+// SVG and writes into bench/RESULTS.md.
+//
+// The harness is single-run and single-process: scenarios run one after another, each
+// owns the goroutines it starts and waits for them before returning.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/streamd/streamd/streams"
+)
+
+// Scenario is one benchmark: it creates what it needs (fresh streams, baseline
+// tables), measures, cleans up and returns its results. Run is called once per run;
+// it must stop early when ctx ends and leave no goroutine behind.
+type Scenario interface {
+	// Name is the scenario's short name ("produce"), used by -scenarios and in tables.
+	Name() string
+	// Run measures the scenario at env's suite sizes.
+	Run(ctx context.Context, env *Env) ([]Result, error)
+}
+
+// Scenarios returns every scenario, in run order.
+func Scenarios() []Scenario {
+	return []Scenario{
+		produceScenario{},
+		producerScenario{},
+		fetchScenario{},
+		profileScenario{},
+	}
+}
+
+// Env is what a scenario runs against.
+type Env struct {
+	// Pool is the benchmark's pool on the project's PostgreSQL, migrated.
+	Pool *pgxpool.Pool
+	// Client is a streams.Client on Pool.
+	Client *streams.Client
+	// Suite holds the sizes to run at.
+	Suite Suite
+	// RunID is a short random string that makes this run's stream names unique.
+	RunID string
+	// Logger receives progress lines.
+	Logger *slog.Logger
+	// Notes collects findings that are not throughput figures (profiles); they go
+	// into the report.
+	Notes []Note
+}
+
+// StreamName returns a fresh stream name for this run.
+func (e *Env) StreamName(parts ...string) string {
+	return "bench-" + strings.Join(parts, "-") + "-" + e.RunID
+}
+
+// AddNote records a finding for the report.
+func (e *Env) AddNote(scenario, title, text string) {
+	e.Notes = append(e.Notes, Note{Scenario: scenario, Title: title, Text: text})
+}
+
+// Note is a finding that is not a throughput figure, such as a per-stage profile.
+type Note struct {
+	Scenario string `json:"scenario"`
+	Title    string `json:"title"`
+	Text     string `json:"text"`
+}
+
+// Params are the knobs a result was measured at. Zero fields did not apply.
+type Params struct {
+	PayloadBytes int    `json:"payload_bytes,omitempty"`
+	BatchSize    int    `json:"batch_size,omitempty"`
+	Conns        int    `json:"conns,omitempty"`
+	Partitions   int    `json:"partitions,omitempty"`
+	Mode         string `json:"mode,omitempty"`
+}
+
+// Result is one measured case.
+type Result struct {
+	// Scenario is the scenario's name.
+	Scenario string `json:"scenario"`
+	// Case names the case uniquely within the run ("produce streamd 1KiB b=100 c=4").
+	Case string `json:"case"`
+	// System is what was measured: "streamd", or a baseline such as "copy".
+	System string `json:"system"`
+	// Baseline is true for raw-PostgreSQL reference measurements.
+	Baseline bool   `json:"baseline,omitempty"`
+	Params   Params `json:"params"`
+	// Records and Bytes (payload: data plus key) moved in Seconds of wall time.
+	Records       int64   `json:"records"`
+	Bytes         int64   `json:"bytes"`
+	Seconds       float64 `json:"seconds"`
+	RecordsPerSec float64 `json:"records_per_sec"`
+	MBPerSec      float64 `json:"mb_per_sec"`
+	// RatioTo is the Case of the baseline this result is compared with; Ratio is
+	// RecordsPerSec divided by the baseline's, and Target the ratio aimed for.
+	RatioTo string  `json:"ratio_to,omitempty"`
+	Ratio   float64 `json:"ratio,omitempty"`
+	Target  float64 `json:"target,omitempty"`
+	// Latency is the distribution of one operation (one produce call, one fetch).
+	Latency *Latency `json:"latency,omitempty"`
+	// Note says anything a reader needs to interpret the figure.
+	Note string `json:"note,omitempty"`
+}
+
+// finish computes the rates.
+func (r *Result) finish() {
+	if r.Seconds > 0 {
+		r.RecordsPerSec = float64(r.Records) / r.Seconds
+		r.MBPerSec = float64(r.Bytes) / r.Seconds / 1e6
+	}
+}
+
+// Options configures Run.
+type Options struct {
+	// Suite holds the sizes. Required.
+	Suite Suite
+	// Scenarios names the scenarios to run. Defaults to all.
+	Scenarios []string
+	// Logger receives progress. Defaults to a logger that discards.
+	Logger *slog.Logger
+}
+
+// Run migrates nothing (the caller migrates), runs the scenarios on pool in order and
+// returns the report. A failing scenario stops the run with its error.
+func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Report, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	env := &Env{
+		Pool:   pool,
+		Client: streams.NewClient(pool, &streams.ClientConfig{Logger: logger}),
+		Suite:  opts.Suite,
+		RunID:  randomID(),
+		Logger: logger,
+	}
+	rep := &Report{
+		Date:  time.Now().UTC(),
+		Suite: opts.Suite.Name,
+	}
+	rep.Machine = machineInfo()
+	pg, err := postgresInfo(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	rep.Postgres = pg
+	rep.Git = gitInfo(ctx)
+	if err := setupBaselineSchema(ctx, pool); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	for _, s := range Scenarios() {
+		if len(opts.Scenarios) > 0 && !slices.Contains(opts.Scenarios, s.Name()) {
+			continue
+		}
+		logger.Info("scenario start", "scenario", s.Name())
+		t0 := time.Now()
+		res, err := s.Run(ctx, env)
+		if err != nil {
+			return nil, fmt.Errorf("scenario %s: %w", s.Name(), err)
+		}
+		logger.Info("scenario done", "scenario", s.Name(), "results", len(res), "seconds", time.Since(t0).Seconds())
+		rep.Results = append(rep.Results, res...)
+	}
+	resolveRatios(rep.Results)
+	rep.Seconds = time.Since(start).Seconds()
+	rep.Notes = env.Notes
+	rep.Machine.LoadAvgEnd = loadAvg()
+	return rep, nil
+}
+
+// Known reports whether name is a scenario.
+func Known(name string) bool {
+	for _, s := range Scenarios() {
+		if s.Name() == name {
+			return true
+		}
+	}
+	return false
+}
+
+func randomID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// resolveRatios fills the ratios that refer to a baseline measured by another
+// scenario of the run.
+func resolveRatios(rs []Result) {
+	for i := range rs {
+		if rs[i].RatioTo == "" || rs[i].Ratio != 0 {
+			continue
+		}
+		if base := find(rs, rs[i].RatioTo); base.Case != "" {
+			rs[i].Ratio = ratio(rs[i].RecordsPerSec, base.RecordsPerSec)
+		}
+	}
+}

@@ -1,0 +1,67 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+)
+
+// TestTinySuite runs every scenario at a tiny size so that the harness cannot break
+// silently. It checks that results exist and are sane, never a ratio's value.
+func TestTinySuite(t *testing.T) {
+	pool := testdb.Pool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	rep, err := Run(ctx, pool, Options{Suite: TinySuite()})
+	require.NoError(t, err)
+
+	scenarios := map[string]int{}
+	for _, r := range rep.Results {
+		scenarios[r.Scenario]++
+		require.Positive(t, r.Records, r.Case)
+		require.Positive(t, r.Bytes, r.Case)
+		require.Positive(t, r.Seconds, r.Case)
+		require.Positive(t, r.RecordsPerSec, r.Case)
+		require.NotNil(t, r.Latency, r.Case)
+		require.LessOrEqual(t, r.Latency.P50, r.Latency.P99, r.Case)
+		if r.RatioTo != "" {
+			require.Positive(t, r.Ratio, "%s: ratio to %s", r.Case, r.RatioTo)
+			require.NotEmpty(t, find(rep.Results, r.RatioTo).Case, "%s: baseline %s missing", r.Case, r.RatioTo)
+		}
+	}
+	for _, s := range Scenarios() {
+		require.Positive(t, scenarios[s.Name()], "scenario %s produced no results", s.Name())
+	}
+	require.NotEmpty(t, rep.Postgres.Settings["synchronous_commit"])
+	require.NotEmpty(t, rep.Machine.Hostname)
+
+	dir := t.TempDir()
+	require.NoError(t, rep.WriteCharts(dir))
+	require.NotEmpty(t, rep.Charts)
+	for _, c := range rep.Charts {
+		b, err := os.ReadFile(filepath.Join(dir, c))
+		require.NoError(t, err)
+		require.Contains(t, string(b), "<polyline", c)
+	}
+	path, err := rep.WriteJSON(dir)
+	require.NoError(t, err)
+	require.FileExists(t, path)
+
+	md := filepath.Join(dir, "RESULTS.md")
+	require.NoError(t, os.WriteFile(md, []byte("# Results\n\nhand-written\n"), 0o644))
+	require.NoError(t, rep.UpdateResultsMD(md, "."))
+	require.NoError(t, rep.UpdateResultsMD(md, ".")) // replaces, does not append twice
+	b, err := os.ReadFile(md)
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(string(b), generatedBegin))
+	require.Contains(t, string(b), "hand-written")
+	require.Contains(t, string(b), "produce streamd")
+}

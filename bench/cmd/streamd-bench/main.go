@@ -1,0 +1,120 @@
+// Command streamd-bench runs streamd's benchmark suite against the project's
+// PostgreSQL ($STREAMD_DATABASE_URL, else the local cluster that internal/localpg
+// starts), prints a table, and writes bench/results/<date>-<machine>.json, SVG charts
+// next to it, and the generated section of bench/RESULTS.md.
+//
+//	go run ./bench/cmd/streamd-bench -suite quick            # make bench
+//	go run ./bench/cmd/streamd-bench -suite full             # make bench-full
+//	go run ./bench/cmd/streamd-bench -scenarios profile      # one scenario
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/streamd/streamd/bench"
+	"github.com/streamd/streamd/internal/localpg"
+	schema "github.com/streamd/streamd/sql"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "streamd-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	suiteName := flag.String("suite", "quick", "suite: quick, full or tiny")
+	scenarios := flag.String("scenarios", "", "comma-separated scenarios to run (default: all)")
+	outDir := flag.String("out", "bench/results", "directory for the JSON results and the SVG charts")
+	resultsMD := flag.String("results-md", "bench/RESULTS.md", "markdown file whose generated section is rewritten ('' to skip)")
+	duration := flag.Duration("duration", 0, "override the suite's duration per case")
+	noWrite := flag.Bool("no-write", false, "print the table only; write no files")
+	flag.Parse()
+
+	suite, err := bench.SuiteByName(*suiteName)
+	if err != nil {
+		return err
+	}
+	if *duration > 0 {
+		suite.CaseDuration = *duration
+	}
+	var names []string
+	if *scenarios != "" {
+		for _, n := range strings.Split(*scenarios, ",") {
+			n = strings.TrimSpace(n)
+			if !bench.Known(n) {
+				return fmt.Errorf("unknown scenario %q", n)
+			}
+			names = append(names, n)
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+	url, err := localpg.DatabaseURL(ctx, &localpg.Config{Logger: logger})
+	if err != nil {
+		return err
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return fmt.Errorf("parse database url: %w", err)
+	}
+	// Enough for the most producer connections plus the Producer's in-flight batches.
+	cfg.MaxConns = 32
+	cfg.MinConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer pool.Close()
+	if _, err := schema.Migrate(ctx, pool); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+
+	t0 := time.Now()
+	rep, err := bench.Run(ctx, pool, bench.Options{Suite: suite, Scenarios: names, Logger: logger})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nstreamd-bench suite %s on %s (%s, %d cores), PostgreSQL %s, %.0f s\n\n",
+		suite.Name, rep.Machine.Hostname, rep.Machine.CPUModel, rep.Machine.Cores, rep.Postgres.Version, time.Since(t0).Seconds())
+	if err := rep.WriteTable(os.Stdout); err != nil {
+		return err
+	}
+	if *noWrite {
+		return nil
+	}
+	if err := rep.WriteCharts(*outDir); err != nil {
+		return fmt.Errorf("write charts: %w", err)
+	}
+	path, err := rep.WriteJSON(*outDir)
+	if err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
+	fmt.Println("\nwrote", path, "and", len(rep.Charts), "charts")
+	if *resultsMD != "" {
+		rel, err := filepath.Rel(filepath.Dir(*resultsMD), *outDir)
+		if err != nil {
+			rel = *outDir
+		}
+		if err := rep.UpdateResultsMD(*resultsMD, rel); err != nil {
+			return fmt.Errorf("update %s: %w", *resultsMD, err)
+		}
+		fmt.Println("updated", *resultsMD)
+	}
+	return nil
+}

@@ -1,0 +1,180 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/streamd/streamd/streams"
+)
+
+// producerScenario measures the batching streams.Producer with its default
+// configuration: many goroutines each calling Produce (which blocks until the
+// record's batch committed), and one goroutine calling ProduceAsync as fast as the
+// producer's buffer admits. Records carry keys and no partition, so the producer
+// routes them by key over the suite's partitions. Latency is per record: from the
+// call to the commit being reported.
+//
+// Ratios are to the produce scenario's reference COPY baseline (same payload), when
+// that scenario ran in the same run.
+type producerScenario struct{}
+
+func (producerScenario) Name() string { return "producer" }
+
+func (s producerScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
+	su := env.Suite
+	ref := func(size int) string {
+		return fmt.Sprintf("produce copy %s b=%d c=%d p=%d", sizeLabel(size), maxInt(su.BatchSizes), maxInt(su.Conns), su.Partitions)
+	}
+	var out []Result
+	for _, size := range su.Payloads {
+		for _, callers := range su.ProducerCallers {
+			r, err := s.sync(ctx, env, size, callers)
+			if err != nil {
+				return nil, err
+			}
+			r.RatioTo, r.Target = ref(size), produceTarget
+			out = append(out, r)
+		}
+		r, err := s.async(ctx, env, size)
+		if err != nil {
+			return nil, err
+		}
+		r.RatioTo, r.Target = ref(size), produceTarget
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// newProducer returns a producer with the defaults and a fresh stream for it.
+func (producerScenario) setup(ctx context.Context, env *Env, name string) (*streams.Producer, string, error) {
+	stream := env.StreamName("producer", name)
+	if err := env.Client.CreateStream(ctx, stream, int32(env.Suite.Partitions)); err != nil {
+		return nil, "", err
+	}
+	p, err := streams.NewProducer(env.Pool, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	return p, stream, nil
+}
+
+// finish closes the producer, checks the log holds what was acknowledged and drops
+// the stream.
+func (producerScenario) finish(ctx context.Context, env *Env, p *streams.Producer, stream string, acked int64) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := p.Close(cctx); err != nil {
+		return fmt.Errorf("close producer: %w", err)
+	}
+	info, err := env.Client.DescribeStream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	var stored int64
+	for _, pi := range info.PartitionInfo {
+		stored += pi.NextOffset
+	}
+	if stored < acked {
+		return fmt.Errorf("producer to %s: %d records acknowledged but the log end offsets sum to %d", stream, acked, stored)
+	}
+	return dropStream(ctx, env, stream)
+}
+
+func (s producerScenario) sync(ctx context.Context, env *Env, size, callers int) (Result, error) {
+	p, stream, err := s.setup(ctx, env, fmt.Sprintf("%s-%d", sizeLabel(size), callers))
+	if err != nil {
+		return Result{}, err
+	}
+	srcs := make([]*rowSource, callers)
+	for w := range srcs {
+		srcs[w] = newRowSource(env, stream, w, size)
+	}
+	load, err := runLoad(ctx, callers, env.Suite.CaseDuration, func(ctx context.Context, w, _ int) (int, int, error) {
+		r, b := srcs[w].next()
+		_, err := p.Produce(ctx, streams.Record{Stream: stream, Key: r.key, EventID: r.eventID, EventType: "bench", Data: r.data})
+		if err != nil {
+			return 0, 0, err
+		}
+		return 1, b, nil
+	})
+	if err != nil {
+		_ = p.Close(context.WithoutCancel(ctx))
+		return Result{}, fmt.Errorf("producer to %s: %w", stream, err)
+	}
+	if err := s.finish(ctx, env, p, stream, load.records); err != nil {
+		return Result{}, err
+	}
+	r := loadToResult("producer", "streamd-producer", false, Params{PayloadBytes: size, Conns: callers, Partitions: env.Suite.Partitions, Mode: "sync"}, load)
+	r.Note = fmt.Sprintf("%d goroutines calling Producer.Produce; default config (MaxInFlight 4, MaxBatchRecords 1000, Linger 0)", callers)
+	env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
+	return r, nil
+}
+
+func (s producerScenario) async(ctx context.Context, env *Env, size int) (Result, error) {
+	p, stream, err := s.setup(ctx, env, sizeLabel(size)+"-async")
+	if err != nil {
+		return Result{}, err
+	}
+	src := newRowSource(env, stream, 0, size)
+	var (
+		mu       sync.Mutex
+		samples  []time.Duration
+		firstErr error
+		acked    atomic.Int64
+		bytes    atomic.Int64
+	)
+	failed := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return firstErr
+	}
+	start := time.Now()
+	deadline := start.Add(env.Suite.CaseDuration)
+	for time.Now().Before(deadline) && ctx.Err() == nil && failed() == nil {
+		// Check the clock every 100 records: time.Now per record costs more than
+		// enqueueing one.
+		for i := 0; i < 100; i++ {
+			r, b := src.next()
+			t0 := time.Now()
+			p.ProduceAsync(ctx, streams.Record{Stream: stream, Key: r.key, EventID: r.eventID, EventType: "bench", Data: r.data},
+				func(_ streams.Position, err error) {
+					if err != nil {
+						mu.Lock()
+						if firstErr == nil {
+							firstErr = err
+						}
+						mu.Unlock()
+						return
+					}
+					d := time.Since(t0)
+					acked.Add(1)
+					bytes.Add(int64(b))
+					mu.Lock()
+					samples = append(samples, d)
+					mu.Unlock()
+				})
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		return Result{}, err
+	}
+	elapsed := time.Since(start)
+	if err := failed(); err != nil {
+		_ = p.Close(context.WithoutCancel(ctx))
+		return Result{}, fmt.Errorf("producer to %s: %w", stream, err)
+	}
+	if err := s.finish(ctx, env, p, stream, acked.Load()); err != nil {
+		return Result{}, err
+	}
+	mu.Lock()
+	lat := summarize(samples)
+	mu.Unlock()
+	load := loadResult{records: acked.Load(), bytes: bytes.Load(), elapsed: elapsed, latency: lat}
+	r := loadToResult("producer", "streamd-producer", false, Params{PayloadBytes: size, Conns: 1, Partitions: env.Suite.Partitions, Mode: "async"}, load)
+	r.Note = "one goroutine calling Producer.ProduceAsync, bounded by MaxBufferedRecords (100000); includes the final Flush; latency is enqueue to commit callback"
+	env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
+	return r, nil
+}

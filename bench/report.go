@@ -1,0 +1,331 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is one run: where and when it ran, and what it measured.
+type Report struct {
+	Date     time.Time `json:"date"`
+	Suite    string    `json:"suite"`
+	Seconds  float64   `json:"seconds"`
+	Machine  Machine   `json:"machine"`
+	Postgres Postgres  `json:"postgres"`
+	Git      Git       `json:"git"`
+	Results  []Result  `json:"results"`
+	Notes    []Note    `json:"notes,omitempty"`
+	// Charts are the chart files written next to the JSON (names only).
+	Charts []string `json:"charts,omitempty"`
+}
+
+// Slug is the file name stem of the run's outputs: <date>-<machine>.
+func (r *Report) Slug() string {
+	host := regexp.MustCompile(`[^A-Za-z0-9._-]+`).ReplaceAllString(r.Machine.Hostname, "_")
+	if host == "" {
+		host = "unknown"
+	}
+	return r.Date.Format("2006-01-02") + "-" + host
+}
+
+// WriteTable prints the results as an aligned text table.
+func (r *Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "case\trecords/s\tMB/s\tp50 ms\tp99 ms\tratio\ttarget\t")
+	for _, res := range r.Results {
+		p50, p99 := "-", "-"
+		if res.Latency != nil {
+			p50, p99 = fmt.Sprintf("%.2f", res.Latency.P50), fmt.Sprintf("%.2f", res.Latency.P99)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%s\t%s\t%s\t\n", res.Case, res.RecordsPerSec, res.MBPerSec, p50, p99, ratioText(res), targetText(res))
+	}
+	return tw.Flush()
+}
+
+func ratioText(r Result) string {
+	if r.RatioTo == "" || r.Ratio == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", r.Ratio)
+}
+
+func targetText(r Result) string {
+	if r.Target == 0 || r.Ratio == 0 {
+		return ""
+	}
+	if r.Ratio >= r.Target {
+		return fmt.Sprintf("≥%.1f ok", r.Target)
+	}
+	return fmt.Sprintf("<%.1f", r.Target)
+}
+
+// WriteJSON writes the report to dir/<slug>.json and returns the path.
+func (r *Report) WriteJSON(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(r, "", " ")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, r.Slug()+".json")
+	return path, os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// WriteCharts writes the run's SVG charts into dir and records their names.
+func (r *Report) WriteCharts(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	r.Charts = nil
+	for _, c := range r.charts() {
+		name := r.Slug() + "-" + c.file + ".svg"
+		if err := os.WriteFile(filepath.Join(dir, name), c.chart.svg(), 0o644); err != nil {
+			return err
+		}
+		r.Charts = append(r.Charts, name)
+	}
+	return nil
+}
+
+type namedChart struct {
+	file  string
+	chart chart
+}
+
+func (r *Report) charts() []namedChart {
+	var out []namedChart
+	sizes := map[int]bool{}
+	for _, res := range r.Results {
+		if res.Scenario == "produce" {
+			sizes[res.Params.PayloadBytes] = true
+		}
+	}
+	var sizeList []int
+	for s := range sizes {
+		sizeList = append(sizeList, s)
+	}
+	slices.Sort(sizeList)
+	for _, size := range sizeList {
+		// Throughput against batch size, per system and connection count.
+		bySeries := map[string][]point{}
+		var names []string
+		parts := 0
+		for _, res := range r.Results {
+			if res.Scenario != "produce" || res.Params.Mode != "" || res.Params.PayloadBytes != size {
+				continue
+			}
+			parts = res.Params.Partitions
+			name := fmt.Sprintf("%s, %d conn", res.System, res.Params.Conns)
+			if _, ok := bySeries[name]; !ok {
+				names = append(names, name)
+			}
+			bySeries[name] = append(bySeries[name], point{float64(res.Params.BatchSize), res.RecordsPerSec})
+		}
+		c := chart{title: fmt.Sprintf("produce %s: records/s vs batch size (%d partitions)", sizeLabel(size), parts),
+			xLabel: "records per transaction (log)", yLabel: "records/s", logX: true}
+		for _, n := range names {
+			c.series = append(c.series, series{name: n, points: bySeries[n], dashed: strings.HasPrefix(n, "copy")})
+		}
+		out = append(out, namedChart{"produce-batch-" + sizeLabel(size), c})
+
+		// Per-call latency distribution of the streamd cases at the most connections,
+		// and of the batching producer.
+		lc := chart{title: fmt.Sprintf("produce %s: latency per call (CDF)", sizeLabel(size)),
+			xLabel: "ms (log)", yLabel: "fraction of calls", logX: true, yMax: 1,
+			yFormat: func(v float64) string { return fmt.Sprintf("%.1f", v) }}
+		maxConns := 0
+		for _, res := range r.Results {
+			if res.Scenario == "produce" && res.System == "streamd" {
+				maxConns = max(maxConns, res.Params.Conns)
+			}
+		}
+		for _, res := range r.Results {
+			ok := res.Scenario == "produce" && res.System == "streamd" && res.Params.Mode == "" && res.Params.Conns == maxConns
+			ok = ok || (res.Scenario == "producer" && res.Params.Mode == "sync")
+			if ok && res.Params.PayloadBytes == size && res.Latency != nil {
+				name := fmt.Sprintf("%s b=%d c=%d", res.System, res.Params.BatchSize, res.Params.Conns)
+				if res.Scenario == "producer" {
+					name = fmt.Sprintf("Producer.Produce, %d callers", res.Params.Conns)
+				}
+				lc.series = append(lc.series, series{name: name, points: cdf(res.Latency)})
+			}
+		}
+		out = append(out, namedChart{"latency-produce-" + sizeLabel(size), lc})
+	}
+
+	// Throughput against partitions.
+	pc := chart{title: "produce: records/s vs partitions", xLabel: "partitions (log)", yLabel: "records/s", logX: true}
+	bySys := map[string][]point{}
+	var sysNames []string
+	for _, res := range r.Results {
+		if res.Scenario == "produce" && res.Params.Mode == "sweep" {
+			name := fmt.Sprintf("%s %s b=%d c=%d", res.System, sizeLabel(res.Params.PayloadBytes), res.Params.BatchSize, res.Params.Conns)
+			if _, ok := bySys[name]; !ok {
+				sysNames = append(sysNames, name)
+			}
+			bySys[name] = append(bySys[name], point{float64(res.Params.Partitions), res.RecordsPerSec})
+		}
+	}
+	for _, n := range sysNames {
+		pc.series = append(pc.series, series{name: n, points: bySys[n], dashed: strings.HasPrefix(n, "copy")})
+	}
+	if len(sysNames) > 0 {
+		out = append(out, namedChart{"produce-partitions", pc})
+	}
+
+	// Fetch latency distributions.
+	fc := chart{title: "fetch: latency per fetch call (CDF)", xLabel: "ms (log)", yLabel: "fraction of calls",
+		logX: true, yMax: 1, yFormat: func(v float64) string { return fmt.Sprintf("%.1f", v) }}
+	for _, res := range r.Results {
+		if res.Scenario == "fetch" && res.Latency != nil {
+			fc.series = append(fc.series, series{name: fmt.Sprintf("%s %s b=%d", res.System, sizeLabel(res.Params.PayloadBytes), res.Params.BatchSize),
+				points: cdf(res.Latency), dashed: res.Baseline})
+		}
+	}
+	if len(fc.series) > 0 {
+		out = append(out, namedChart{"latency-fetch", fc})
+	}
+	return out
+}
+
+const (
+	generatedBegin = "<!-- generated:begin (bench/cmd/streamd-bench rewrites this section) -->"
+	generatedEnd   = "<!-- generated:end -->"
+)
+
+// UpdateResultsMD rewrites the generated section of the markdown file at path (between
+// the generated markers; appended when they are missing) with this run. chartDir is
+// the charts' directory relative to the markdown file.
+func (r *Report) UpdateResultsMD(path, chartDir string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	doc := string(old)
+	gen := generatedBegin + "\n" + r.Markdown(chartDir) + generatedEnd + "\n"
+	i, j := strings.Index(doc, generatedBegin), strings.Index(doc, generatedEnd)
+	if i >= 0 && j > i {
+		doc = doc[:i] + gen + strings.TrimPrefix(doc[j+len(generatedEnd):], "\n")
+	} else {
+		if doc != "" && !strings.HasSuffix(doc, "\n") {
+			doc += "\n"
+		}
+		doc += "\n" + gen
+	}
+	return os.WriteFile(path, []byte(doc), 0o644)
+}
+
+// Markdown renders the run: headline ratios, machine, settings, the table, notes
+// and charts.
+func (r *Report) Markdown(chartDir string) string {
+	var b strings.Builder
+	m := r.Machine
+	fmt.Fprintf(&b, "## Latest run: %s, suite %s\n\n", r.Date.Format("2006-01-02 15:04 MST"), r.Suite)
+	fmt.Fprintf(&b, "- Machine: `%s`, %s, %d cores, %.1f GB RAM, kernel %s, %s\n", m.Hostname, m.CPUModel, m.Cores, m.MemoryGB, m.Kernel, m.GoVersion)
+	fmt.Fprintf(&b, "- Load average (1 min) at start %.2f, at end %.2f (other work on the machine skews the figures)\n", m.LoadAvgStart, m.LoadAvgEnd)
+	dirty := ""
+	if r.Git.Dirty {
+		dirty = " (with uncommitted changes in bench/, streams/ or sql/)"
+	}
+	fmt.Fprintf(&b, "- Commit `%s`%s; the run took %.0f s\n", short(r.Git.Commit), dirty, r.Seconds)
+	fmt.Fprintf(&b, "- PostgreSQL %s:", r.Postgres.Version)
+	for _, k := range settingNames {
+		if v, ok := r.Postgres.Settings[k]; ok {
+			fmt.Fprintf(&b, " %s=%s", k, v)
+		}
+	}
+	b.WriteString("\n\n")
+
+	if hs := r.headlines(); len(hs) > 0 {
+		b.WriteString("### Targets\n\n")
+		for _, h := range hs {
+			b.WriteString("- " + h + "\n")
+		}
+		b.WriteString("\n")
+	}
+
+	b.WriteString("### All results\n\n")
+	b.WriteString("MB/s counts payload bytes (JSON data plus key). Latency is per operation: one produce call (a batch), one `Producer.Produce` (one record), one fetch call.\n\n")
+	b.WriteString("| case | records/s | MB/s | p50 ms | p99 ms | ratio | vs |\n|---|---:|---:|---:|---:|---:|---|\n")
+	for _, res := range r.Results {
+		p50, p99 := "", ""
+		if res.Latency != nil {
+			p50, p99 = fmt.Sprintf("%.2f", res.Latency.P50), fmt.Sprintf("%.2f", res.Latency.P99)
+		}
+		rt := ratioText(res)
+		if t := targetText(res); t != "" {
+			rt += " (" + t + ")"
+		}
+		vs := ""
+		if res.RatioTo != "" {
+			vs = res.RatioTo
+		}
+		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %s | %s | %s | %s |\n", res.Case, res.RecordsPerSec, res.MBPerSec, p50, p99, rt, vs)
+	}
+	b.WriteString("\n")
+	for _, res := range r.Results {
+		if res.Note != "" {
+			fmt.Fprintf(&b, "- *%s*: %s\n", res.Case, res.Note)
+		}
+	}
+	b.WriteString("\n")
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "### %s\n\n%s\n", n.Title, n.Text)
+	}
+	if len(r.Charts) > 0 {
+		b.WriteString("### Charts\n\n")
+		for _, c := range r.Charts {
+			fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(c, ".svg"), filepath.ToSlash(filepath.Join(chartDir, c)))
+		}
+	}
+	return b.String()
+}
+
+// headlines states each target: the best streamd figure of the case the target is
+// about, against its baseline.
+func (r *Report) headlines() []string {
+	var out []string
+	best := map[string]Result{}
+	var keys []string
+	for _, res := range r.Results {
+		if res.Target == 0 || res.Ratio == 0 {
+			continue
+		}
+		k := fmt.Sprintf("%s %s", res.Scenario, sizeLabel(res.Params.PayloadBytes))
+		if res.Scenario == "produce" {
+			k += fmt.Sprintf(" with %d conns", res.Params.Conns)
+		}
+		if _, ok := best[k]; !ok {
+			keys = append(keys, k)
+		}
+		if res.Ratio > best[k].Ratio {
+			best[k] = res
+		}
+	}
+	for _, k := range keys {
+		res := best[k]
+		verdict := "meets"
+		if res.Ratio < res.Target {
+			verdict = "below"
+		}
+		out = append(out, fmt.Sprintf("%s: best case `%s` %.0f records/s = **%.2f×** `%s` (target %.1f: %s)",
+			k, res.Case, res.RecordsPerSec, res.Ratio, res.RatioTo, res.Target, verdict))
+	}
+	return out
+}
+
+func short(commit string) string {
+	if len(commit) > 12 {
+		return commit[:12]
+	}
+	return commit
+}

@@ -1,0 +1,113 @@
+package bench
+
+import (
+	"fmt"
+	"time"
+)
+
+// Suite holds the sizes a run measures at. Throughput cases run for CaseDuration each
+// (time-bounded rather than count-bounded, so that slow cases such as one-record
+// transactions do not dominate the run time).
+type Suite struct {
+	// Name is "quick", "full" or "tiny".
+	Name string `json:"name"`
+	// CaseDuration is how long each throughput case runs.
+	CaseDuration time.Duration `json:"case_duration"`
+	// Payloads are the JSON payload sizes in bytes.
+	Payloads []int `json:"payloads"`
+	// BatchSizes are the records per produce call (and per COPY).
+	BatchSizes []int `json:"batch_sizes"`
+	// Conns are the numbers of producer connections (goroutines).
+	Conns []int `json:"conns"`
+	// Partitions is the partition count of the produce streams.
+	Partitions int `json:"partitions"`
+	// PartitionSweep are the partition counts of the throughput-vs-partitions cases,
+	// run at SweepBatch records per call with the largest of Conns.
+	PartitionSweep []int `json:"partition_sweep"`
+	SweepBatch     int   `json:"sweep_batch"`
+	// ProducerCallers are the numbers of goroutines calling streams.Producer.Produce.
+	ProducerCallers []int `json:"producer_callers"`
+	// FetchRecords is the size of the fetched partition, per payload size.
+	FetchRecords map[int]int `json:"fetch_records"`
+	// FetchBatch is the records per fetch.
+	FetchBatch int `json:"fetch_batch"`
+	// ProfileIterations is how many batches each profile stage appends.
+	ProfileIterations int `json:"profile_iterations"`
+	// ProfileBatch is the records per profiled batch.
+	ProfileBatch int `json:"profile_batch"`
+}
+
+// QuickSuite is `make bench`: about three minutes on a 2-core machine.
+func QuickSuite() Suite {
+	return Suite{
+		Name:              "quick",
+		CaseDuration:      2 * time.Second,
+		Payloads:          []int{100, 1024},
+		BatchSizes:        []int{1, 10, 100, 1000},
+		Conns:             []int{1, 4},
+		Partitions:        4,
+		PartitionSweep:    []int{1, 2, 4, 8},
+		SweepBatch:        100,
+		ProducerCallers:   []int{16, 256},
+		FetchRecords:      map[int]int{100: 200_000, 1024: 100_000},
+		FetchBatch:        500,
+		ProfileIterations: 20,
+		ProfileBatch:      1000,
+	}
+}
+
+// FullSuite is `make bench-full`: longer cases and larger logs.
+func FullSuite() Suite {
+	s := QuickSuite()
+	s.Name = "full"
+	s.CaseDuration = 10 * time.Second
+	s.BatchSizes = []int{1, 10, 100, 500, 1000, 5000}
+	s.Conns = []int{1, 2, 4, 8}
+	s.PartitionSweep = []int{1, 2, 4, 8, 16}
+	s.ProducerCallers = []int{1, 16, 256, 1024}
+	s.FetchRecords = map[int]int{100: 1_000_000, 1024: 500_000}
+	s.ProfileIterations = 100
+	return s
+}
+
+// TinySuite runs every scenario at a size that only proves the harness works (the
+// package test uses it).
+func TinySuite() Suite {
+	return Suite{
+		Name:              "tiny",
+		CaseDuration:      150 * time.Millisecond,
+		Payloads:          []int{100},
+		BatchSizes:        []int{1, 50},
+		Conns:             []int{1, 2},
+		Partitions:        2,
+		PartitionSweep:    []int{1, 2},
+		SweepBatch:        20,
+		ProducerCallers:   []int{4},
+		FetchRecords:      map[int]int{100: 1200},
+		FetchBatch:        500,
+		ProfileIterations: 2,
+		ProfileBatch:      50,
+	}
+}
+
+// SuiteByName returns the suite called name.
+func SuiteByName(name string) (Suite, error) {
+	switch name {
+	case "quick":
+		return QuickSuite(), nil
+	case "full":
+		return FullSuite(), nil
+	case "tiny":
+		return TinySuite(), nil
+	}
+	return Suite{}, fmt.Errorf("unknown suite %q: use quick, full or tiny", name)
+}
+
+// maxInt returns the largest of xs (0 for none).
+func maxInt(xs []int) int {
+	m := 0
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	return m
+}
