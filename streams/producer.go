@@ -322,24 +322,36 @@ func (p *Producer) send(q *partQueue, batch []*pendingRecord) {
 }
 
 func (p *Producer) appendWithRetry(recs []Record) ([]Position, error) {
+	var pos []Position
+	err := p.retry(p.ctx, recs[0].Stream, func() error {
+		var err error
+		pos, err = appendBatch(p.ctx, p.pool, recs[0].Stream, recs)
+		return err
+	})
+	return pos, err
+}
+
+// retry runs fn until it succeeds, fails with an error that is not retriable, or
+// RetryTimeout or ctx runs out, with jittered exponential backoff between attempts.
+func (p *Producer) retry(ctx context.Context, stream string, fn func() error) error {
 	deadline := time.Now().Add(p.cfg.RetryTimeout)
-	backoff := 50 * time.Millisecond
+	backoff := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		pos, err := appendBatch(p.ctx, p.pool, recs[0].Stream, recs)
-		if err == nil || !sqlerr.Retriable(err) || time.Now().Add(backoff).After(deadline) || p.ctx.Err() != nil {
-			return pos, err
+		err := fn()
+		if err == nil || !sqlerr.Retriable(err) || time.Now().Add(backoff).After(deadline) || ctx.Err() != nil {
+			return err
 		}
-		p.cfg.Logger.Warn("append failed; retrying", "stream", recs[0].Stream, "attempt", attempt, "err", err)
+		p.cfg.Logger.Warn("database call failed; retrying", "stream", stream, "attempt", attempt, "err", err)
 		p.metrics.retries.Inc()
-		t := time.NewTimer(backoff + time.Duration(rand.Int64N(int64(backoff/2))))
+		t := time.NewTimer(backoff + rand.N(backoff/2))
 		select {
 		case <-t.C:
-		case <-p.ctx.Done():
+		case <-ctx.Done():
 			t.Stop()
-			return nil, err
+			return err
 		}
-		if backoff *= 2; backoff > 2*time.Second {
-			backoff = 2 * time.Second
+		if backoff *= 2; backoff > time.Second {
+			backoff = time.Second
 		}
 	}
 }
@@ -387,8 +399,10 @@ func (p *Producer) route(ctx context.Context, rec *Record) (int32, error) {
 
 func (p *Producer) loadMeta(ctx context.Context, stream string) (*streamMeta, error) {
 	m := &streamMeta{fetchedAt: time.Now()}
-	err := p.pool.QueryRow(ctx, "SELECT partitions, max_payload_bytes FROM streamd.streams WHERE stream_name = $1", stream).
-		Scan(&m.partitions, &m.maxPayloadBytes)
+	err := p.retry(ctx, stream, func() error {
+		return p.pool.QueryRow(ctx, "SELECT partitions, max_payload_bytes FROM streamd.streams WHERE stream_name = $1", stream).
+			Scan(&m.partitions, &m.maxPayloadBytes)
+	})
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, invalid(ErrStreamNotFound, "stream %q does not exist", stream)

@@ -1,0 +1,154 @@
+package streams_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// TestProducerSurvivesKilledConnections (E2): while writers produce, the producer's
+// database connections are terminated again and again. Every record acknowledged is
+// stored exactly once, and each partition's offsets stay gapless.
+func TestProducerSurvivesKilledConnections(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cfg := testdb.Config(t)
+	app := testdb.Name("killme")
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	admin := testdb.Pool(t)
+	c := streams.NewClient(admin, nil)
+	s := testdb.Name("e2")
+	require.NoError(t, c.CreateStream(ctx, s, 3))
+
+	prod, err := streams.NewProducer(pool, &streams.ProducerConfig{
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)), // one warning per retry
+		RetryTimeout: 60 * time.Second,
+	})
+	require.NoError(t, err)
+	defer prod.Close(context.Background())
+
+	stop := make(chan struct{})
+	var kills atomic.Int64
+	var killer sync.WaitGroup
+	killer.Add(1)
+	go func() {
+		defer killer.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			var n int64
+			if err := admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE application_name = $1`, app).Scan(&n); err == nil {
+				kills.Add(n)
+			}
+		}
+	}()
+
+	var (
+		mu    sync.Mutex
+		acked = map[string]streams.Position{}
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	for w := 0; w < 8; w++ {
+		g.Go(func() error {
+			for i := 0; i < 60; i++ {
+				id := fmt.Sprintf("w%d-%d", w, i)
+				pos, err := prod.Produce(gctx, streams.Record{Stream: s, EventID: id, Key: id, Data: json.RawMessage(`{}`)})
+				if err != nil {
+					return fmt.Errorf("produce %s: %w", id, err)
+				}
+				mu.Lock()
+				acked[id] = pos
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	err = g.Wait()
+	close(stop)
+	killer.Wait()
+	require.NoError(t, err)
+	require.Positive(t, kills.Load(), "the test must actually kill connections")
+	require.Len(t, acked, 8*60)
+
+	rows, err := admin.Query(ctx, `SELECT event_id, partition, "offset" FROM streamd.events WHERE stream_name = $1
+		ORDER BY partition, "offset"`, s)
+	require.NoError(t, err)
+	defer rows.Close()
+	stored := map[string]bool{}
+	next := map[int32]int64{}
+	for rows.Next() {
+		var id string
+		var p int32
+		var off int64
+		require.NoError(t, rows.Scan(&id, &p, &off))
+		require.False(t, stored[id], "event %s stored twice", id)
+		stored[id] = true
+		require.Equal(t, next[p], off, "partition %d has a gap", p)
+		next[p]++
+		pos, ok := acked[id]
+		require.True(t, ok, "stored event %s was never acknowledged", id)
+		require.Equal(t, pos.Partition, p)
+		require.Equal(t, pos.Offset, off)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, stored, len(acked))
+	t.Logf("terminated %d connections", kills.Load())
+}
+
+// TestProducerBatchesConcurrentCalls: concurrent Produce calls to one partition share
+// transactions, and order per partition follows enqueue order for a single caller.
+func TestProducerBatchesConcurrentCalls(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, s := setup(t, 1)
+	prod, err := streams.NewProducer(c.Pool(), &streams.ProducerConfig{Linger: 20 * time.Millisecond})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	results := make([]streams.Position, 200)
+	errs := make([]error, 200)
+	for i := range results {
+		wg.Add(1)
+		ch := make(chan struct{})
+		prod.ProduceAsync(ctx, streams.Record{Stream: s, Data: json.RawMessage(fmt.Sprint(i))}, func(p streams.Position, err error) {
+			results[i], errs[i] = p, err
+			close(ch)
+			wg.Done()
+		})
+		_ = ch
+	}
+	wg.Wait()
+	for i := range results {
+		require.NoError(t, errs[i])
+		require.Equal(t, int64(i), results[i].Offset, "one caller's records keep their order")
+	}
+	// 200 records with a 20ms linger and 1000-record batches: far fewer transactions.
+	distinct := map[time.Time]bool{}
+	for _, r := range results {
+		distinct[r.Timestamp] = true
+	}
+	require.Less(t, len(distinct), 20, "records were batched into few transactions")
+	require.NoError(t, prod.Close(ctx))
+	_, err = prod.Produce(ctx, streams.Record{Stream: s, Data: json.RawMessage(`1`)})
+	require.ErrorIs(t, err, streams.ErrProducerClosed)
+}
