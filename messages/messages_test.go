@@ -1,0 +1,353 @@
+package messages_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
+)
+
+// fakeClock is a settable clock for ClientConfig.Now.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Now().UTC().Truncate(time.Millisecond)} }
+
+func (f *fakeClock) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.t
+}
+
+func (f *fakeClock) Advance(d time.Duration) {
+	f.mu.Lock()
+	f.t = f.t.Add(d)
+	f.mu.Unlock()
+}
+
+// setup returns a client (on a fake clock when clock is not nil) and a new queue.
+func setup(t *testing.T, clock *fakeClock, cfg *messages.QueueConfig) (*messages.Client, string) {
+	t.Helper()
+	pool := testdb.Pool(t)
+	return newClient(t, pool, clock), newQueue(t, pool, cfg)
+}
+
+func newClient(t *testing.T, pool *pgxpool.Pool, clock *fakeClock) *messages.Client {
+	t.Helper()
+	cc := &messages.ClientConfig{}
+	if clock != nil {
+		cc.Now = clock.Now
+	}
+	c, err := messages.NewClient(pool, cc)
+	require.NoError(t, err)
+	return c
+}
+
+func newQueue(t *testing.T, pool *pgxpool.Pool, cfg *messages.QueueConfig) string {
+	t.Helper()
+	c, err := messages.NewClient(pool, nil)
+	require.NoError(t, err)
+	name := testdb.Name("q")
+	require.NoError(t, c.CreateQueue(context.Background(), name, cfg))
+	return name
+}
+
+func data(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// count returns how many messages queue holds.
+func count(t *testing.T, pool *pgxpool.Pool, queue string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM streamd.messages WHERE stream_name = $1", queue).Scan(&n))
+	return n
+}
+
+func TestSendReceiveAckRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, q := setup(t, nil, nil)
+	res, err := c.Send(ctx, q,
+		messages.OutgoingMessage{Data: data(map[string]int{"a": 1}), Headers: map[string]string{"h": "v"}, MessageID: "m1"},
+		messages.OutgoingMessage{Data: data(2)})
+	require.NoError(t, err)
+	require.Len(t, res, 2)
+	require.Equal(t, "m1", res[0].MessageID)
+	require.NotEmpty(t, res[1].MessageID)
+	require.Less(t, res[0].Offset, res[1].Offset)
+
+	msgs, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+	require.NoError(t, err)
+	require.Len(t, msgs, 2)
+	require.Equal(t, "m1", msgs[0].MessageID)
+	require.JSONEq(t, `{"a":1}`, string(msgs[0].Data))
+	require.Equal(t, map[string]string{"h": "v"}, msgs[0].Headers)
+	require.Equal(t, 1, msgs[0].DeliveryAttempts)
+	require.Equal(t, 1, msgs[0].Receipt.Attempt)
+	require.NotEqual(t, msgs[0].Receipt.LeaseToken, msgs[1].Receipt.LeaseToken)
+
+	// Q1: leased messages are invisible to other receivers.
+	again, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+	require.NoError(t, err)
+	require.Empty(t, again)
+
+	require.NoError(t, c.Ack(ctx, msgs[0].Receipt, msgs[1].Receipt))
+	require.Equal(t, 0, count(t, c.Pool(), q))
+	// A second ack of the same receipt is stale.
+	err = c.Ack(ctx, msgs[0].Receipt)
+	require.ErrorIs(t, err, messages.ErrLeaseLost)
+}
+
+func TestDedupReturnsOriginal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, q := setup(t, nil, nil)
+	first, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), MessageID: "x"})
+	require.NoError(t, err)
+	again, err := c.Send(ctx, q,
+		messages.OutgoingMessage{Data: data(2), MessageID: "y"},
+		messages.OutgoingMessage{Data: data(3), MessageID: "x"},
+		messages.OutgoingMessage{Data: data(4), MessageID: "y"})
+	require.NoError(t, err)
+	require.False(t, again[0].Duplicate)
+	require.True(t, again[1].Duplicate)
+	require.Equal(t, first[0].Offset, again[1].Offset)
+	require.True(t, again[2].Duplicate)
+	require.Equal(t, again[0].Offset, again[2].Offset)
+	require.Equal(t, 2, count(t, c.Pool(), q))
+	msgs, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+	require.NoError(t, err)
+	require.Len(t, msgs, 2)
+	require.JSONEq(t, "1", string(msgs[0].Data), "the original is kept")
+}
+
+// A stale receipt (the lease expired and the message was received again) cannot ack,
+// nack, extend or term; the current receipt can.
+func TestStaleReceiptCannotSettle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q := setup(t, clock, &messages.QueueConfig{VisibilityTimeout: 10 * time.Second, MaxDeliveryAttempts: 10})
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("x")})
+	require.NoError(t, err)
+
+	first, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, first, 1)
+
+	clock.Advance(9 * time.Second) // still leased
+	none, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Empty(t, none)
+
+	clock.Advance(2 * time.Second) // the lease expired: redelivered with a new token
+	second, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, second, 1)
+	require.Equal(t, 2, second[0].DeliveryAttempts)
+	stale := first[0].Receipt
+
+	require.ErrorIs(t, c.Ack(ctx, stale), messages.ErrLeaseLost)
+	require.ErrorIs(t, c.Nack(ctx, nil, stale), messages.ErrLeaseLost)
+	require.ErrorIs(t, c.Extend(ctx, time.Hour, stale), messages.ErrLeaseLost)
+	require.ErrorIs(t, c.Term(ctx, "no", stale), messages.ErrLeaseLost)
+	var lle *messages.LeaseLostError
+	require.ErrorAs(t, c.Ack(ctx, stale), &lle)
+	require.Equal(t, []messages.Receipt{stale}, lle.Receipts)
+
+	// Nothing changed: the current lease still holds the message.
+	var attempts int
+	var vis time.Time
+	require.NoError(t, c.Pool().QueryRow(ctx, `SELECT delivery_attempts, visibility_timeout FROM streamd.messages
+		WHERE stream_name = $1`, q).Scan(&attempts, &vis))
+	require.Equal(t, 2, attempts)
+	require.WithinDuration(t, second[0].VisibleAt, vis, time.Millisecond)
+	require.Equal(t, 1, count(t, c.Pool(), q))
+
+	// A batch with one stale and one current receipt settles the current one.
+	err = c.Ack(ctx, stale, second[0].Receipt)
+	require.ErrorAs(t, err, &lle)
+	require.Len(t, lle.Receipts, 1)
+	require.Equal(t, 0, count(t, c.Pool(), q))
+}
+
+func TestNackDelayAndExtend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q := setup(t, clock, &messages.QueueConfig{VisibilityTimeout: 10 * time.Second, MaxDeliveryAttempts: 10})
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
+	require.NoError(t, err)
+
+	m, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, m, 1)
+	require.NoError(t, c.Nack(ctx, &messages.NackOpts{Delay: 5 * time.Second, Error: "boom"}, m[0].Receipt))
+	require.ErrorIs(t, c.Ack(ctx, m[0].Receipt), messages.ErrLeaseLost, "a nack spends the receipt")
+	clock.Advance(4 * time.Second)
+	m2, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Empty(t, m2, "still in its nack delay")
+	clock.Advance(2 * time.Second)
+	m2, err = c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, m2, 1)
+	require.Equal(t, "boom", m2[0].LastError)
+	require.Equal(t, 2, m2[0].DeliveryAttempts)
+
+	// Extend keeps it invisible past the original lease.
+	require.NoError(t, c.Extend(ctx, 30*time.Second, m2[0].Receipt))
+	clock.Advance(20 * time.Second)
+	m3, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Empty(t, m3)
+	clock.Advance(11 * time.Second)
+	m3, err = c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, m3, 1)
+}
+
+func TestDelayedSend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q := setup(t, clock, nil)
+	_, err := c.Send(ctx, q,
+		messages.OutgoingMessage{Data: data("later"), Delay: time.Hour},
+		messages.OutgoingMessage{Data: data("at"), DeliverAt: clock.Now().Add(48 * time.Hour)})
+	require.NoError(t, err)
+	m, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 5})
+	require.NoError(t, err)
+	require.Empty(t, m)
+	clock.Advance(time.Hour)
+	m, err = c.Receive(ctx, q, &messages.ReceiveOpts{Max: 5})
+	require.NoError(t, err)
+	require.Len(t, m, 1)
+	require.JSONEq(t, `"later"`, string(m[0].Data))
+	require.NoError(t, c.Ack(ctx, m[0].Receipt))
+	clock.Advance(47 * time.Hour)
+	m, err = c.Receive(ctx, q, &messages.ReceiveOpts{Max: 5})
+	require.NoError(t, err)
+	require.Len(t, m, 1)
+}
+
+// E1: bad input gets a typed error that says what was wrong, and nothing is written.
+func TestBadInputWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	q := newQueue(t, pool, &messages.QueueConfig{MaxPayloadBytes: 100})
+	fifo := newQueue(t, pool, &messages.QueueConfig{FIFO: true})
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("keep"), MessageID: "keep"})
+	require.NoError(t, err)
+	missing := testdb.Name("missing")
+	ok := messages.OutgoingMessage{Data: data("fine")}
+
+	cases := []struct {
+		name string
+		call func() error
+		want error
+		text string
+	}{
+		{"unknown queue", func() error { _, err := c.Send(ctx, missing, ok); return err }, messages.ErrQueueNotFound, missing},
+		{"invalid name", func() error { _, err := c.Send(ctx, "bad name!", ok); return err }, messages.ErrInvalidName, "bad name!"},
+		{"invalid name in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send('a/b', NULL, ARRAY['1'], NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidName, "a/b"},
+		{"oversize payload", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: data(string(make([]byte, 200)))})
+			return err
+		}, messages.ErrPayloadTooLarge, "allows 100"},
+		{"oversize with headers", func() error {
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), Headers: map[string]string{"h": string(make([]byte, 120))}})
+			return err
+		}, messages.ErrPayloadTooLarge, "allows 100"},
+		{"invalid JSON", func() error { _, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":`)}); return err }, messages.ErrInvalidJSON, "message 2"},
+		{"empty data", func() error { _, err := c.Send(ctx, q, messages.OutgoingMessage{}); return err }, messages.ErrInvalidJSON, "no data"},
+		{"negative delay", func() error { _, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: data(1), Delay: -time.Second}); return err }, messages.ErrInvalidArgument, "negative"},
+		{"negative delay in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send($1, NULL, ARRAY['1'], NULL, ARRAY[-5]::bigint[], NULL, NULL, NULL, NULL, NULL)", q)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "-5 ms is negative"},
+		{"delay and deliver-at", func() error {
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), Delay: time.Second, DeliverAt: time.Now()})
+			return err
+		}, messages.ErrInvalidArgument, "not both"},
+		{"group key on standard queue", func() error { _, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), GroupKey: "g"}); return err }, messages.ErrInvalidArgument, "needs a FIFO queue"},
+		{"FIFO without group key", func() error { _, err := c.Send(ctx, fifo, ok); return err }, messages.ErrInvalidArgument, "group key"},
+		{"unknown dead-letter queue", func() error {
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), DeadLetterQueue: missing})
+			return err
+		}, messages.ErrQueueNotFound, missing},
+		{"negative max attempts", func() error {
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), MaxDeliveryAttempts: -1})
+			return err
+		}, messages.ErrInvalidArgument, "negative"},
+		{"negative visibility timeout", func() error {
+			_, err := c.Receive(ctx, q, &messages.ReceiveOpts{VisibilityTimeout: -time.Second})
+			return err
+		}, messages.ErrInvalidArgument, "VisibilityTimeout"},
+		{"negative visibility timeout in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_receive($1, 1, -1, NULL)", q)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "must be positive"},
+		{"receive max too large", func() error { _, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10001}); return err }, messages.ErrInvalidArgument, "Max"},
+		{"receive unknown queue", func() error { _, err := c.Receive(ctx, missing, nil); return err }, messages.ErrQueueNotFound, missing},
+		{"negative nack delay", func() error {
+			return c.Nack(ctx, &messages.NackOpts{Delay: -time.Second}, messages.Receipt{Queue: q, Offset: 1})
+		}, messages.ErrInvalidArgument, "Delay"},
+		{"extend under 1ms", func() error { return c.Extend(ctx, 0, messages.Receipt{Queue: q, Offset: 1}) }, messages.ErrInvalidArgument, "1ms"},
+		{"create queue negative timeout", func() error {
+			return c.CreateQueue(ctx, testdb.Name("q"), &messages.QueueConfig{VisibilityTimeout: -time.Second})
+		}, messages.ErrInvalidArgument, "VisibilityTimeout"},
+		{"create queue unknown dead-letter queue", func() error {
+			return c.CreateQueue(ctx, testdb.Name("q"), &messages.QueueConfig{DeadLetterQueue: missing})
+		}, messages.ErrQueueNotFound, missing},
+		{"create queue FIFO dead-letter queue", func() error {
+			return c.CreateQueue(ctx, testdb.Name("q"), &messages.QueueConfig{DeadLetterQueue: fifo})
+		}, messages.ErrInvalidArgument, "FIFO"},
+		{"create queue invalid name", func() error { return c.CreateQueue(ctx, "..", nil) }, messages.ErrInvalidName, ".."},
+		{"queue type change", func() error { return c.CreateQueue(ctx, q, &messages.QueueConfig{FIFO: true}) }, messages.ErrInvalidArgument, "cannot change"},
+	}
+	var queuesBefore int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.queues WHERE queue_name IN ($1, $2) AND fifo = (queue_name = $2)", q, fifo).Scan(&queuesBefore))
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			require.ErrorIs(t, err, tc.want)
+			require.Contains(t, err.Error(), tc.text)
+			require.Equal(t, 1, count(t, pool, q), "nothing written")
+			require.Equal(t, 0, count(t, pool, fifo), "nothing written")
+			require.Equal(t, 0, count(t, pool, missing), "nothing written")
+		})
+	}
+	var queuesAfter int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.queues WHERE queue_name IN ($1, $2) AND fifo = (queue_name = $2)", q, fifo).Scan(&queuesAfter))
+	require.Equal(t, 2, queuesAfter)
+	require.Equal(t, queuesBefore, queuesAfter)
+	var missingQueues int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.queues WHERE queue_name = $1", missing).Scan(&missingQueues))
+	require.Zero(t, missingQueues)
+	_ = fmt.Sprint
+	_ = errors.Is
+}

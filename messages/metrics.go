@@ -1,0 +1,71 @@
+package messages
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the queue's Prometheus collectors; the only label is the queue name.
+type metrics struct {
+	sent         *prometheus.CounterVec
+	received     *prometheus.CounterVec
+	acked        *prometheus.CounterVec
+	nacked       *prometheus.CounterVec
+	deadLettered *prometheus.CounterVec
+	leaseLost    *prometheus.CounterVec
+	handlerTime  *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	counter := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "streamd", Subsystem: "queue", Name: name, Help: help}, []string{"queue"})
+	}
+	m := &metrics{
+		sent:         counter("sent_messages_total", "Messages stored by Send (duplicates excluded)."),
+		received:     counter("received_messages_total", "Messages delivered by Receive."),
+		acked:        counter("acked_messages_total", "Messages acked."),
+		nacked:       counter("nacked_messages_total", "Messages nacked (made visible again)."),
+		deadLettered: counter("dead_lettered_messages_total", "Messages moved to a dead-letter queue or discarded by Nack or Term."),
+		leaseLost:    counter("lease_lost_total", "Settlements refused because the receipt was stale."),
+		handlerTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "streamd", Subsystem: "queue", Name: "handler_duration_seconds",
+			Help: "Time Work's handler took per message.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"queue"}),
+	}
+	if reg == nil {
+		return m, nil // collectors that nobody scrapes: cheaper than nil checks everywhere
+	}
+	var err error
+	for _, v := range []**prometheus.CounterVec{&m.sent, &m.received, &m.acked, &m.nacked, &m.deadLettered, &m.leaseLost} {
+		if *v, err = register(reg, *v); err != nil {
+			return nil, err
+		}
+	}
+	if m.handlerTime, err = register(reg, m.handlerTime); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the equal collector already registered (a second
+// Client on the same registry shares the collectors).
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(T); ok {
+				return existing, nil
+			}
+		}
+		return c, err
+	}
+	return c, nil
+}
+
+func (m *metrics) add(v *prometheus.CounterVec, queue string, n int) {
+	if n == 0 {
+		return
+	}
+	v.WithLabelValues(queue).Add(float64(n))
+}

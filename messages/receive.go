@@ -1,0 +1,228 @@
+package messages
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// Receipt names one delivery of a message: the message and the lease token its
+// receive got. Settlements take a Receipt; once the message is received again, the
+// old receipt is stale and settles nothing (ErrLeaseLost).
+type Receipt struct {
+	Queue      string   `json:"queue"`
+	Offset     int64    `json:"offset"`
+	LeaseToken [16]byte `json:"lease_token"`
+	MessageID  string   `json:"message_id"`
+	// Attempt is this delivery's number (1 for the first).
+	Attempt int `json:"attempt"`
+}
+
+// String is the receipt as queue/offset/token.
+func (r Receipt) String() string {
+	return fmt.Sprintf("%s/%d/%s", r.Queue, r.Offset, hex.EncodeToString(r.LeaseToken[:]))
+}
+
+// Origin is a dead letter's provenance.
+type Origin struct {
+	// Queue is the queue the message was dead-lettered from.
+	Queue string `json:"queue"`
+	// Offset is its offset there.
+	Offset int64 `json:"offset"`
+	// Attempts is how many times it had been delivered there.
+	Attempts int `json:"attempts"`
+	// DeadLetteredAt is when it moved.
+	DeadLetteredAt time.Time `json:"dead_lettered_at"`
+}
+
+// Message is a received (or peeked) message.
+type Message struct {
+	Queue     string            `json:"queue"`
+	Offset    int64             `json:"offset"`
+	MessageID string            `json:"message_id"`
+	Data      json.RawMessage   `json:"data"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	GroupKey  string            `json:"group_key,omitempty"`
+	// EnqueuedAt is when the message was first sent (kept across dead-lettering).
+	EnqueuedAt time.Time `json:"enqueued_at"`
+	// VisibleAt is when the message is (again) visible: the lease's end for a
+	// received message.
+	VisibleAt time.Time `json:"visible_at"`
+	// DeliveryAttempts counts deliveries, this one included.
+	DeliveryAttempts    int `json:"delivery_attempts"`
+	MaxDeliveryAttempts int `json:"max_delivery_attempts"`
+	// LastError is the error of the last nack or term, if any.
+	LastError string `json:"last_error,omitempty"`
+	// Origin is set on dead letters.
+	Origin *Origin `json:"origin,omitempty"`
+	// Receipt settles this delivery (zero for a peeked message).
+	Receipt Receipt `json:"receipt"`
+}
+
+// ReceiveOpts are Receive's per-call knobs. A nil *ReceiveOpts means the defaults.
+type ReceiveOpts struct {
+	// Max is the most messages to receive. Defaults to 1; at most 10000.
+	Max int
+	// VisibilityTimeout is the lease. Defaults to the queue's.
+	VisibilityTimeout time.Duration
+	// Wait is how long to wait for a message when none is visible (long polling).
+	// Defaults to 0: return at once.
+	Wait time.Duration
+}
+
+// Receive leases up to opts.Max visible messages of queue (Q1): each is invisible to
+// other receivers until its lease ends, and gets delivery attempt +1 and a new
+// receipt. A message that already used up its attempts moves to the dead-letter queue
+// instead (Q2). With opts.Wait, an empty queue is polled (with backoff, and at once on
+// a wake-up) until a message arrives or the wait ends; then Receive returns no
+// messages and no error. It returns ctx's error when ctx ends first.
+//
+// Errors: ErrQueueNotFound, ErrInvalidName, ErrInvalidArgument.
+func (c *Client) Receive(ctx context.Context, queue string, opts *ReceiveOpts) ([]*Message, error) {
+	o := ReceiveOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	if err := checkName(queue); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.Max < 0 || o.Max > 10000:
+		return nil, invalid(ErrInvalidArgument, "queue %s: ReceiveOpts.Max %d must be between 1 and 10000", queue, o.Max)
+	case o.VisibilityTimeout < 0:
+		return nil, invalid(ErrInvalidArgument, "queue %s: ReceiveOpts.VisibilityTimeout %v is negative", queue, o.VisibilityTimeout)
+	case o.VisibilityTimeout > 0 && o.VisibilityTimeout < time.Millisecond:
+		return nil, invalid(ErrInvalidArgument, "queue %s: ReceiveOpts.VisibilityTimeout %v is under 1ms", queue, o.VisibilityTimeout)
+	case o.Wait < 0:
+		return nil, invalid(ErrInvalidArgument, "queue %s: ReceiveOpts.Wait %v is negative", queue, o.Wait)
+	}
+	if o.Max == 0 {
+		o.Max = 1
+	}
+	if o.Wait == 0 {
+		return c.receiveOnce(ctx, queue, o)
+	}
+
+	// Subscribe before the first try, so that a wake-up between an empty try and the
+	// wait is not lost.
+	wake, cancel := c.local.Subscribe(queue)
+	defer cancel()
+	var ext <-chan struct{}
+	if c.wakeups != nil {
+		var cancelExt func()
+		ext, cancelExt = c.wakeups.Subscribe(queue)
+		defer cancelExt()
+	}
+	deadline := time.Now().Add(o.Wait)
+	backoff := c.backoffMin
+	for {
+		msgs, err := c.receiveOnce(ctx, queue, o)
+		if err != nil || len(msgs) > 0 {
+			return msgs, err
+		}
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			return nil, nil
+		}
+		timer := time.NewTimer(min(backoff, remaining))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		case <-wake:
+			backoff = c.backoffMin
+		case <-ext:
+			backoff = c.backoffMin
+		case <-timer.C:
+			backoff = min(2*backoff, c.backoffMax)
+		}
+		timer.Stop()
+	}
+}
+
+func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) ([]*Message, error) {
+	var vt *int64
+	if o.VisibilityTimeout > 0 {
+		ms := o.VisibilityTimeout.Milliseconds()
+		vt = &ms
+	}
+	rows, err := c.pool.Query(ctx, `SELECT "offset", message_id, data, metadata, enqueued_at, visibility_timeout,
+			delivery_attempts, max_delivery_attempts, lease_token, group_key, last_error,
+			origin_stream, origin_offset, origin_attempts, dead_lettered_at
+		FROM streamd.queue_receive($1, $2, $3, $4)`, queue, o.Max, vt, c.sqlNow())
+	if err != nil {
+		return nil, fmt.Errorf("receive from queue %s: %w", queue, sqlerr.Wrap(err))
+	}
+	defer rows.Close()
+	var out []*Message
+	for rows.Next() {
+		m, err := scanMessage(rows, queue, true)
+		if err != nil {
+			return nil, fmt.Errorf("receive from queue %s: %w", queue, err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("receive from queue %s: %w", queue, sqlerr.Wrap(err))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
+	c.metrics.add(c.metrics.received, queue, len(out))
+	return out, nil
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanMessage(r scanner, queue string, leased bool) (*Message, error) {
+	var (
+		m         = &Message{Queue: queue}
+		meta      []byte
+		token     *[16]byte
+		group     *string
+		lastErr   *string
+		originQ   *string
+		originOff *int64
+		originAtt *int32
+		deadAt    *time.Time
+		attempts  int32
+		maxAtt    int32
+	)
+	err := r.Scan(&m.Offset, &m.MessageID, &m.Data, &meta, &m.EnqueuedAt, &m.VisibleAt, &attempts, &maxAtt,
+		&token, &group, &lastErr, &originQ, &originOff, &originAtt, &deadAt)
+	if err != nil {
+		return nil, err
+	}
+	m.DeliveryAttempts, m.MaxDeliveryAttempts = int(attempts), int(maxAtt)
+	if len(meta) > 0 && string(meta) != "null" {
+		if err := json.Unmarshal(meta, &m.Headers); err != nil {
+			// Metadata written by another client need not be a map of strings.
+			m.Headers = map[string]string{"metadata": string(meta)}
+		}
+	}
+	if group != nil {
+		m.GroupKey = *group
+	}
+	if lastErr != nil {
+		m.LastError = *lastErr
+	}
+	if originQ != nil {
+		m.Origin = &Origin{Queue: *originQ}
+		if originOff != nil {
+			m.Origin.Offset = *originOff
+		}
+		if originAtt != nil {
+			m.Origin.Attempts = int(*originAtt)
+		}
+		if deadAt != nil {
+			m.Origin.DeadLetteredAt = *deadAt
+		}
+	}
+	if leased && token != nil {
+		m.Receipt = Receipt{Queue: queue, Offset: m.Offset, LeaseToken: *token, MessageID: m.MessageID, Attempt: m.DeliveryAttempts}
+	}
+	return m, nil
+}

@@ -1,0 +1,188 @@
+package messages
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// OutgoingMessage is a message to send. Only Data is required.
+type OutgoingMessage struct {
+	// Data is the payload: valid JSON.
+	Data json.RawMessage
+	// DeadLetterQueue overrides the queue's dead-letter queue for this message; it
+	// must exist and be standard. Defaults to the queue's.
+	DeadLetterQueue string
+	// Delay keeps the message invisible for this long after the send (no cap).
+	// Defaults to 0.
+	Delay time.Duration
+	// DeliverAt keeps the message invisible until this time; set Delay or DeliverAt,
+	// not both. Defaults to the zero time: Delay applies.
+	DeliverAt time.Time
+	// GroupKey is the FIFO message group; required on FIFO queues, refused on standard
+	// ones.
+	GroupKey string
+	// Headers travel with the message (stored as the metadata JSON object).
+	Headers map[string]string
+	// MaxDeliveryAttempts overrides the queue's setting for this message. Defaults to
+	// the queue's.
+	MaxDeliveryAttempts int
+	// MessageID deduplicates: while the queue holds a message with this id, a send
+	// with the same id stores nothing and returns the original's offset. Defaults to
+	// a random UUID.
+	MessageID string
+}
+
+// SendResult is where a sent message went.
+type SendResult struct {
+	MessageID string `json:"message_id"`
+	Offset    int64  `json:"offset"`
+	// Duplicate is true when the queue already held a message with this MessageID
+	// (Offset is then the original's), or the batch named it twice.
+	Duplicate bool `json:"duplicate"`
+}
+
+// Send stores msgs in queue atomically in one transaction and returns their results
+// in the order given. Errors (nothing is stored): ErrQueueNotFound, ErrInvalidName,
+// ErrInvalidJSON, ErrPayloadTooLarge, ErrInvalidArgument.
+func (c *Client) Send(ctx context.Context, queue string, msgs ...OutgoingMessage) ([]SendResult, error) {
+	var out []SendResult
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = c.send(ctx, tx, queue, msgs)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.countSent(queue, out)
+	c.local.notify(queue)
+	return out, nil
+}
+
+// SendTx stores msgs inside the caller's transaction tx: they become visible when, and
+// only if, tx commits. Call Notify(queue) after the commit to wake this Client's long
+// polls at once. Sends to one FIFO group wait for each other's transactions.
+func (c *Client) SendTx(ctx context.Context, tx DBTX, queue string, msgs ...OutgoingMessage) ([]SendResult, error) {
+	out, err := c.send(ctx, tx, queue, msgs)
+	if err == nil {
+		c.countSent(queue, out)
+	}
+	return out, err
+}
+
+func (c *Client) countSent(queue string, out []SendResult) {
+	n := 0
+	for _, r := range out {
+		if !r.Duplicate {
+			n++
+		}
+	}
+	c.metrics.add(c.metrics.sent, queue, n)
+}
+
+func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []OutgoingMessage) ([]SendResult, error) {
+	if err := checkName(queue); err != nil {
+		return nil, err
+	}
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	n := len(msgs)
+	var (
+		ids       = make([]*string, n)
+		data      = make([]string, n)
+		meta      = make([]*string, n)
+		delays    = make([]*int64, n)
+		deliverAt = make([]*time.Time, n)
+		groups    = make([]*string, n)
+		attempts  = make([]*int32, n)
+		dlqs      = make([]*string, n)
+	)
+	for i := range msgs {
+		m := &msgs[i]
+		if len(m.Data) == 0 {
+			return nil, invalid(ErrInvalidJSON, "queue %s: message %d has no data", queue, i+1)
+		}
+		if !json.Valid(m.Data) {
+			return nil, invalid(ErrInvalidJSON, "queue %s: message %d: data is not valid JSON", queue, i+1)
+		}
+		if m.Delay < 0 {
+			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: delay %v is negative", queue, i+1, m.Delay)
+		}
+		if m.Delay != 0 && !m.DeliverAt.IsZero() {
+			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: set Delay or DeliverAt, not both", queue, i+1)
+		}
+		if m.MaxDeliveryAttempts < 0 {
+			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: max delivery attempts %d is negative", queue, i+1, m.MaxDeliveryAttempts)
+		}
+		if len(m.MessageID) > 512 {
+			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: message id is longer than 512 bytes", queue, i+1)
+		}
+		if m.DeadLetterQueue != "" && !ValidName(m.DeadLetterQueue) {
+			return nil, invalid(ErrInvalidName, "queue %s: message %d: dead-letter queue %q is not a valid queue name", queue, i+1, m.DeadLetterQueue)
+		}
+		data[i] = string(m.Data)
+		if m.MessageID != "" {
+			ids[i] = &m.MessageID
+		}
+		if len(m.Headers) > 0 {
+			b, err := json.Marshal(m.Headers)
+			if err != nil {
+				return nil, fmt.Errorf("queue %s: message %d: encode headers: %w", queue, i+1, err)
+			}
+			s := string(b)
+			meta[i] = &s
+		}
+		if m.Delay > 0 {
+			ms := m.Delay.Milliseconds()
+			delays[i] = &ms
+		}
+		if !m.DeliverAt.IsZero() {
+			deliverAt[i] = &m.DeliverAt
+		}
+		if m.GroupKey != "" {
+			groups[i] = &m.GroupKey
+		}
+		if m.MaxDeliveryAttempts > 0 {
+			a := int32(m.MaxDeliveryAttempts)
+			attempts[i] = &a
+		}
+		if m.DeadLetterQueue != "" {
+			dlqs[i] = &m.DeadLetterQueue
+		}
+	}
+	rows, err := db.Query(ctx, `SELECT ord, "offset", message_id, duplicate
+		FROM streamd.queue_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+		queue, ids, data, meta, delays, deliverAt, groups, attempts, dlqs, c.sqlNow())
+	if err != nil {
+		return nil, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
+	}
+	defer rows.Close()
+	out := make([]SendResult, n)
+	for rows.Next() {
+		var (
+			ord int32
+			off *int64
+			r   SendResult
+		)
+		if err := rows.Scan(&ord, &off, &r.MessageID, &r.Duplicate); err != nil {
+			return nil, fmt.Errorf("send to queue %s: %w", queue, err)
+		}
+		if off != nil {
+			r.Offset = *off
+		}
+		if ord >= 1 && int(ord) <= n {
+			out[ord-1] = r
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
+	}
+	return out, nil
+}

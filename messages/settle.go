@@ -1,0 +1,223 @@
+package messages
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// Settlement: every call names messages by Receipt and checks the lease token in SQL.
+// Receipts whose message was received again since, settled, purged or moved are
+// refused with a *LeaseLostError (matching ErrLeaseLost) that lists them; the other
+// receipts of the call are settled. Receipts may name several queues.
+
+// Ack deletes the messages of receipts: they are done. A receipt whose lease expired
+// but whose message nobody received since still acks.
+func (c *Client) Ack(ctx context.Context, receipts ...Receipt) error {
+	return c.AckTx(ctx, c.pool, receipts...)
+}
+
+// AckTx is Ack inside the caller's transaction tx, so that the handler's own writes
+// and the ack commit together (the message is then processed exactly once). The
+// message row stays locked until tx ends.
+func (c *Client) AckTx(ctx context.Context, tx DBTX, receipts ...Receipt) error {
+	return forEachQueue(receipts, func(queue string, rs []Receipt) error {
+		offs, toks := receiptArrays(rs)
+		rows, err := tx.Query(ctx, `SELECT "offset", lease_token FROM streamd.queue_ack($1, $2, $3, $4)`, queue, offs, toks, c.sqlNow())
+		if err != nil {
+			return fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		done, err := collectOffsets(rows)
+		if err != nil {
+			return fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		c.metrics.add(c.metrics.acked, queue, len(done))
+		return c.lost(queue, rs, done)
+	})
+}
+
+// NackOpts are Nack's per-call knobs. A nil *NackOpts means the defaults.
+type NackOpts struct {
+	// Delay keeps the message invisible for this long before its next delivery.
+	// Defaults to 0: visible at once.
+	Delay time.Duration
+	// Error is recorded as the message's last error (kept when it is dead-lettered).
+	// Defaults to "".
+	Error string
+}
+
+// Nack gives messages back: each becomes visible again after opts.Delay, and its
+// receipt is spent. A message that has used up its delivery attempts and has a
+// dead-letter queue moves there now (Q2). Errors: ErrInvalidArgument for a negative
+// delay, ErrLeaseLost.
+func (c *Client) Nack(ctx context.Context, opts *NackOpts, receipts ...Receipt) error {
+	o := NackOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Delay < 0 {
+		return invalid(ErrInvalidArgument, "NackOpts.Delay %v is negative", o.Delay)
+	}
+	return forEachQueue(receipts, func(queue string, rs []Receipt) error {
+		offs, toks := receiptArrays(rs)
+		delays := make([]int64, len(rs))
+		errs := make([]*string, len(rs))
+		for i := range rs {
+			delays[i] = o.Delay.Milliseconds()
+			if o.Error != "" {
+				errs[i] = &o.Error
+			}
+		}
+		rows, err := c.pool.Query(ctx, `SELECT "offset", lease_token, dead_lettered FROM streamd.queue_nack($1, $2, $3, $4, $5, $6)`,
+			queue, offs, toks, delays, errs, c.sqlNow())
+		if err != nil {
+			return fmt.Errorf("nack on queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		done := map[receiptKey]bool{}
+		dead := 0
+		for rows.Next() {
+			var k receiptKey
+			var dl bool
+			if err := rows.Scan(&k.offset, &k.token, &dl); err != nil {
+				rows.Close()
+				return fmt.Errorf("nack on queue %s: %w", queue, err)
+			}
+			done[k] = true
+			if dl {
+				dead++
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("nack on queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		c.metrics.add(c.metrics.nacked, queue, len(done)-dead)
+		c.metrics.add(c.metrics.deadLettered, queue, dead)
+		return c.lost(queue, rs, done)
+	})
+}
+
+// Extend sets the leases of receipts to end timeout from now (Q1: the messages stay
+// invisible that much longer). Errors: ErrInvalidArgument for a timeout under 1ms,
+// ErrLeaseLost.
+func (c *Client) Extend(ctx context.Context, timeout time.Duration, receipts ...Receipt) error {
+	if timeout < time.Millisecond {
+		return invalid(ErrInvalidArgument, "extend: visibility timeout %v must be at least 1ms", timeout)
+	}
+	return forEachQueue(receipts, func(queue string, rs []Receipt) error {
+		offs, toks := receiptArrays(rs)
+		rows, err := c.pool.Query(ctx, `SELECT "offset", lease_token FROM streamd.queue_extend($1, $2, $3, $4, $5)`,
+			queue, offs, toks, timeout.Milliseconds(), c.sqlNow())
+		if err != nil {
+			return fmt.Errorf("extend on queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		done, err := collectOffsets(rows)
+		if err != nil {
+			return fmt.Errorf("extend on queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		return c.lost(queue, rs, done)
+	})
+}
+
+// Term ends messages for good: each moves to its dead-letter queue now, with reason as
+// its last error, or is deleted when it has no dead-letter queue. Errors:
+// ErrLeaseLost.
+func (c *Client) Term(ctx context.Context, reason string, receipts ...Receipt) error {
+	return forEachQueue(receipts, func(queue string, rs []Receipt) error {
+		offs, toks := receiptArrays(rs)
+		reasons := make([]string, len(rs))
+		for i := range reasons {
+			reasons[i] = reason
+		}
+		rows, err := c.pool.Query(ctx, `SELECT "offset", lease_token FROM streamd.queue_term($1, $2, $3, $4, $5)`,
+			queue, offs, toks, reasons, c.sqlNow())
+		if err != nil {
+			return fmt.Errorf("term on queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		done, err := collectOffsets(rows)
+		if err != nil {
+			return fmt.Errorf("term on queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		c.metrics.add(c.metrics.deadLettered, queue, len(done))
+		return c.lost(queue, rs, done)
+	})
+}
+
+// forEachQueue calls f once per queue, in queue order, with that queue's receipts; it
+// goes on after an ErrLeaseLost and returns the first error.
+func forEachQueue(receipts []Receipt, f func(queue string, rs []Receipt) error) error {
+	if len(receipts) == 0 {
+		return nil
+	}
+	by := map[string][]Receipt{}
+	var queues []string
+	for _, r := range receipts {
+		if _, ok := by[r.Queue]; !ok {
+			if err := checkName(r.Queue); err != nil {
+				return err
+			}
+			queues = append(queues, r.Queue)
+		}
+		by[r.Queue] = append(by[r.Queue], r)
+	}
+	sort.Strings(queues)
+	var first error
+	for _, q := range queues {
+		if err := f(q, by[q]); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func receiptArrays(rs []Receipt) ([]int64, [][16]byte) {
+	offs := make([]int64, len(rs))
+	toks := make([][16]byte, len(rs))
+	for i, r := range rs {
+		offs[i], toks[i] = r.Offset, r.LeaseToken
+	}
+	return offs, toks
+}
+
+type rowsLike interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close()
+}
+
+// receiptKey is what the SQL returns for each receipt it settled.
+type receiptKey struct {
+	offset int64
+	token  [16]byte
+}
+
+func collectOffsets(rows rowsLike) (map[receiptKey]bool, error) {
+	defer rows.Close()
+	done := map[receiptKey]bool{}
+	for rows.Next() {
+		var k receiptKey
+		if err := rows.Scan(&k.offset, &k.token); err != nil {
+			return nil, err
+		}
+		done[k] = true
+	}
+	return done, rows.Err()
+}
+
+// lost returns a *LeaseLostError for the receipts not in done.
+func (c *Client) lost(queue string, rs []Receipt, done map[receiptKey]bool) error {
+	var lost []Receipt
+	for _, r := range rs {
+		if !done[receiptKey{r.Offset, r.LeaseToken}] {
+			lost = append(lost, r)
+		}
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	c.metrics.add(c.metrics.leaseLost, queue, len(lost))
+	return &LeaseLostError{Queue: queue, Receipts: lost}
+}

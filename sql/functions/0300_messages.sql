@@ -1,0 +1,675 @@
+-- Functions of the visibility-timeout queue (messages/ package). Applied idempotently on
+-- every migrate.
+--
+-- Errors use SQLSTATE class SD, mapped to sentinels in messages/errors.go:
+--   SD201 queue not found      SD202 invalid queue name    SD203 payload too large
+--   SD204 invalid argument     SD205 queue in use
+--
+-- Time: every function takes p_now (NULL means now()) so tests control the clock.
+-- Ownership: a settlement names each message by ("offset", lease_token); the token is
+-- checked in the statement's WHERE clause, so a receipt whose message was received
+-- again since (a new token) changes nothing.
+--
+-- Lock order, to rule out deadlocks: FIFO group rows (message_groups) in group_key
+-- order, then message rows. Receive locks groups and messages with SKIP LOCKED and so
+-- never waits.
+
+-- Functions whose result type changed since they were first applied (CREATE OR
+-- REPLACE cannot change it). Nothing depends on them.
+DROP FUNCTION IF EXISTS streamd.queue_ack(text, bigint[], uuid[], timestamptz);
+DROP FUNCTION IF EXISTS streamd.queue_nack(text, bigint[], uuid[], bigint[], text[], timestamptz);
+DROP FUNCTION IF EXISTS streamd.queue_extend(text, bigint[], uuid[], bigint, timestamptz);
+DROP FUNCTION IF EXISTS streamd.queue_term(text, bigint[], uuid[], text[], timestamptz);
+
+-- The queue's row; raises SD202 for an invalid name and SD201 for an unknown queue.
+CREATE OR REPLACE FUNCTION streamd.queue_get(p_queue text) RETURNS streamd.queues
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v streamd.queues%ROWTYPE;
+BEGIN
+    SELECT * INTO v FROM streamd.queues q WHERE q.queue_name = p_queue;
+    IF NOT FOUND THEN
+        IF NOT streamd.valid_stream_name(p_queue) THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD202',
+                MESSAGE = format('invalid queue name %L: use 1 to 249 characters of A-Z a-z 0-9 . _ -', p_queue);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'SD201', MESSAGE = format('queue %L does not exist', p_queue);
+    END IF;
+    RETURN v;
+END;
+$$;
+
+-- Creates a queue, or updates an existing one's settings. A queue cannot switch between
+-- standard and FIFO; its dead-letter queue must exist, differ from it and be standard.
+CREATE OR REPLACE FUNCTION streamd.queue_create(
+    p_queue text, p_fifo boolean, p_visibility_timeout_ms bigint, p_max_delivery_attempts integer,
+    p_dead_letter_queue text, p_max_payload_bytes integer
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_fifo boolean;
+    v_dlq  streamd.queues%ROWTYPE;
+BEGIN
+    IF NOT streamd.valid_stream_name(p_queue) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD202',
+            MESSAGE = format('invalid queue name %L: use 1 to 249 characters of A-Z a-z 0-9 . _ -', p_queue);
+    END IF;
+    IF p_visibility_timeout_ms IS NULL OR p_visibility_timeout_ms <= 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: visibility timeout %s ms must be positive', p_queue, p_visibility_timeout_ms);
+    END IF;
+    IF p_max_delivery_attempts IS NULL OR p_max_delivery_attempts < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: max delivery attempts %s must be at least 1', p_queue, p_max_delivery_attempts);
+    END IF;
+    IF p_max_payload_bytes IS NULL OR p_max_payload_bytes < 1 OR p_max_payload_bytes > 67108864 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: max payload %s bytes must be between 1 and 67108864', p_queue, p_max_payload_bytes);
+    END IF;
+    IF p_dead_letter_queue IS NOT NULL THEN
+        IF p_dead_letter_queue = p_queue THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD204',
+                MESSAGE = format('queue %L cannot be its own dead-letter queue', p_queue);
+        END IF;
+        v_dlq := streamd.queue_get(p_dead_letter_queue);
+        IF v_dlq.fifo THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD204',
+                MESSAGE = format('dead-letter queue %L of %L is FIFO; a dead-letter queue must be standard', p_dead_letter_queue, p_queue);
+        END IF;
+    END IF;
+    IF coalesce(p_fifo, false) AND EXISTS (SELECT 1 FROM streamd.queues q WHERE q.dead_letter_queue = p_queue) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L is a dead-letter queue and cannot be FIFO', p_queue);
+    END IF;
+
+    SELECT q.fifo INTO v_fifo FROM streamd.queues q WHERE q.queue_name = p_queue FOR UPDATE;
+    IF FOUND AND v_fifo <> coalesce(p_fifo, false) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L exists as a %s queue; its type cannot change', p_queue,
+                             CASE WHEN v_fifo THEN 'FIFO' ELSE 'standard' END);
+    END IF;
+    INSERT INTO streamd.queues AS q (queue_name, fifo, visibility_timeout_ms, max_delivery_attempts,
+                                     dead_letter_queue, max_payload_bytes)
+    VALUES (p_queue, coalesce(p_fifo, false), p_visibility_timeout_ms, p_max_delivery_attempts,
+            p_dead_letter_queue, p_max_payload_bytes)
+    ON CONFLICT (queue_name) DO UPDATE SET
+        visibility_timeout_ms = EXCLUDED.visibility_timeout_ms,
+        max_delivery_attempts = EXCLUDED.max_delivery_attempts,
+        dead_letter_queue     = EXCLUDED.dead_letter_queue,
+        max_payload_bytes     = EXCLUDED.max_payload_bytes,
+        updated_at            = now();
+END;
+$$;
+
+-- Deletes a queue and its messages. Refused (SD205) while another queue uses it as its
+-- dead-letter queue. Returns false when it did not exist.
+CREATE OR REPLACE FUNCTION streamd.queue_delete(p_queue text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_user text;
+BEGIN
+    PERFORM 1 FROM streamd.queues q WHERE q.queue_name = p_queue FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    SELECT q.queue_name INTO v_user FROM streamd.queues q WHERE q.dead_letter_queue = p_queue LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD205',
+            MESSAGE = format('queue %L is the dead-letter queue of %L; change that queue first', p_queue, v_user);
+    END IF;
+    DELETE FROM streamd.message_groups g WHERE g.stream_name = p_queue;
+    DELETE FROM streamd.messages m WHERE m.stream_name = p_queue;
+    DELETE FROM streamd.queues q WHERE q.queue_name = p_queue;
+    RETURN true;
+END;
+$$;
+
+-- Sends a batch of messages to one queue and returns, for each (ord = 1-based index),
+-- its offset and whether it was a duplicate: a message whose message_id the queue
+-- holds is not stored again, and its row carries the original's offset. The arrays
+-- are parallel; any but p_data may be NULL. A NULL message id gets a UUID; a NULL
+-- deliver-at means now + the delay (0 when NULL).
+CREATE OR REPLACE FUNCTION streamd.queue_send(
+    p_queue        text,
+    p_ids          text[],
+    p_data         text[],
+    p_metadata     text[],
+    p_delays_ms    bigint[],
+    p_deliver_at   timestamptz[],
+    p_groups       text[],
+    p_max_attempts integer[],
+    p_dlqs         text[],
+    p_now          timestamptz
+) RETURNS TABLE (ord integer, "offset" bigint, message_id text, duplicate boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now  timestamptz := coalesce(p_now, now());
+    v_q    streamd.queues;
+    v_n    integer := coalesce(cardinality(p_data), 0);
+    v_ids  text[];
+    v_bad  integer;
+    v_dlq  text;
+    v_new  text[];
+    v_offs bigint[];
+BEGIN
+    v_q := streamd.queue_get(p_queue);
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF (p_ids IS NOT NULL AND cardinality(p_ids) <> v_n)
+       OR (p_metadata IS NOT NULL AND cardinality(p_metadata) <> v_n)
+       OR (p_delays_ms IS NOT NULL AND cardinality(p_delays_ms) <> v_n)
+       OR (p_deliver_at IS NOT NULL AND cardinality(p_deliver_at) <> v_n)
+       OR (p_groups IS NOT NULL AND cardinality(p_groups) <> v_n)
+       OR (p_max_attempts IS NOT NULL AND cardinality(p_max_attempts) <> v_n)
+       OR (p_dlqs IS NOT NULL AND cardinality(p_dlqs) <> v_n) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: send arrays must all have %s elements', p_queue, v_n);
+    END IF;
+
+    SELECT min(i) INTO v_bad FROM generate_subscripts(p_data, 1) i
+    WHERE p_data[i] IS NULL OR octet_length(p_data[i]) + coalesce(octet_length(p_metadata[i]), 0) > v_q.max_payload_bytes;
+    IF v_bad IS NOT NULL THEN
+        IF p_data[v_bad] IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: message %s has no data', p_queue, v_bad);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'SD203',
+            MESSAGE = format('queue %L: message %s is %s bytes with its headers; the queue allows %s', p_queue, v_bad,
+                             octet_length(p_data[v_bad]) + coalesce(octet_length(p_metadata[v_bad]), 0), v_q.max_payload_bytes);
+    END IF;
+    SELECT min(i) INTO v_bad FROM generate_subscripts(p_data, 1) i
+    WHERE (p_ids[i] IS NOT NULL AND (p_ids[i] = '' OR length(p_ids[i]) > 512))
+       OR p_delays_ms[i] < 0
+       OR p_max_attempts[i] < 1
+       OR (v_q.fifo AND (p_groups[i] IS NULL OR p_groups[i] = '' OR length(p_groups[i]) > 512))
+       OR (NOT v_q.fifo AND p_groups[i] IS NOT NULL);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: message %s: %s', p_queue, v_bad, CASE
+                WHEN p_ids[v_bad] = '' OR length(p_ids[v_bad]) > 512 THEN 'message id must be 1 to 512 characters'
+                WHEN p_delays_ms[v_bad] < 0 THEN format('delay %s ms is negative', p_delays_ms[v_bad])
+                WHEN p_max_attempts[v_bad] < 1 THEN format('max delivery attempts %s must be at least 1', p_max_attempts[v_bad])
+                WHEN v_q.fifo THEN 'a FIFO queue needs a group key of 1 to 512 characters'
+                ELSE 'a group key needs a FIFO queue' END);
+    END IF;
+    FOR v_dlq IN SELECT DISTINCT d FROM unnest(p_dlqs) d WHERE d IS NOT NULL LOOP
+        IF v_dlq = p_queue THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L cannot be its own dead-letter queue', p_queue);
+        END IF;
+        IF (streamd.queue_get(v_dlq)).fifo THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('dead-letter queue %L is FIFO; it must be standard', v_dlq);
+        END IF;
+    END LOOP;
+
+    v_ids := ARRAY(SELECT coalesce(p_ids[i], gen_random_uuid()::text) FROM generate_subscripts(p_data, 1) i ORDER BY i);
+
+    IF v_q.fifo THEN
+        -- Lock (or create) the groups in key order before inserting, so that sends to
+        -- one group commit one at a time and offsets in a group follow commit order.
+        INSERT INTO streamd.message_groups AS g (stream_name, group_key, visible_at)
+        SELECT p_queue, s.k, s.v FROM (
+            SELECT DISTINCT ON (p_groups[i]) p_groups[i] AS k,
+                   coalesce(p_deliver_at[i], v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) AS v
+            FROM generate_subscripts(p_data, 1) i ORDER BY p_groups[i], i) s
+        ORDER BY s.k
+        ON CONFLICT (stream_name, group_key) DO UPDATE SET visible_at = g.visible_at;
+    END IF;
+
+    WITH ins AS (
+        INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
+                                           max_delivery_attempts, dead_letter_stream, group_key)
+        SELECT p_queue, v_ids[i], p_data[i]::jsonb, p_metadata[i]::jsonb, v_now,
+               coalesce(p_deliver_at[i], v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)),
+               coalesce(p_max_attempts[i], v_q.max_delivery_attempts),
+               coalesce(p_dlqs[i], v_q.dead_letter_queue),
+               p_groups[i]
+        FROM generate_subscripts(p_data, 1) i ORDER BY i
+        ON CONFLICT (stream_name, message_id) DO NOTHING
+        RETURNING m.message_id, m."offset")
+    SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
+
+    -- A new statement: it sees duplicates' originals even when they committed while
+    -- the insert waited for them.
+    RETURN QUERY
+    SELECT i::integer, coalesce(n.o, e."offset"), v_ids[i],
+           n.o IS NULL OR i <> min(i) OVER (PARTITION BY v_ids[i])
+    FROM generate_subscripts(p_data, 1) i
+    LEFT JOIN unnest(v_new, v_offs) n(id, o) ON n.id = v_ids[i]
+    LEFT JOIN streamd.messages e ON n.o IS NULL AND e.stream_name = p_queue AND e.message_id = v_ids[i]
+    ORDER BY i;
+END;
+$$;
+
+-- Moves messages of p_queue (locked by the caller) to their dead-letter queues in one
+-- statement (Q2), keeping their provenance: origin queue and offset, attempts, last
+-- error (p_errors, parallel to p_offsets, overrides it). A message without a
+-- dead-letter queue is deleted when p_discard and left alone otherwise. A message id
+-- the dead-letter queue already holds gets the suffix "@<queue>:<offset>".
+-- Returns the number of messages moved or discarded.
+CREATE OR REPLACE FUNCTION streamd.queue_dead_letter(
+    p_queue text, p_offsets bigint[], p_errors text[], p_discard boolean, p_now timestamptz
+) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_n   integer;
+BEGIN
+    WITH d AS (
+        DELETE FROM streamd.messages m
+        WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)
+          AND (p_discard OR m.dead_letter_stream IS NOT NULL)
+        RETURNING m.*
+    ), ins AS (
+        INSERT INTO streamd.messages (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
+                                      max_delivery_attempts, dead_letter_stream, group_key, last_error,
+                                      origin_stream, origin_offset, origin_attempts, dead_lettered_at)
+        SELECT d.dead_letter_stream,
+               CASE WHEN EXISTS (SELECT 1 FROM streamd.messages x
+                                 WHERE x.stream_name = d.dead_letter_stream AND x.message_id = d.message_id)
+                    THEN d.message_id || '@' || p_queue || ':' || d."offset" ELSE d.message_id END,
+               d.data, d.metadata, d.enqueued_at, v_now,
+               coalesce(dq.max_delivery_attempts, 5), dq.dead_letter_queue, d.group_key,
+               coalesce(e.err, d.last_error), p_queue, d."offset", d.delivery_attempts, v_now
+        FROM d
+        LEFT JOIN streamd.queues dq ON dq.queue_name = d.dead_letter_stream
+        LEFT JOIN unnest(p_offsets, coalesce(p_errors, '{}'::text[])) e(o, err) ON e.o = d."offset"
+        WHERE d.dead_letter_stream IS NOT NULL
+        ORDER BY d."offset"
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_n FROM d;
+    RETURN v_n;
+END;
+$$;
+
+-- Locks the FIFO groups of the messages named by (offset, token), in key order, and
+-- returns their keys.
+CREATE OR REPLACE FUNCTION streamd.queue_lock_groups(p_queue text, p_offsets bigint[], p_tokens uuid[])
+RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key), '{}') FROM (
+        SELECT g.group_key FROM streamd.message_groups g
+        WHERE g.stream_name = p_queue
+          AND g.group_key IN (SELECT m.group_key FROM streamd.messages m
+                              JOIN unnest(p_offsets, p_tokens) r(o, t) ON m."offset" = r.o AND m.lease_token = r.t
+                              WHERE m.stream_name = p_queue)
+        ORDER BY g.group_key
+        FOR UPDATE OF g) l
+$$;
+
+-- Brings FIFO groups (locked by the caller) up to date after their messages changed:
+-- an empty group's row goes; otherwise the group may deliver again at its head's
+-- visibility time, and not before now (so a settled group goes to the back of the
+-- round robin).
+CREATE OR REPLACE FUNCTION streamd.queue_groups_advance(p_queue text, p_groups text[], p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+BEGIN
+    DELETE FROM streamd.message_groups g
+    WHERE g.stream_name = p_queue AND g.group_key = ANY(p_groups)
+      AND NOT EXISTS (SELECT 1 FROM streamd.messages m WHERE m.stream_name = p_queue AND m.group_key = g.group_key);
+    UPDATE streamd.message_groups g SET visible_at = greatest(v_now, h.vis)
+    FROM (SELECT k, (SELECT m.visibility_timeout FROM streamd.messages m
+                     WHERE m.stream_name = p_queue AND m.group_key = k ORDER BY m."offset" LIMIT 1) AS vis
+          FROM unnest(p_groups) k) h
+    WHERE g.stream_name = p_queue AND g.group_key = h.k AND h.vis IS NOT NULL;
+END;
+$$;
+
+-- Receives up to p_max visible messages of a queue and leases them for p_vt_ms (NULL:
+-- the queue's visibility timeout): each gets delivery_attempts + 1 and a new lease
+-- token. A message already delivered max_delivery_attempts times that has a
+-- dead-letter queue is moved there instead (Q2), in this same transaction.
+--
+-- Standard queue: visible messages in visible-at order, locked with SKIP LOCKED.
+-- FIFO queue: up to p_max groups that may deliver, least recently served first, locked
+-- with SKIP LOCKED; of each, only the head (lowest offset) is leased, so a group never
+-- has two messages in flight.
+CREATE OR REPLACE FUNCTION streamd.queue_receive(p_queue text, p_max integer, p_vt_ms bigint, p_now timestamptz)
+RETURNS TABLE ("offset" bigint, message_id text, data jsonb, metadata jsonb, enqueued_at timestamptz,
+               visibility_timeout timestamptz, delivery_attempts integer, max_delivery_attempts integer,
+               lease_token uuid, group_key text, last_error text, origin_stream text, origin_offset bigint,
+               origin_attempts integer, dead_lettered_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := coalesce(p_now, now());
+    v_q      streamd.queues;
+    v_vt     interval;
+    v_offs   bigint[];
+    v_dead   bigint[];
+    v_groups text[];
+BEGIN
+    v_q := streamd.queue_get(p_queue);
+    IF p_max IS NULL OR p_max < 1 OR p_max > 10000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: receive max %s must be between 1 and 10000', p_queue, p_max);
+    END IF;
+    IF p_vt_ms IS NOT NULL AND p_vt_ms <= 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: visibility timeout %s ms must be positive', p_queue, p_vt_ms);
+    END IF;
+    v_vt := make_interval(secs => coalesce(p_vt_ms, v_q.visibility_timeout_ms) / 1000.0);
+
+    IF NOT v_q.fifo THEN
+        SELECT array_agg(c.o) FILTER (WHERE NOT c.exhausted), array_agg(c.o) FILTER (WHERE c.exhausted)
+        INTO v_offs, v_dead
+        FROM (SELECT m."offset" AS o,
+                     (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts) AS exhausted
+              FROM streamd.messages m
+              WHERE m.stream_name = p_queue AND m.visibility_timeout <= v_now
+              ORDER BY m.visibility_timeout, m."offset"
+              LIMIT p_max
+              FOR UPDATE SKIP LOCKED) c;
+    ELSE
+        SELECT array_agg(l.group_key) INTO v_groups
+        FROM (SELECT g.group_key FROM streamd.message_groups g
+              WHERE g.stream_name = p_queue AND g.visible_at <= v_now
+              ORDER BY g.visible_at, g.group_key
+              LIMIT p_max
+              FOR UPDATE SKIP LOCKED) l;
+        IF v_groups IS NULL THEN
+            RETURN;
+        END IF;
+        -- A new statement, taken after the group locks: it sees every settlement of
+        -- these groups, and none can start until we commit.
+        SELECT array_agg(h.o) FILTER (WHERE NOT h.exhausted AND h.vis <= v_now),
+               array_agg(h.o) FILTER (WHERE h.exhausted AND h.vis <= v_now)
+        INTO v_offs, v_dead
+        FROM unnest(v_groups) k
+        CROSS JOIN LATERAL (
+            SELECT m."offset" AS o, m.visibility_timeout AS vis,
+                   (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts) AS exhausted
+            FROM streamd.messages m
+            WHERE m.stream_name = p_queue AND m.group_key = k
+            ORDER BY m."offset" LIMIT 1) h;
+    END IF;
+
+    IF v_dead IS NOT NULL THEN
+        PERFORM streamd.queue_dead_letter(p_queue, v_dead, NULL, false, v_now);
+    END IF;
+    IF v_offs IS NOT NULL THEN
+        RETURN QUERY
+        UPDATE streamd.messages m
+        SET delivery_attempts = m.delivery_attempts + 1, lease_token = gen_random_uuid(),
+            visibility_timeout = v_now + v_vt
+        WHERE m.stream_name = p_queue AND m."offset" = ANY(v_offs)
+        RETURNING m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
+                  m.delivery_attempts, m.max_delivery_attempts, m.lease_token, m.group_key, m.last_error,
+                  m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at;
+    END IF;
+    IF v_q.fifo THEN
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_now);
+    END IF;
+END;
+$$;
+
+-- Acks (deletes) the messages named by (offset, token) and returns the receipts it
+-- settled; a receipt missing from the result was stale.
+CREATE OR REPLACE FUNCTION streamd.queue_ack(p_queue text, p_offsets bigint[], p_tokens uuid[], p_now timestamptz)
+RETURNS TABLE ("offset" bigint, lease_token uuid)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_q      streamd.queues;
+    v_groups text[];
+BEGIN
+    v_q := streamd.queue_get(p_queue);
+    IF v_q.fifo THEN
+        v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
+    END IF;
+    RETURN QUERY
+    DELETE FROM streamd.messages m USING unnest(p_offsets, p_tokens) r(o, t)
+    WHERE m.stream_name = p_queue AND m."offset" = r.o AND m.lease_token = r.t
+    RETURNING m."offset", r.t;
+    IF v_q.fifo THEN
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, p_now);
+    END IF;
+END;
+$$;
+
+-- Nacks the messages named by (offset, token): each becomes visible again after its
+-- delay (p_delays_ms, parallel, NULL = 0) with its lease cleared, and records its
+-- error. A message that has used up its delivery attempts and has a dead-letter queue
+-- moves there now. Returns the settled receipts and whether each was dead-lettered.
+CREATE OR REPLACE FUNCTION streamd.queue_nack(
+    p_queue text, p_offsets bigint[], p_tokens uuid[], p_delays_ms bigint[], p_errors text[], p_now timestamptz
+) RETURNS TABLE ("offset" bigint, lease_token uuid, dead_lettered boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz := coalesce(p_now, now());
+    v_q        streamd.queues;
+    v_groups   text[];
+    v_retry    bigint[];
+    v_dead     bigint[];
+    v_dead_err text[];
+    v_offs     bigint[];
+    v_toks     uuid[];
+BEGIN
+    v_q := streamd.queue_get(p_queue);
+    IF EXISTS (SELECT 1 FROM unnest(p_delays_ms) d WHERE d < 0) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: nack delay is negative', p_queue);
+    END IF;
+    IF v_q.fifo THEN
+        v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
+    END IF;
+    SELECT array_agg(c.o) FILTER (WHERE NOT c.exhausted), array_agg(c.o) FILTER (WHERE c.exhausted),
+           array_agg(c.err) FILTER (WHERE c.exhausted), array_agg(c.o), array_agg(c.t)
+    INTO v_retry, v_dead, v_dead_err, v_offs, v_toks
+    FROM (SELECT m."offset" AS o, r.e AS err, r.t,
+                 (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts) AS exhausted
+          FROM streamd.messages m
+          JOIN unnest(p_offsets, p_tokens, p_errors) r(o, t, e) ON m."offset" = r.o AND m.lease_token = r.t
+          WHERE m.stream_name = p_queue
+          ORDER BY m."offset"
+          FOR UPDATE OF m) c;
+    IF v_dead IS NOT NULL THEN
+        PERFORM streamd.queue_dead_letter(p_queue, v_dead, v_dead_err, false, v_now);
+    END IF;
+    IF v_retry IS NOT NULL THEN
+        UPDATE streamd.messages m
+        SET visibility_timeout = v_now + make_interval(secs => coalesce(r.d, 0) / 1000.0),
+            lease_token = NULL, last_error = coalesce(r.e, m.last_error)
+        FROM unnest(p_offsets, p_delays_ms, p_errors) r(o, d, e)
+        WHERE m.stream_name = p_queue AND m."offset" = r.o AND r.o = ANY(v_retry);
+    END IF;
+    IF v_q.fifo THEN
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_now);
+    END IF;
+    RETURN QUERY SELECT x.o, x.t, coalesce(x.o = ANY(v_dead), false) FROM unnest(v_offs, v_toks) x(o, t);
+END;
+$$;
+
+-- Extends the leases named by (offset, token) to now + p_vt_ms and returns the offsets
+-- extended with their tokens and new visibility time.
+CREATE OR REPLACE FUNCTION streamd.queue_extend(p_queue text, p_offsets bigint[], p_tokens uuid[], p_vt_ms bigint, p_now timestamptz)
+RETURNS TABLE ("offset" bigint, lease_token uuid, visibility_timeout timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := coalesce(p_now, now());
+    v_q      streamd.queues;
+    v_groups text[];
+BEGIN
+    v_q := streamd.queue_get(p_queue);
+    IF p_vt_ms IS NULL OR p_vt_ms <= 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: visibility timeout %s ms must be positive', p_queue, p_vt_ms);
+    END IF;
+    IF v_q.fifo THEN
+        v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
+    END IF;
+    RETURN QUERY
+    UPDATE streamd.messages m SET visibility_timeout = v_now + make_interval(secs => p_vt_ms / 1000.0)
+    FROM unnest(p_offsets, p_tokens) r(o, t)
+    WHERE m.stream_name = p_queue AND m."offset" = r.o AND m.lease_token = r.t
+    RETURNING m."offset", r.t, m.visibility_timeout;
+    IF v_q.fifo THEN
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_now);
+    END IF;
+END;
+$$;
+
+-- Terminates the messages named by (offset, token): each moves to its dead-letter queue
+-- now with p_reasons (parallel) as its last error, or is deleted when it has none.
+-- Returns the settled receipts and whether each was moved (false: discarded).
+CREATE OR REPLACE FUNCTION streamd.queue_term(p_queue text, p_offsets bigint[], p_tokens uuid[], p_reasons text[], p_now timestamptz)
+RETURNS TABLE ("offset" bigint, lease_token uuid, dead_lettered boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_q      streamd.queues;
+    v_groups text[];
+    v_offs   bigint[];
+    v_toks   uuid[];
+    v_errs   text[];
+    v_moved  bool[];
+BEGIN
+    v_q := streamd.queue_get(p_queue);
+    IF v_q.fifo THEN
+        v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
+    END IF;
+    SELECT array_agg(c.o), array_agg(c.t), array_agg(c.e), array_agg(c.moved) INTO v_offs, v_toks, v_errs, v_moved
+    FROM (SELECT m."offset" AS o, r.t, r.e, m.dead_letter_stream IS NOT NULL AS moved
+          FROM streamd.messages m
+          JOIN unnest(p_offsets, p_tokens, p_reasons) r(o, t, e) ON m."offset" = r.o AND m.lease_token = r.t
+          WHERE m.stream_name = p_queue
+          ORDER BY m."offset"
+          FOR UPDATE OF m) c;
+    IF v_offs IS NOT NULL THEN
+        PERFORM streamd.queue_dead_letter(p_queue, v_offs, v_errs, true, p_now);
+    END IF;
+    IF v_q.fifo THEN
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, p_now);
+    END IF;
+    RETURN QUERY SELECT x.o, x.t, x.mv FROM unnest(v_offs, v_toks, v_moved) x(o, t, mv);
+END;
+$$;
+
+-- Moves up to p_limit dead letters of p_dlq (those not in flight and whose origin queue
+-- exists) back to their origin queues, in dead-letter order, with fresh attempts and
+-- the origin's settings. Returns how many moved.
+CREATE OR REPLACE FUNCTION streamd.queue_redrive(p_dlq text, p_limit integer, p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now  timestamptz := coalesce(p_now, now());
+    v_offs bigint[];
+    v_n    integer;
+BEGIN
+    PERFORM streamd.queue_get(p_dlq);
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: redrive limit %s must be positive', p_dlq, p_limit);
+    END IF;
+    SELECT array_agg(c.o) INTO v_offs
+    FROM (SELECT m."offset" AS o FROM streamd.messages m
+          WHERE m.stream_name = p_dlq AND m.origin_stream IS NOT NULL
+            AND NOT (m.lease_token IS NOT NULL AND m.visibility_timeout > v_now)
+            AND EXISTS (SELECT 1 FROM streamd.queues oq WHERE oq.queue_name = m.origin_stream)
+          ORDER BY m."offset" LIMIT p_limit
+          FOR UPDATE OF m SKIP LOCKED) c;
+    IF v_offs IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- FIFO origins: lock (or create) the groups first, as a send does.
+    INSERT INTO streamd.message_groups AS g (stream_name, group_key, visible_at)
+    SELECT DISTINCT m.origin_stream, coalesce(m.group_key, ''), v_now
+    FROM streamd.messages m JOIN streamd.queues oq ON oq.queue_name = m.origin_stream AND oq.fifo
+    WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)
+    ORDER BY 1, 2
+    ON CONFLICT (stream_name, group_key) DO UPDATE SET visible_at = g.visible_at;
+
+    WITH d AS (
+        DELETE FROM streamd.messages m WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs) RETURNING m.*
+    ), ins AS (
+        INSERT INTO streamd.messages (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
+                                      max_delivery_attempts, dead_letter_stream, group_key, last_error)
+        SELECT d.origin_stream,
+               CASE WHEN EXISTS (SELECT 1 FROM streamd.messages x
+                                 WHERE x.stream_name = d.origin_stream AND x.message_id = d.message_id)
+                    THEN d.message_id || '~' || p_dlq || ':' || d."offset" ELSE d.message_id END,
+               d.data, d.metadata, d.enqueued_at, v_now, oq.max_delivery_attempts, oq.dead_letter_queue,
+               CASE WHEN oq.fifo THEN coalesce(d.group_key, '') END, d.last_error
+        FROM d JOIN streamd.queues oq ON oq.queue_name = d.origin_stream
+        ORDER BY d."offset"
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_n FROM ins;
+    RETURN v_n;
+END;
+$$;
+
+-- Deletes every message of a queue (and its FIFO groups); returns how many.
+CREATE OR REPLACE FUNCTION streamd.queue_purge(p_queue text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    PERFORM streamd.queue_get(p_queue);
+    DELETE FROM streamd.message_groups g WHERE g.stream_name = p_queue;
+    DELETE FROM streamd.messages m WHERE m.stream_name = p_queue;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END;
+$$;
+
+-- Deletes the given messages of a queue that are not in flight (e.g. discarding dead
+-- letters); returns the offsets deleted.
+CREATE OR REPLACE FUNCTION streamd.queue_discard(p_queue text, p_offsets bigint[], p_now timestamptz)
+RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now    timestamptz := coalesce(p_now, now());
+    v_q      streamd.queues;
+    v_groups text[];
+BEGIN
+    v_q := streamd.queue_get(p_queue);
+    IF v_q.fifo THEN
+        SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key), '{}') INTO v_groups FROM (
+            SELECT g.group_key FROM streamd.message_groups g
+            WHERE g.stream_name = p_queue
+              AND g.group_key IN (SELECT m.group_key FROM streamd.messages m
+                                  WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets))
+            ORDER BY g.group_key FOR UPDATE OF g) l;
+    END IF;
+    RETURN QUERY
+    DELETE FROM streamd.messages m
+    WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)
+      AND NOT (m.lease_token IS NOT NULL AND m.visibility_timeout > v_now)
+    RETURNING m."offset";
+    IF v_q.fifo THEN
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_now);
+    END IF;
+END;
+$$;
+
+-- Per-queue statistics at p_now (NULL: now()); p_queue NULL means every queue.
+--   depth          messages visible now (ready to deliver)
+--   in_flight      received, lease not yet expired
+--   delayed        waiting for a send delay or a nack delay
+--   total          all messages of the queue
+--   dead_lettered  messages that came from this queue and sit in a dead-letter queue
+--   oldest_enqueued_at  the enqueue time of the queue's oldest message
+CREATE OR REPLACE FUNCTION streamd.queue_stats(p_queue text, p_now timestamptz)
+RETURNS TABLE (queue_name text, fifo boolean, dead_letter_queue text, depth bigint, in_flight bigint,
+               delayed bigint, total bigint, dead_lettered bigint, oldest_enqueued_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT q.queue_name, q.fifo, q.dead_letter_queue,
+           coalesce(s.depth, 0), coalesce(s.in_flight, 0), coalesce(s.delayed, 0), coalesce(s.total, 0),
+           (SELECT count(*) FROM streamd.messages d WHERE d.origin_stream = q.queue_name),
+           s.oldest
+    FROM (SELECT coalesce(p_now, now()) AS ts) t
+    CROSS JOIN streamd.queues q
+    LEFT JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE m.visibility_timeout <= t.ts) AS depth,
+               count(*) FILTER (WHERE m.visibility_timeout > t.ts AND m.lease_token IS NOT NULL) AS in_flight,
+               count(*) FILTER (WHERE m.visibility_timeout > t.ts AND m.lease_token IS NULL) AS delayed,
+               count(*) AS total,
+               min(m.enqueued_at) AS oldest
+        FROM streamd.messages m WHERE m.stream_name = q.queue_name) s ON true
+    WHERE p_queue IS NULL OR q.queue_name = p_queue
+    ORDER BY q.queue_name
+$$;
