@@ -1,0 +1,60 @@
+package consumergroup
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/streamd/streamd/streams"
+)
+
+// Batch is a run of consecutive events of one partition, handed to a Handler. It is
+// valid only during the handler call.
+type Batch struct {
+	// Stream and Partition say where the events come from.
+	Stream    string
+	Partition int32
+	// Group is the consumer group.
+	Group string
+	// MemberID and MemberEpoch identify the membership processing the batch (the fence
+	// token its commits carry).
+	MemberID    string
+	MemberEpoch int64
+	// Events are in offset order; never empty.
+	Events []streams.Event
+	// HighWatermark is the partition's log end when the batch was fetched.
+	HighWatermark int64
+
+	w           *worker
+	txCommitted bool
+}
+
+func (w *worker) newBatch(events []streams.Event, hwm int64) *Batch {
+	return &Batch{Stream: w.c.cfg.Stream, Partition: w.partition, Group: w.c.cfg.Group,
+		MemberID: w.m.consumerID, MemberEpoch: w.m.epoch, Events: events, HighWatermark: hwm, w: w}
+}
+
+// NextOffset is the offset after the batch's last event: what committing the batch
+// stores (G5).
+func (b *Batch) NextOffset() int64 { return b.Events[len(b.Events)-1].Offset + 1 }
+
+// Commit commits the batch (NextOffset) now, for CommitManual mode. ErrFenced when
+// this member no longer owns the partition at its epoch; nothing is written then.
+func (b *Batch) Commit(ctx context.Context) error {
+	return b.w.c.commitRetry(ctx, b.w.m, []PartitionOffset{{Partition: b.Partition, Offset: b.NextOffset()}})
+}
+
+// CommitTx commits the batch's offset inside tx, the handler's own transaction, so
+// that the handler's writes and the offset commit happen together or not at all (G4).
+// The partition's ownership row stays locked until tx ends: a handover waits for it,
+// so a commit accepted here can never be overtaken. ErrFenced (and tx must be rolled
+// back) when this member no longer owns the partition. Required in
+// CommitTransactional mode; usable in any mode.
+func (b *Batch) CommitTx(ctx context.Context, tx pgx.Tx) error {
+	err := b.w.m.commit(ctx, tx, []PartitionOffset{{Partition: b.Partition, Offset: b.NextOffset()}}, nil)
+	if err != nil {
+		return err
+	}
+	b.txCommitted = true
+	return nil
+}

@@ -1,0 +1,227 @@
+package consumergroup
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/streams"
+)
+
+// CommitMode says when a Consumer commits offsets.
+type CommitMode int
+
+const (
+	// CommitAuto commits the offset after each batch the handler returned nil for.
+	CommitAuto CommitMode = iota
+	// CommitManual commits only when the handler calls Batch.Commit (or the program
+	// calls Consumer.Commit, e.g. from OnRevoked).
+	CommitManual
+	// CommitTransactional requires the handler to call Batch.CommitTx inside its own
+	// transaction, so that its writes and the offset commit together (G4: effects in
+	// the same database happen exactly once). A handler that returns nil without having
+	// called CommitTx is treated as failed.
+	CommitTransactional
+)
+
+// ResetPolicy is where a partition starts when the group has no committed offset.
+type ResetPolicy int
+
+const (
+	// ResetEarliest starts at the log start.
+	ResetEarliest ResetPolicy = iota
+	// ResetLatest starts at the log end: only events appended from now on.
+	ResetLatest
+	// ResetByTime starts at the first event at or after Config.ResetTime.
+	ResetByTime
+)
+
+// ErrorPolicy says what happens to a batch whose handler keeps failing after
+// Config.MaxRetries retries.
+type ErrorPolicy int
+
+const (
+	// ErrorBlock keeps retrying the batch (at RetryBackoffMax) and processes nothing
+	// else of that partition until it succeeds: order is kept, progress stops.
+	ErrorBlock ErrorPolicy = iota
+	// ErrorDeadLetter retries the batch's events one at a time, moves each event that
+	// still fails into the dead letter queue (streamd.dead_letter_queue) and goes on.
+	ErrorDeadLetter
+)
+
+// Hook is a rebalance callback. See Config.OnAssigned for the concurrency contract.
+type Hook func(ctx context.Context, partitions []int32)
+
+// Config configures a Consumer. Stream and Group are required.
+type Config struct {
+	// AutoOffsetReset is where a partition without a committed offset starts.
+	// Defaults to ResetEarliest.
+	AutoOffsetReset ResetPolicy
+	// CommitMode says when offsets are committed. Defaults to CommitAuto.
+	CommitMode CommitMode
+	// ConsumerID prefixes the member id of each join (a random suffix makes every
+	// membership distinct, so a fenced member can never be confused with its successor).
+	// Defaults to the host name and process id.
+	ConsumerID string
+	// FetchMaxWait is how long a fetch waits for new events on an idle partition
+	// before looking again (it also bounds how fast an idle worker notices a revoke
+	// when no wake-up arrives). Defaults to 500ms.
+	FetchMaxWait time.Duration
+	// Group is the consumer group id: 1 to 249 characters of [A-Za-z0-9._:-].
+	// Required.
+	Group string
+	// HeartbeatInterval is the time between heartbeats. Defaults to SessionTimeout/3.
+	HeartbeatInterval time.Duration
+	// InstanceID enables static membership: a restart with the same instance id within
+	// the session timeout takes the previous member's partitions back without a
+	// rebalance, and a clean Run exit does not leave the group (the partitions wait
+	// for the restart, up to the session timeout). Defaults to "" (dynamic member).
+	InstanceID string
+	// Logger receives the consumer's log lines. Defaults to slog.Default().
+	Logger *slog.Logger
+	// MaxBatchSize bounds the events per handler call. Defaults to 500.
+	MaxBatchSize int
+	// MaxPollInterval bounds one handler call (Kafka's max.poll.interval.ms): when a
+	// handler runs longer, the member leaves the group so that others take its
+	// partitions, cancels its handlers' context, reports OnLost, waits for them to
+	// return, and joins again. Defaults to 5 minutes.
+	MaxPollInterval time.Duration
+	// MaxRetries is how many times a failed batch is retried (with exponential
+	// backoff) before OnHandlerError applies; negative means forever. Defaults to 5.
+	MaxRetries int
+	// OnAssigned is called with partitions this member got, before their first batch.
+	// Contract for all hooks: they are called from one goroutine, never concurrently
+	// with each other, and never concurrently with a handler call of the partitions
+	// they name (handlers of other partitions may be running). They must not call Run.
+	// Defaults to nil (no call).
+	OnAssigned Hook
+	// OnHandlerError says what happens to a batch that still fails after MaxRetries.
+	// Defaults to ErrorBlock.
+	OnHandlerError ErrorPolicy
+	// OnLost is called with partitions this member lost without a clean handover (its
+	// session expired, it was fenced, or its handlers overran MaxPollInterval): another
+	// member may already own them and commits for them fail with ErrFenced. Their
+	// handler calls have returned. Defaults to nil.
+	OnLost Hook
+	// OnRevoked is called with partitions this member is handing over (a rebalance, or
+	// Run returning), after their in-flight batches finished and, in CommitAuto mode,
+	// their offsets were committed; the member still owns them during the call, so
+	// CommitManual programs commit here with Consumer.Commit. Defaults to nil.
+	OnRevoked Hook
+	// RebalanceTimeout bounds how long this member may keep a partition that another
+	// member waits for; past it the group expels this member. Defaults to 60s.
+	RebalanceTimeout time.Duration
+	// Registerer receives the consumer's metrics. Defaults to nil (no metrics).
+	Registerer prometheus.Registerer
+	// ResetTime is the start time for ResetByTime. Defaults to the zero time.
+	ResetTime time.Time
+	// RetryBackoff is the first wait before retrying a failed batch; it doubles up to
+	// RetryBackoffMax. Defaults to 100ms.
+	RetryBackoff time.Duration
+	// RetryBackoffMax caps the retry wait. Defaults to 10s.
+	RetryBackoffMax time.Duration
+	// SessionTimeout is how long the member stays in the group without a heartbeat
+	// (G3). Defaults to 30s.
+	SessionTimeout time.Duration
+	// Stream is the stream to consume. Required.
+	Stream string
+}
+
+func (c Config) withDefaults() Config {
+	if c.ConsumerID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "consumer"
+		}
+		c.ConsumerID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.FetchMaxWait == 0 {
+		c.FetchMaxWait = 500 * time.Millisecond
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = 30 * time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.SessionTimeout / 3
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MaxBatchSize == 0 {
+		c.MaxBatchSize = 500
+	}
+	if c.MaxPollInterval == 0 {
+		c.MaxPollInterval = 5 * time.Minute
+	}
+	if c.MaxRetries == 0 {
+		c.MaxRetries = 5
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = 60 * time.Second
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = 100 * time.Millisecond
+	}
+	if c.RetryBackoffMax == 0 {
+		c.RetryBackoffMax = 10 * time.Second
+	}
+	return c
+}
+
+// validate names the first bad field.
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: consumergroup.Config.%s: %s", ErrInvalidArgument, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.AutoOffsetReset < ResetEarliest || c.AutoOffsetReset > ResetByTime:
+		return bad("AutoOffsetReset", "unknown policy %d", c.AutoOffsetReset)
+	case c.CommitMode < CommitAuto || c.CommitMode > CommitTransactional:
+		return bad("CommitMode", "unknown mode %d", c.CommitMode)
+	case len(c.ConsumerID) > 200:
+		return bad("ConsumerID", "%d characters; at most 200", len(c.ConsumerID))
+	case c.FetchMaxWait < 0:
+		return bad("FetchMaxWait", "%v is negative", c.FetchMaxWait)
+	case !validGroupID(c.Group):
+		return bad("Group", "%q: use 1 to 249 characters of A-Z a-z 0-9 . _ : -", c.Group)
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout:
+		return bad("HeartbeatInterval", "%v must be positive and below SessionTimeout %v", c.HeartbeatInterval, c.SessionTimeout)
+	case len(c.InstanceID) > 255:
+		return bad("InstanceID", "%d characters; at most 255", len(c.InstanceID))
+	case c.MaxBatchSize < 0:
+		return bad("MaxBatchSize", "%d is negative", c.MaxBatchSize)
+	case c.MaxPollInterval < 0:
+		return bad("MaxPollInterval", "%v is negative", c.MaxPollInterval)
+	case c.OnHandlerError < ErrorBlock || c.OnHandlerError > ErrorDeadLetter:
+		return bad("OnHandlerError", "unknown policy %d", c.OnHandlerError)
+	case c.RebalanceTimeout < 0:
+		return bad("RebalanceTimeout", "%v is negative", c.RebalanceTimeout)
+	case c.RetryBackoff < 0:
+		return bad("RetryBackoff", "%v is negative", c.RetryBackoff)
+	case c.RetryBackoffMax < c.RetryBackoff:
+		return bad("RetryBackoffMax", "%v is below RetryBackoff %v", c.RetryBackoffMax, c.RetryBackoff)
+	case c.SessionTimeout < 10*time.Millisecond:
+		return bad("SessionTimeout", "%v is below 10ms", c.SessionTimeout)
+	case !streams.ValidName(c.Stream):
+		return bad("Stream", "%q is not a valid stream name", c.Stream)
+	}
+	return nil
+}
+
+// validGroupID is streamd.cg_valid_group_id.
+func validGroupID(g string) bool {
+	if len(g) < 1 || len(g) > 249 || g == "." || g == ".." {
+		return false
+	}
+	for _, r := range g {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == ':' || r == '-'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,431 @@
+package consumergroup
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// Handler processes one batch of one partition. Batches of a partition are delivered
+// one at a time, in offset order; batches of different partitions run concurrently.
+// Return nil when the batch is done (in CommitAuto mode its offset is then committed);
+// an error retries it (see Config.MaxRetries and Config.OnHandlerError). ctx is
+// cancelled when Run's context is, or when the partition is lost.
+type Handler func(ctx context.Context, b *Batch) error
+
+// cleanupTimeout bounds the work done after cancellation (final commit, hooks'
+// context, leave group).
+const cleanupTimeout = 10 * time.Second
+
+// errRejoin ends a session that must join again (fenced, lost session, poll timeout).
+var errRejoin = errors.New("rejoin")
+
+// Consumer is one member of a consumer group. New makes it; Run joins the group and
+// processes the partitions the group assigns to it until its context is cancelled.
+// Commit, Pause, Resume and Assignment may be called from any goroutine while Run runs.
+type Consumer struct {
+	pool    *pgxpool.Pool
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+
+	running atomic.Bool
+	// wake is signalled (never blocking) by the listener and by workers to make the
+	// session loop heartbeat at once.
+	wake chan struct{}
+
+	mu     sync.Mutex
+	member *member           // the current membership; nil between sessions
+	owned  map[int32]*worker // the partitions being processed now
+
+	// killed (tests only) makes Run return as if the process died: no leave, no hooks.
+	killed atomic.Bool
+	// beforeHeartbeat (tests only) runs before each heartbeat; a test freezes the
+	// member by blocking in it.
+	beforeHeartbeat func()
+}
+
+// New returns a Consumer of cfg.Stream in cfg.Group. It does no I/O; Run joins.
+func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		pool:    pool,
+		cfg:     cfg,
+		log:     cfg.Logger.With("stream", cfg.Stream, "group", cfg.Group),
+		metrics: newMetrics(cfg.Registerer),
+		wake:    make(chan struct{}, 1),
+		owned:   map[int32]*worker{},
+	}, nil
+}
+
+// Run joins the group and processes assigned partitions with h until ctx is
+// cancelled, then hands its partitions over (OnRevoked, leave) and returns nil. It
+// survives lost connections and database restarts (joining again with backoff) and
+// rejoins after being fenced. It returns an error only for a condition retrying cannot
+// fix (the stream does not exist, an invalid name) or when called twice at once.
+func (c *Consumer) Run(ctx context.Context, h Handler) error {
+	if h == nil {
+		return fmt.Errorf("%w: consumergroup: Run needs a handler", ErrInvalidArgument)
+	}
+	if !c.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: consumergroup: Run is already running", ErrInvalidArgument)
+	}
+	defer c.running.Store(false)
+
+	lctx, stopListener := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owner: Run; exits when Run returns (stopListener)
+		defer wg.Done()
+		c.listen(lctx)
+	}()
+	defer wg.Wait()
+	defer stopListener()
+
+	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		m, err := c.join(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			if sqlerr.Retriable(err) {
+				c.log.Warn("join failed; retrying", "error", err)
+				if !backoff.wait(ctx) {
+					return nil
+				}
+				continue
+			}
+			return err
+		}
+		backoff.reset()
+		c.log.Info("joined group", "member_id", m.consumerID, "member_epoch", m.epoch)
+		err = c.session(ctx, m, h)
+		if ctx.Err() != nil || c.killed.Load() {
+			return nil
+		}
+		c.log.Info("rejoining group", "member_id", m.consumerID, "reason", err)
+	}
+}
+
+func (c *Consumer) join(ctx context.Context) (*member, error) {
+	suffix := make([]byte, 6)
+	_, _ = rand.Read(suffix)
+	id := c.cfg.ConsumerID + "-" + hex.EncodeToString(suffix)
+	return memberJoin(ctx, c.pool, c.cfg.Stream, c.cfg.Group, id, c.cfg.InstanceID,
+		c.cfg.SessionTimeout, c.cfg.RebalanceTimeout, nil)
+}
+
+// signal wakes the session loop without blocking.
+func (c *Consumer) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// session runs one membership: heartbeats, reconciles the assignment with the running
+// partition workers, and calls the hooks. It owns the workers: every worker it starts
+// has exited when it returns.
+func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
+	c.mu.Lock()
+	c.member = m
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.member = nil
+		c.mu.Unlock()
+	}()
+
+	done := make(chan *worker, 64)
+	workers := map[int32]*worker{} // running or stopping
+	lastOK := time.Now()
+	ticker := time.NewTicker(c.cfg.HeartbeatInterval)
+	defer ticker.Stop()
+
+	setOwned := func() {
+		c.mu.Lock()
+		c.owned = maps(workers)
+		c.mu.Unlock()
+	}
+	// finish waits for every worker, then reports them as revoked (clean) or lost.
+	finish := func(clean bool) {
+		for _, w := range workers {
+			if clean {
+				w.stop()
+			} else {
+				w.cancel()
+			}
+		}
+		var revoked, lost []int32
+		for len(workers) > 0 {
+			w := <-done
+			delete(workers, w.partition)
+			if clean && !w.lost.Load() {
+				revoked = append(revoked, w.partition)
+			} else {
+				lost = append(lost, w.partition)
+			}
+		}
+		setOwned()
+		if c.killed.Load() {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		c.hook(cctx, c.cfg.OnRevoked, "revoked", revoked)
+		c.hook(cctx, c.cfg.OnLost, "lost", lost)
+	}
+
+	for {
+		select {
+		case <-ctx.Done():
+			c.shutdown(ctx, m, finish)
+			return ctx.Err()
+		case w := <-done:
+			delete(workers, w.partition)
+			setOwned()
+			if w.lost.Load() {
+				c.hook(ctx, c.cfg.OnLost, "lost", []int32{w.partition})
+				continue
+			}
+			// A clean stop: the coordinator asked for it because the partition is
+			// being revoked. Hand it over.
+			c.hook(ctx, c.cfg.OnRevoked, "revoked", []int32{w.partition})
+			if err := m.release(ctx, c.pool, []int32{w.partition}, nil); err != nil {
+				c.log.Warn("release failed", "partition", w.partition, "error", err)
+				if errors.Is(err, ErrFenced) {
+					c.metrics.rebalances.WithLabelValues(c.cfg.Stream, c.cfg.Group, "fenced").Inc()
+					finish(false)
+					return fmt.Errorf("%w: %v", errRejoin, err)
+				}
+			}
+			c.signal()
+			continue
+		case <-ticker.C:
+		case <-c.wake:
+		}
+
+		if stuck := c.stuckWorker(workers); stuck != nil {
+			c.log.Warn("handler exceeded MaxPollInterval; leaving the group", "partition", stuck.partition,
+				"max_poll_interval", c.cfg.MaxPollInterval)
+			c.metrics.rebalances.WithLabelValues(c.cfg.Stream, c.cfg.Group, "poll_timeout").Inc()
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			if _, err := m.leave(lctx, c.pool, nil); err != nil {
+				c.log.Warn("leave failed", "error", err)
+			}
+			cancel()
+			finish(false)
+			return fmt.Errorf("%w: poll interval exceeded", errRejoin)
+		}
+
+		if c.beforeHeartbeat != nil {
+			c.beforeHeartbeat()
+		}
+		hctx, cancel := context.WithTimeout(ctx, c.cfg.SessionTimeout)
+		a, err := m.heartbeat(hctx, c.pool, nil)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				continue // shutdown next iteration
+			}
+			if errors.Is(err, ErrFenced) || time.Since(lastOK) > c.cfg.SessionTimeout {
+				c.log.Warn("member fenced; dropping partitions", "member_id", m.consumerID, "error", err)
+				c.metrics.rebalances.WithLabelValues(c.cfg.Stream, c.cfg.Group, "fenced").Inc()
+				finish(false)
+				return fmt.Errorf("%w: %v", errRejoin, err)
+			}
+			c.log.Warn("heartbeat failed; retrying", "error", err)
+			continue
+		}
+		lastOK = time.Now()
+		c.reconcile(ctx, m, h, a, workers, done)
+		setOwned()
+	}
+}
+
+// reconcile starts workers for newly assigned partitions, stops those being revoked,
+// cancels those no longer owned, and applies pauses.
+func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assignment, workers map[int32]*worker, done chan *worker) {
+	var added, releaseNow []int32
+	for _, p := range a.Assigned {
+		w, running := workers[p]
+		revoking := slices.Contains(a.Revoking, p)
+		switch {
+		case running && revoking:
+			w.stop()
+		case running:
+			w.setPaused(slices.Contains(a.Paused, p))
+		case revoking:
+			releaseNow = append(releaseNow, p) // never started: nothing to finish
+		default:
+			added = append(added, p)
+		}
+	}
+	for p, w := range workers {
+		if !slices.Contains(a.Assigned, p) {
+			w.lost.Store(true)
+			w.cancel()
+		}
+	}
+	if len(releaseNow) > 0 {
+		if err := m.release(ctx, c.pool, releaseNow, nil); err != nil {
+			c.log.Warn("release failed", "partitions", releaseNow, "error", err)
+		}
+	}
+	if len(added) == 0 {
+		return
+	}
+	c.hook(ctx, c.cfg.OnAssigned, "assigned", added)
+	for _, p := range added {
+		w := newWorker(ctx, c, m, p, h, slices.Contains(a.Paused, p))
+		workers[p] = w
+		go func() { // owner: session; exits on stop/cancel; reported on done
+			w.run()
+			done <- w
+		}()
+	}
+}
+
+// shutdown ends a session because Run's context was cancelled: workers finish their
+// batches (handlers see ctx cancelled), OnRevoked runs, and the member leaves (a
+// static member stays registered until its session expires or it restarts).
+func (c *Consumer) shutdown(ctx context.Context, m *member, finish func(clean bool)) {
+	finish(true)
+	if c.killed.Load() || c.cfg.InstanceID != "" {
+		return
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if _, err := m.leave(lctx, c.pool, nil); err != nil {
+		c.log.Warn("leave failed", "error", err)
+	} else {
+		c.log.Info("left group", "member_id", m.consumerID)
+	}
+}
+
+func (c *Consumer) stuckWorker(workers map[int32]*worker) *worker {
+	for _, w := range workers {
+		if since := w.inflightSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > c.cfg.MaxPollInterval {
+			return w
+		}
+	}
+	return nil
+}
+
+func (c *Consumer) hook(ctx context.Context, fn Hook, reason string, partitions []int32) {
+	if len(partitions) == 0 {
+		return
+	}
+	slices.Sort(partitions)
+	c.metrics.rebalances.WithLabelValues(c.cfg.Stream, c.cfg.Group, reason).Inc()
+	c.log.Info("partitions "+reason, "partitions", partitions)
+	if fn != nil {
+		fn(ctx, partitions)
+	}
+}
+
+// Commit commits offsets (the next offset to read) for partitions this member owns,
+// all or nothing. ErrFenced when it does not own one of them at its current epoch;
+// ErrNotOwned when Run is not in a session.
+func (c *Consumer) Commit(ctx context.Context, offsets ...PartitionOffset) error {
+	c.mu.Lock()
+	m := c.member
+	c.mu.Unlock()
+	if m == nil {
+		return fmt.Errorf("%w: consumer is not a member of group %s now", ErrNotOwned, c.cfg.Group)
+	}
+	return c.commitRetry(ctx, m, offsets)
+}
+
+// commitRetry commits, retrying connection failures with backoff until ctx ends; a
+// retried commit carries the same epoch, so it stays fenced.
+func (c *Consumer) commitRetry(ctx context.Context, m *member, offsets []PartitionOffset) error {
+	b := newBackoff(50*time.Millisecond, time.Second)
+	for {
+		err := m.commit(ctx, c.pool, offsets, nil)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, ErrFenced) {
+			c.metrics.fencedCommits.WithLabelValues(c.cfg.Stream, c.cfg.Group).Inc()
+			return err
+		}
+		if !sqlerr.Retriable(err) || !b.wait(ctx) {
+			return err
+		}
+	}
+}
+
+// Pause stops the group processing partitions (whichever member owns them, across
+// handovers) until Resume. An in-flight batch finishes.
+func (c *Consumer) Pause(ctx context.Context, partitions ...int32) error {
+	return setPaused(ctx, c.pool, c.cfg.Stream, c.cfg.Group, partitions, true)
+}
+
+// Resume undoes Pause.
+func (c *Consumer) Resume(ctx context.Context, partitions ...int32) error {
+	return setPaused(ctx, c.pool, c.cfg.Stream, c.cfg.Group, partitions, false)
+}
+
+// Assignment returns the partitions this member processes now, ascending.
+func (c *Consumer) Assignment() []int32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]int32, 0, len(c.owned))
+	for p := range c.owned {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func maps(m map[int32]*worker) map[int32]*worker {
+	out := make(map[int32]*worker, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// backoff is an exponential wait with jitter.
+type backoff struct {
+	first, max, cur time.Duration
+}
+
+func newBackoff(first, max time.Duration) *backoff {
+	return &backoff{first: first, max: max, cur: first}
+}
+
+func (b *backoff) reset() { b.cur = b.first }
+
+// wait sleeps the current interval (or until ctx ends, returning false) and doubles it.
+func (b *backoff) wait(ctx context.Context) bool {
+	d := b.cur/2 + time.Duration(mrand.Int64N(int64(b.cur/2)+1))
+	if b.cur *= 2; b.cur > b.max {
+		b.cur = b.max
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,44 @@
+package consumergroup
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// listen holds a dedicated connection LISTENing on the group's channel and wakes the
+// session loop on every notification (assignment changed, member joined or left), so
+// members react well under a heartbeat interval. It reconnects with backoff, waking
+// the loop after each (re)connect since notifications may have been missed. Owned by
+// Run; returns when ctx ends.
+func (c *Consumer) listen(ctx context.Context) {
+	channel := pgx.Identifier{groupChannel(c.cfg.Stream, c.cfg.Group)}.Sanitize()
+	b := newBackoff(100*time.Millisecond, 5*time.Second)
+	for ctx.Err() == nil {
+		conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
+		if err == nil {
+			_, err = conn.Exec(ctx, "LISTEN "+channel)
+		}
+		if err == nil {
+			b.reset()
+			c.signal()
+			for err == nil {
+				_, err = conn.WaitForNotification(ctx)
+				if err == nil {
+					c.signal()
+				}
+			}
+		}
+		if conn != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_ = conn.Close(cctx)
+			cancel()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		c.log.Debug("group listener reconnecting", "error", err)
+		b.wait(ctx)
+	}
+}

@@ -1,0 +1,340 @@
+package consumergroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/streams"
+)
+
+// worker processes one owned partition for one membership: it reads the start
+// position, fetches batches in offset order, calls the handler, and commits. It is
+// started and owned by the session loop and exits when stopped (after finishing its
+// in-flight batch), cancelled (at once; the partition is lost), or fenced.
+type worker struct {
+	c         *Consumer
+	m         *member
+	partition int32
+	h         Handler
+
+	ctx      context.Context // cancelled: lost or shutdown; handlers get it
+	cancelFn context.CancelFunc
+	stopOnce sync.Once
+	stopCh   chan struct{} // closed: finish the in-flight batch and exit
+
+	pauseMu sync.Mutex
+	paused  bool
+	pauseCh chan struct{} // signalled when paused changes
+
+	// inflightSince is the UnixNano start of the running handler call, 0 when idle.
+	inflightSince atomic.Int64
+	// lost is set when the worker exits without a clean handover (fenced or cancelled).
+	lost atomic.Bool
+}
+
+func newWorker(ctx context.Context, c *Consumer, m *member, p int32, h Handler, paused bool) *worker {
+	wctx, cancel := context.WithCancel(ctx)
+	return &worker{c: c, m: m, partition: p, h: h, ctx: wctx, cancelFn: cancel,
+		stopCh: make(chan struct{}), paused: paused, pauseCh: make(chan struct{}, 1)}
+}
+
+func (w *worker) stop() { w.stopOnce.Do(func() { close(w.stopCh) }) }
+
+func (w *worker) cancel() {
+	w.lost.Store(true)
+	w.stop()
+	w.cancelFn()
+}
+
+func (w *worker) setPaused(p bool) {
+	w.pauseMu.Lock()
+	changed := w.paused != p
+	w.paused = p
+	w.pauseMu.Unlock()
+	if changed {
+		select {
+		case w.pauseCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (w *worker) isPaused() bool {
+	w.pauseMu.Lock()
+	defer w.pauseMu.Unlock()
+	return w.paused
+}
+
+func (w *worker) stopping() bool {
+	select {
+	case <-w.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+func (w *worker) labels() []string {
+	return []string{w.c.cfg.Stream, w.c.cfg.Group}
+}
+
+// run is the worker's loop; it returns when the worker is stopped, cancelled or fenced.
+func (w *worker) run() {
+	ctx := w.ctx
+	defer w.cancelFn()
+	defer w.c.metrics.lag.DeleteLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition)))
+	// fetchCtx also ends on stop, so an idle long poll does not delay a handover.
+	fetchCtx, fetchCancel := context.WithCancel(ctx)
+	defer fetchCancel()
+	go func() { // owner: run; exits when run returns (fetchCancel) or on stop
+		select {
+		case <-w.stopCh:
+			fetchCancel()
+		case <-fetchCtx.Done():
+		}
+	}()
+
+	pos, err := w.startPosition(ctx)
+	for err != nil {
+		if ctx.Err() != nil || w.stopping() {
+			return
+		}
+		w.c.log.Warn("read start position failed; retrying", "partition", w.partition, "error", err)
+		if !newBackoff(200*time.Millisecond, time.Second).wait(fetchCtx) {
+			return
+		}
+		pos, err = w.startPosition(ctx)
+	}
+	fetchBackoff := newBackoff(50*time.Millisecond, 2*time.Second)
+	for !w.stopping() {
+		if w.isPaused() {
+			select {
+			case <-w.pauseCh:
+			case <-w.stopCh:
+			}
+			continue
+		}
+		res, err := streams.FetchTx(fetchCtx, w.c.pool, w.c.cfg.Stream, w.partition, pos,
+			&streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait})
+		if err != nil {
+			if w.stopping() || ctx.Err() != nil {
+				return
+			}
+			var oor *streams.OffsetOutOfRangeError
+			if errors.As(err, &oor) {
+				pos = w.clamp(oor)
+				continue
+			}
+			w.c.log.Warn("fetch failed; retrying", "partition", w.partition, "offset", pos, "error", err)
+			fetchBackoff.wait(fetchCtx)
+			continue
+		}
+		fetchBackoff.reset()
+		w.c.metrics.lag.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition))).
+			Set(float64(res.HighWatermark - pos))
+		if len(res.Events) == 0 {
+			continue
+		}
+		next, ok := w.process(ctx, res)
+		if !ok {
+			return
+		}
+		pos = next
+		w.c.metrics.lag.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition))).
+			Set(float64(max(0, res.HighWatermark-pos)))
+	}
+}
+
+// startPosition is the committed offset, else the reset policy's.
+func (w *worker) startPosition(ctx context.Context) (int64, error) {
+	off, ok, err := committedOffset(ctx, w.c.pool, w.c.cfg.Stream, w.c.cfg.Group, w.partition)
+	if err != nil || ok {
+		return off, err
+	}
+	w.c.metrics.offsetResets.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, "no_commit").Inc()
+	return w.resetPosition(ctx)
+}
+
+func (w *worker) resetPosition(ctx context.Context) (int64, error) {
+	switch w.c.cfg.AutoOffsetReset {
+	case ResetByTime:
+		return streams.NewClient(w.c.pool, nil).OffsetForTime(ctx, w.c.cfg.Stream, w.partition, w.c.cfg.ResetTime)
+	default:
+		var lo, hi int64
+		err := w.c.pool.QueryRow(ctx, `SELECT log_start_offset, next_offset FROM streamd.stream_partitions
+			WHERE stream_name = $1 AND partition = $2`, w.c.cfg.Stream, w.partition).Scan(&lo, &hi)
+		if err != nil {
+			return 0, fmt.Errorf("read log bounds of %s/%d: %w", w.c.cfg.Stream, w.partition, sqlerr.Wrap(err))
+		}
+		if w.c.cfg.AutoOffsetReset == ResetLatest {
+			return hi, nil
+		}
+		return lo, nil
+	}
+}
+
+// clamp moves a position outside the stored log back into it: below the log start
+// (deleted by retention) to the log start; past the log end to the log end.
+func (w *worker) clamp(oor *streams.OffsetOutOfRangeError) int64 {
+	reason, pos := "below_log_start", oor.LogStartOffset
+	if oor.Offset > oor.NextOffset {
+		reason, pos = "past_log_end", oor.NextOffset
+	}
+	w.c.metrics.offsetResets.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, reason).Inc()
+	w.c.log.Warn("position outside the log; reset", "partition", w.partition, "offset", oor.Offset, "new_offset", pos, "reason", reason)
+	return pos
+}
+
+// process runs one fetched batch to completion: handler with retries, the error
+// policy, and the commit. It returns the next position, and false when the worker
+// must exit (stopped while blocked, lost, or fenced).
+func (w *worker) process(ctx context.Context, res *streams.FetchResult) (int64, bool) {
+	start := time.Now()
+	b := w.newBatch(res.Events, res.HighWatermark)
+	err := w.attempt(ctx, b, w.c.cfg.MaxRetries)
+	if err != nil {
+		if ctx.Err() != nil || w.lost.Load() {
+			return 0, false
+		}
+		if w.c.cfg.OnHandlerError == ErrorBlock {
+			if !w.block(ctx, b) {
+				return 0, false
+			}
+		} else if !w.deadLetterEach(ctx, res) {
+			return 0, false
+		}
+	}
+	next := b.NextOffset()
+	if w.c.cfg.CommitMode == CommitAuto || (w.c.cfg.CommitMode == CommitTransactional && err != nil) {
+		// After a dead-lettering pass in transactional mode the handler could not
+		// commit the events that failed; commit past them here.
+		if !w.commit(ctx, next) {
+			return 0, false
+		}
+	}
+	w.c.metrics.batchDuration.WithLabelValues(w.labels()...).Observe(time.Since(start).Seconds())
+	return next, true
+}
+
+// attempt calls the handler up to 1+retries times (retries < 0: until it succeeds or
+// the worker stops), with exponential backoff.
+func (w *worker) attempt(ctx context.Context, b *Batch, retries int) error {
+	bo := newBackoff(w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
+	for i := 0; ; i++ {
+		err := w.call(ctx, b)
+		if err == nil {
+			return nil
+		}
+		w.c.metrics.handlerErrors.WithLabelValues(w.labels()...).Inc()
+		w.c.log.Warn("handler failed", "partition", w.partition, "offset", b.Events[0].Offset, "attempt", i+1, "error", err)
+		if ctx.Err() != nil || errors.Is(err, ErrFenced) {
+			if errors.Is(err, ErrFenced) {
+				w.lost.Store(true)
+			}
+			return err
+		}
+		if retries >= 0 && i >= retries {
+			return err
+		}
+		if !bo.wait(ctx) {
+			return ctx.Err()
+		}
+	}
+}
+
+// call runs the handler once, recording the in-flight time for MaxPollInterval.
+func (w *worker) call(ctx context.Context, b *Batch) (err error) {
+	b.txCommitted = false
+	w.inflightSince.Store(time.Now().UnixNano())
+	defer w.inflightSince.Store(0)
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	if err := w.h(ctx, b); err != nil {
+		return err
+	}
+	if w.c.cfg.CommitMode == CommitTransactional && !b.txCommitted {
+		return fmt.Errorf("%w: CommitTransactional: the handler returned nil without calling Batch.CommitTx", ErrInvalidArgument)
+	}
+	return nil
+}
+
+// block retries a failing batch forever at the maximum backoff; it returns false when
+// the worker is stopped or cancelled first (the batch stays uncommitted).
+func (w *worker) block(ctx context.Context, b *Batch) bool {
+	w.c.log.Error("handler keeps failing; partition blocked until it succeeds", "partition", w.partition, "offset", b.Events[0].Offset)
+	stopCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // owner: block; exits when block returns
+		select {
+		case <-w.stopCh:
+			cancel()
+		case <-stopCtx.Done():
+		}
+	}()
+	for {
+		bo := newBackoff(w.c.cfg.RetryBackoffMax, w.c.cfg.RetryBackoffMax)
+		if !bo.wait(stopCtx) {
+			return false
+		}
+		if err := w.call(ctx, b); err == nil {
+			return true
+		} else if ctx.Err() != nil || errors.Is(err, ErrFenced) {
+			return false
+		}
+		w.c.metrics.handlerErrors.WithLabelValues(w.labels()...).Inc()
+	}
+}
+
+// deadLetterEach retries the batch's events one at a time; each that still fails
+// goes to the dead letter queue (fenced like a commit).
+func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) bool {
+	for i := range res.Events {
+		one := w.newBatch(res.Events[i:i+1], res.HighWatermark)
+		first := time.Now()
+		err := w.attempt(ctx, one, w.c.cfg.MaxRetries)
+		if err == nil {
+			continue
+		}
+		if ctx.Err() != nil || w.lost.Load() {
+			return false
+		}
+		e := res.Events[i]
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		_, derr := w.m.deadLetter(dctx, w.c.pool, w.partition, e.Offset, err.Error(), w.c.cfg.MaxRetries+1, first)
+		cancel()
+		if derr != nil {
+			w.c.log.Error("dead letter failed", "partition", w.partition, "offset", e.Offset, "error", derr)
+			if errors.Is(derr, ErrFenced) {
+				w.lost.Store(true)
+			}
+			return false
+		}
+		w.c.metrics.deadLettered.WithLabelValues(w.labels()...).Inc()
+		w.c.log.Warn("event dead-lettered", "partition", w.partition, "offset", e.Offset, "error", err)
+	}
+	return true
+}
+
+// commit commits next for the partition after a batch, even when ctx was cancelled
+// meanwhile (the batch is done; committing it avoids a redelivery).
+func (w *worker) commit(ctx context.Context, next int64) bool {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	err := w.c.commitRetry(cctx, w.m, []PartitionOffset{{Partition: w.partition, Offset: next}})
+	if err != nil {
+		w.c.log.Warn("commit failed; partition dropped", "partition", w.partition, "offset", next, "error", err)
+		w.lost.Store(true)
+		w.c.signal()
+		return false
+	}
+	return true
+}
