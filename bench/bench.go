@@ -112,6 +112,13 @@ type Result struct {
 	RatioTo string  `json:"ratio_to,omitempty"`
 	Ratio   float64 `json:"ratio,omitempty"`
 	Target  float64 `json:"target,omitempty"`
+	// ClientCPUPerRecord and ServerCPUPerRecord are the CPU microseconds per record
+	// spent by the benchmark process and by its PostgreSQL backends (0: unknown).
+	// CPUBusy is their sum over the wall time and the machine's cores: near 1 means
+	// the case was CPU-bound on this machine.
+	ClientCPUPerRecord float64 `json:"client_cpu_us_per_record,omitempty"`
+	ServerCPUPerRecord float64 `json:"server_cpu_us_per_record,omitempty"`
+	CPUBusy            float64 `json:"cpu_busy,omitempty"`
 	// Latency is the distribution of one operation (one produce call, one fetch).
 	Latency *Latency `json:"latency,omitempty"`
 	// Note says anything a reader needs to interpret the figure.

@@ -89,7 +89,7 @@ func (s fetchScenario) runSize(ctx context.Context, env *Env, size, n int) ([]Re
 			off += int64(k)
 		}
 		var off int64
-		load, err := runLoad(ctx, 1, env.Suite.CaseDuration, func(ctx context.Context, _, _ int) (int, int, error) {
+		load, err := env.measure(ctx, 1, env.Suite.CaseDuration, func(ctx context.Context, _, _ int) (int, int, error) {
 			k, b, err := rd.read(ctx, off)
 			if err != nil {
 				return 0, 0, err

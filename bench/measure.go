@@ -81,6 +81,9 @@ type loadResult struct {
 	records, bytes int64
 	elapsed        time.Duration
 	latency        *Latency
+	// clientCPU and serverCPU are the CPU time spent by this process and by the
+	// benchmark's server backends (zero when unknown); see cpu.go.
+	clientCPU, serverCPU time.Duration
 }
 
 // runLoad runs op on workers goroutines for d (each worker finishes the operation in

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -100,7 +101,7 @@ func produceStreamd(ctx context.Context, env *Env, p Params) (Result, error) {
 		srcs[w] = newRowSource(env, stream, w, p.PayloadBytes)
 		bufs[w] = make([]streams.Record, 0, p.BatchSize)
 	}
-	load, err := runLoad(ctx, p.Conns, env.Suite.CaseDuration, func(ctx context.Context, w, iter int) (int, int, error) {
+	load, err := env.measure(ctx, p.Conns, env.Suite.CaseDuration, func(ctx context.Context, w, iter int) (int, int, error) {
 		part := int32((w + iter*p.Conns) % p.Partitions)
 		if p.Mode == "spread" {
 			part = -1
@@ -149,7 +150,7 @@ func produceCopy(ctx context.Context, env *Env, p Params) (Result, error) {
 		srcs[w] = newRowSource(env, stream, w, p.PayloadBytes)
 		bufs[w] = make([][]any, 0, p.BatchSize)
 	}
-	load, err := runLoad(ctx, p.Conns, env.Suite.CaseDuration, func(ctx context.Context, w, iter int) (int, int, error) {
+	load, err := env.measure(ctx, p.Conns, env.Suite.CaseDuration, func(ctx context.Context, w, iter int) (int, int, error) {
 		part := (w + iter*p.Conns) % p.Partitions
 		base := next[part].Add(int64(p.BatchSize)) - int64(p.BatchSize)
 		rows, bytes := srcs[w].copyRows(bufs[w], p.BatchSize, int32(part), base, time.Now())
@@ -193,6 +194,13 @@ func loadToResult(scenario, system string, baseline bool, p Params, l loadResult
 		Records: l.records, Bytes: l.bytes, Seconds: l.elapsed.Seconds(), Latency: l.latency,
 	}
 	r.finish()
+	if l.records > 0 {
+		r.ClientCPUPerRecord = round3(float64(l.clientCPU.Microseconds()) / float64(l.records))
+		r.ServerCPUPerRecord = round3(float64(l.serverCPU.Microseconds()) / float64(l.records))
+	}
+	if l.elapsed > 0 {
+		r.CPUBusy = round3((l.clientCPU + l.serverCPU).Seconds() / l.elapsed.Seconds() / float64(runtime.NumCPU()))
+	}
 	return r
 }
 

@@ -92,7 +92,7 @@ func (s producerScenario) sync(ctx context.Context, env *Env, size, callers int)
 	for w := range srcs {
 		srcs[w] = newRowSource(env, stream, w, size)
 	}
-	load, err := runLoad(ctx, callers, env.Suite.CaseDuration, func(ctx context.Context, w, _ int) (int, int, error) {
+	load, err := env.measure(ctx, callers, env.Suite.CaseDuration, func(ctx context.Context, w, _ int) (int, int, error) {
 		r, b := srcs[w].next()
 		_, err := p.Produce(ctx, streams.Record{Stream: stream, Key: r.key, EventID: r.eventID, EventType: "bench", Data: r.data})
 		if err != nil {
@@ -131,6 +131,7 @@ func (s producerScenario) async(ctx context.Context, env *Env, size int) (Result
 		defer mu.Unlock()
 		return firstErr
 	}
+	cpu0 := sampleCPU(ctx, env)
 	start := time.Now()
 	deadline := start.Add(env.Suite.CaseDuration)
 	for time.Now().Before(deadline) && ctx.Err() == nil && failed() == nil {
@@ -173,6 +174,7 @@ func (s producerScenario) async(ctx context.Context, env *Env, size int) (Result
 	lat := summarize(samples)
 	mu.Unlock()
 	load := loadResult{records: acked.Load(), bytes: bytes.Load(), elapsed: elapsed, latency: lat}
+	load.clientCPU, load.serverCPU = cpuSince(ctx, env, cpu0)
 	r := loadToResult("producer", "streamd-producer", false, Params{PayloadBytes: size, Conns: 1, Partitions: env.Suite.Partitions, Mode: "async"}, load)
 	r.Note = "one goroutine calling Producer.ProduceAsync, bounded by MaxBufferedRecords (100000); includes the final Flush; latency is enqueue to commit callback"
 	env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))

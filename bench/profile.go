@@ -31,10 +31,103 @@ type profileScenario struct{}
 
 func (profileScenario) Name() string { return "profile" }
 
-const insertUnnestSQL = `INSERT INTO streamd_bench.events_copy
+const insertUnnestSQL = `INSERT INTO %s
 	(stream_name, partition, "offset", event_id, event_type, key, data, "timestamp", version)
-SELECT $1, $2, u.o, u.e, 'bench', u.k, u.d::jsonb, $3, 1
-  FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[]) AS u(o, e, k, d)`
+SELECT $1, $2, $3 + u.i - 1, u.e, 'bench', u.k, u.d::jsonb, $4, 1
+  FROM unnest($5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS u(e, k, d, i)`
+
+// reserveSQL is what an append path outside streamd.append would run first: mark
+// the transaction's inserts as trusted (the offset trigger skips them) and advance
+// the partition's head row, returning the first offset and the timestamp.
+const reserveSQL = `WITH h AS (
+	UPDATE streamd.stream_partitions h
+	   SET next_offset = h.next_offset + $3,
+	       last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
+	 WHERE h.stream_name = $1 AND h.partition = $2
+	RETURNING h.next_offset - $3 AS base, h.last_appended_at AS ts)
+SELECT set_config('streamd.append_trusted', 'on', true), base, ts FROM h`
+
+// profileStage is one way of writing a batch of rows inside a transaction.
+type profileStage struct {
+	name, desc string
+	baseline   bool
+	// run writes batch iteration it from src in tx and returns its payload bytes.
+	run func(ctx context.Context, tx pgx.Tx, src *rowSource, it int) (int, error)
+}
+
+// profileStages are the ways of writing a batch that the profile compares, from raw
+// COPY into the baseline table to streamd.append.
+func profileStages(stream string, batch int) []profileStage {
+	arrays := func(src *rowSource) (ids, keys, data []string, bytes int) {
+		ids, keys, data = make([]string, batch), make([]string, batch), make([]string, batch)
+		for i := range ids {
+			r, b := src.next()
+			ids[i], keys[i], data[i] = r.eventID, r.key, string(r.data)
+			bytes += b
+		}
+		return ids, keys, data, bytes
+	}
+	// Each baseline stage writes its own partition of the copy table.
+	insertCopy := func(part int32, conflict string) func(ctx context.Context, tx pgx.Tx, src *rowSource, it int) (int, error) {
+		sql := fmt.Sprintf(insertUnnestSQL, copyTable.Sanitize()) + conflict
+		return func(ctx context.Context, tx pgx.Tx, src *rowSource, it int) (int, error) {
+			ids, keys, data, b := arrays(src)
+			_, err := tx.Exec(ctx, sql, stream, part, int64(it*batch), time.Now(), ids, keys, data)
+			return b, err
+		}
+	}
+	reserve := func(ctx context.Context, tx pgx.Tx) (int64, time.Time, error) {
+		var set string
+		var base int64
+		var ts time.Time
+		err := tx.QueryRow(ctx, reserveSQL, stream, int32(0), int64(batch)).Scan(&set, &base, &ts)
+		return base, ts, err
+	}
+	var rows [][]any
+	var recs []streams.Record
+	return []profileStage{
+		{name: "copy", desc: "COPY into the baseline table", baseline: true,
+			run: func(ctx context.Context, tx pgx.Tx, src *rowSource, it int) (int, error) {
+				var b int
+				rows, b = src.copyRows(rows, batch, 0, int64(it*batch), time.Now())
+				_, err := tx.CopyFrom(ctx, copyTable, copyColumns, pgx.CopyFromRows(rows))
+				return b, err
+			}},
+		{name: "insert-unnest", desc: "INSERT ... SELECT FROM unnest(arrays) into the baseline table", baseline: true,
+			run: insertCopy(1, "")},
+		{name: "insert-unnest-conflict", desc: "the same with ON CONFLICT (stream_name, event_id) DO NOTHING", baseline: true,
+			run: insertCopy(2, " ON CONFLICT (stream_name, event_id) DO NOTHING")},
+		{name: "events-copy", desc: "head-row UPDATE (trusted) + COPY into streamd.events: a COPY-based append, no dedup",
+			run: func(ctx context.Context, tx pgx.Tx, src *rowSource, _ int) (int, error) {
+				base, ts, err := reserve(ctx, tx)
+				if err != nil {
+					return 0, err
+				}
+				var b int
+				rows, b = src.copyRows(rows, batch, 0, base, ts)
+				_, err = tx.CopyFrom(ctx, pgx.Identifier{"streamd", "events"}, copyColumns, pgx.CopyFromRows(rows))
+				return b, err
+			}},
+		{name: "events-insert", desc: "head-row UPDATE (trusted) + INSERT ... unnest ON CONFLICT DO NOTHING into streamd.events, no plpgsql",
+			run: func(ctx context.Context, tx pgx.Tx, src *rowSource, _ int) (int, error) {
+				base, ts, err := reserve(ctx, tx)
+				if err != nil {
+					return 0, err
+				}
+				ids, keys, data, b := arrays(src)
+				sql := fmt.Sprintf(insertUnnestSQL, "streamd.events") + " ON CONFLICT (stream_name, event_id) DO NOTHING"
+				_, err = tx.Exec(ctx, sql, stream, int32(0), base, ts, ids, keys, data)
+				return b, err
+			}},
+		{name: "streamd", desc: "streams.ProduceTx: streamd.append()",
+			run: func(ctx context.Context, tx pgx.Tx, src *rowSource, _ int) (int, error) {
+				var b int
+				recs, b = src.records(recs, batch, 0, 1)
+				_, err := streams.ProduceTx(ctx, tx, recs...)
+				return b, err
+			}},
+	}
+}
 
 func (s profileScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 	var out []Result
@@ -50,6 +143,10 @@ func (s profileScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 
 type stageTimes struct {
 	stmt, commit []time.Duration
+	// wal is the WAL written between just before BEGIN and just after COMMIT. The
+	// whole cluster's WAL: concurrent work inflates some samples, so the minimum is
+	// reported.
+	wal []int64
 }
 
 func (s profileScenario) runSize(ctx context.Context, env *Env, size int) ([]Result, error) {
@@ -68,72 +165,57 @@ func (s profileScenario) runSize(ctx context.Context, env *Env, size int) ([]Res
 	}
 	defer conn.Release()
 
-	stages := []string{"copy", "insert-unnest", "streamd"}
+	stages := profileStages(stream, su.ProfileBatch)
 	times := map[string]*stageTimes{}
-	for _, st := range stages {
-		times[st] = &stageTimes{}
-	}
 	srcs := map[string]*rowSource{}
 	for i, st := range stages {
-		srcs[st] = newRowSource(env, stream, 100+i, size)
+		times[st.name] = &stageTimes{}
+		srcs[st.name] = newRowSource(env, stream, 100+i, size)
 	}
-	var copyNext, insNext int64
-	var recs []streams.Record
-	var rows [][]any
 	bytesPerBatch := 0
 	// Interleave the stages so that background load affects them alike.
 	for it := 0; it < su.ProfileIterations; it++ {
 		for _, st := range stages {
+			var lsn0, lsn1 string
+			if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn0); err != nil {
+				return nil, err
+			}
 			tx, err := conn.Begin(ctx)
 			if err != nil {
 				return nil, err
 			}
 			t0 := time.Now()
-			switch st {
-			case "copy":
-				var b int
-				rows, b = srcs[st].copyRows(rows, su.ProfileBatch, 0, copyNext, time.Now())
-				bytesPerBatch = b
-				copyNext += int64(su.ProfileBatch)
-				_, err = tx.CopyFrom(ctx, copyTable, copyColumns, pgx.CopyFromRows(rows))
-			case "insert-unnest":
-				offs := make([]int64, su.ProfileBatch)
-				ids := make([]string, su.ProfileBatch)
-				keys := make([]string, su.ProfileBatch)
-				data := make([]string, su.ProfileBatch)
-				for i := range offs {
-					r, _ := srcs[st].next()
-					// A separate offset range: the copy stage uses partition 0's 0..N.
-					offs[i] = 1<<40 + insNext + int64(i)
-					ids[i], keys[i], data[i] = r.eventID, r.key, string(r.data)
-				}
-				insNext += int64(su.ProfileBatch)
-				_, err = tx.Exec(ctx, insertUnnestSQL, stream, int32(0), time.Now(), offs, ids, keys, data)
-			case "streamd":
-				recs, _ = srcs[st].records(recs, su.ProfileBatch, 0, 1)
-				_, err = streams.ProduceTx(ctx, tx, recs...)
-			}
+			b, err := st.run(ctx, tx, srcs[st.name], it)
 			if err != nil {
 				_ = tx.Rollback(context.WithoutCancel(ctx))
-				return nil, fmt.Errorf("profile %s: %w", st, err)
+				return nil, fmt.Errorf("profile %s: %w", st.name, err)
 			}
 			t1 := time.Now()
 			if err := tx.Commit(ctx); err != nil {
-				return nil, fmt.Errorf("profile %s commit: %w", st, err)
+				return nil, fmt.Errorf("profile %s commit: %w", st.name, err)
 			}
-			times[st].stmt = append(times[st].stmt, t1.Sub(t0))
-			times[st].commit = append(times[st].commit, time.Since(t1))
+			t2 := time.Now()
+			var wal int64
+			if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn0).Scan(&lsn1, &wal); err != nil {
+				return nil, err
+			}
+			bytesPerBatch = b
+			t := times[st.name]
+			t.stmt = append(t.stmt, t1.Sub(t0))
+			t.commit = append(t.commit, t2.Sub(t1))
+			t.wal = append(t.wal, wal)
 		}
 	}
 
 	var out []Result
 	var tbl strings.Builder
 	fmt.Fprintf(&tbl, "%d batches of %d records of %s, one partition, one connection (mean ms per batch):\n\n", su.ProfileIterations, su.ProfileBatch, sizeLabel(size))
-	tbl.WriteString("| stage | statement ms | commit ms | total ms | µs per record |\n|---|---:|---:|---:|---:|\n")
+	tbl.WriteString("| stage | what | statement ms | commit ms | total ms | µs per record | WAL bytes per record (min) |\n|---|---|---:|---:|---:|---:|---:|\n")
 	for _, st := range stages {
-		t := times[st]
+		t := times[st.name]
 		stmt, commit := meanMs(t.stmt), meanMs(t.commit)
-		fmt.Fprintf(&tbl, "| %s | %.2f | %.2f | %.2f | %.1f |\n", st, stmt, commit, stmt+commit, (stmt+commit)*1000/float64(su.ProfileBatch))
+		fmt.Fprintf(&tbl, "| %s | %s | %.2f | %.2f | %.2f | %.1f | %d |\n", st.name, st.desc, stmt, commit, stmt+commit,
+			(stmt+commit)*1000/float64(su.ProfileBatch), slices.Min(t.wal)/int64(su.ProfileBatch))
 		total := make([]time.Duration, len(t.stmt))
 		var sum time.Duration
 		for i := range t.stmt {
@@ -141,8 +223,8 @@ func (s profileScenario) runSize(ctx context.Context, env *Env, size int) ([]Res
 			sum += total[i]
 		}
 		r := Result{
-			Scenario: "profile", System: st, Baseline: st != "streamd",
-			Case:    fmt.Sprintf("profile %s %s b=%d c=1 p=1", st, sizeLabel(size), su.ProfileBatch),
+			Scenario: "profile", System: st.name, Baseline: st.baseline,
+			Case:    fmt.Sprintf("profile %s %s b=%d c=1 p=1", st.name, sizeLabel(size), su.ProfileBatch),
 			Params:  Params{PayloadBytes: size, BatchSize: su.ProfileBatch, Conns: 1, Partitions: 1},
 			Records: int64(len(total) * su.ProfileBatch), Bytes: int64(len(total) * bytesPerBatch),
 			Seconds: sum.Seconds(), Latency: summarize(total),

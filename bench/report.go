@@ -39,13 +39,14 @@ func (r *Report) Slug() string {
 // WriteTable prints the results as an aligned text table.
 func (r *Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "case\trecords/s\tMB/s\tp50 ms\tp99 ms\tratio\ttarget\t")
+	fmt.Fprintln(tw, "case\trecords/s\tMB/s\tp50 ms\tp99 ms\tcli µs/rec\tsrv µs/rec\tcpu busy\tratio\ttarget\t")
 	for _, res := range r.Results {
 		p50, p99 := "-", "-"
 		if res.Latency != nil {
 			p50, p99 = fmt.Sprintf("%.2f", res.Latency.P50), fmt.Sprintf("%.2f", res.Latency.P99)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%s\t%s\t%s\t\n", res.Case, res.RecordsPerSec, res.MBPerSec, p50, p99, ratioText(res), targetText(res))
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", res.Case, res.RecordsPerSec, res.MBPerSec, p50, p99,
+			cpuText(res.ClientCPUPerRecord), cpuText(res.ServerCPUPerRecord), busyText(res.CPUBusy), ratioText(res), targetText(res))
 	}
 	return tw.Flush()
 }
@@ -55,6 +56,20 @@ func ratioText(r Result) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", r.Ratio)
+}
+
+func cpuText(us float64) string {
+	if us == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", us)
+}
+
+func busyText(f float64) string {
+	if f == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", f*100)
 }
 
 func targetText(r Result) string {
@@ -254,8 +269,8 @@ func (r *Report) Markdown(chartDir string) string {
 	}
 
 	b.WriteString("### All results\n\n")
-	b.WriteString("MB/s counts payload bytes (JSON data plus key). Latency is per operation: one produce call (a batch), one `Producer.Produce` (one record), one fetch call.\n\n")
-	b.WriteString("| case | records/s | MB/s | p50 ms | p99 ms | ratio | vs |\n|---|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("MB/s counts payload bytes (JSON data plus key). Latency is per operation: one produce call (a batch), one `Producer.Produce` (one record), one fetch call. CPU per record: the benchmark process (client) and its PostgreSQL backends (server); CPU busy: both over wall time and all cores (the WAL writer, checkpointer and other processes not counted).\n\n")
+	b.WriteString("| case | records/s | MB/s | p50 ms | p99 ms | client CPU µs/rec | server CPU µs/rec | CPU busy | ratio | vs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, res := range r.Results {
 		p50, p99 := "", ""
 		if res.Latency != nil {
@@ -269,7 +284,8 @@ func (r *Report) Markdown(chartDir string) string {
 		if res.RatioTo != "" {
 			vs = res.RatioTo
 		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %s | %s | %s | %s |\n", res.Case, res.RecordsPerSec, res.MBPerSec, p50, p99, rt, vs)
+		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %s | %s | %s | %s | %s | %s | %s |\n", res.Case, res.RecordsPerSec, res.MBPerSec, p50, p99,
+			cpuText(res.ClientCPUPerRecord), cpuText(res.ServerCPUPerRecord), busyText(res.CPUBusy), rt, vs)
 	}
 	b.WriteString("\n")
 	for _, res := range r.Results {
