@@ -282,9 +282,15 @@ func TestBadInputWritesNothing(t *testing.T) {
 			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), Headers: map[string]string{"h": string(make([]byte, 120))}})
 			return err
 		}, messages.ErrPayloadTooLarge, "allows 100"},
-		{"invalid JSON", func() error { _, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":`)}); return err }, messages.ErrInvalidJSON, "message 2"},
+		{"invalid JSON", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":`)})
+			return err
+		}, messages.ErrInvalidJSON, "message 2"},
 		{"empty data", func() error { _, err := c.Send(ctx, q, messages.OutgoingMessage{}); return err }, messages.ErrInvalidJSON, "no data"},
-		{"negative delay", func() error { _, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: data(1), Delay: -time.Second}); return err }, messages.ErrInvalidArgument, "negative"},
+		{"negative delay", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: data(1), Delay: -time.Second})
+			return err
+		}, messages.ErrInvalidArgument, "negative"},
 		{"negative delay in SQL", func() error {
 			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send($1, NULL, ARRAY['1'], NULL, ARRAY[-5]::bigint[], NULL, NULL, NULL, NULL, NULL)", q)
 			return sqlerr.Wrap(err)
@@ -293,7 +299,10 @@ func TestBadInputWritesNothing(t *testing.T) {
 			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), Delay: time.Second, DeliverAt: time.Now()})
 			return err
 		}, messages.ErrInvalidArgument, "not both"},
-		{"group key on standard queue", func() error { _, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), GroupKey: "g"}); return err }, messages.ErrInvalidArgument, "needs a FIFO queue"},
+		{"group key on standard queue", func() error {
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), GroupKey: "g"})
+			return err
+		}, messages.ErrInvalidArgument, "needs a FIFO queue"},
 		{"FIFO without group key", func() error { _, err := c.Send(ctx, fifo, ok); return err }, messages.ErrInvalidArgument, "group key"},
 		{"unknown dead-letter queue", func() error {
 			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), DeadLetterQueue: missing})

@@ -1,0 +1,174 @@
+package messages_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
+)
+
+// setupDLQ returns a client on a fake clock, a queue with maxAttempts and a 10s lease,
+// and its dead-letter queue.
+func setupDLQ(t *testing.T, clock *fakeClock, maxAttempts int) (*messages.Client, string, string) {
+	t.Helper()
+	pool := testdb.Pool(t)
+	dlq := newQueue(t, pool, nil)
+	q := newQueue(t, pool, &messages.QueueConfig{DeadLetterQueue: dlq, MaxDeliveryAttempts: maxAttempts, VisibilityTimeout: 10 * time.Second})
+	return newClient(t, pool, clock), q, dlq
+}
+
+// Q2: a message whose leases keep expiring moves to the dead-letter queue at the
+// receive after its last attempt, once, with its provenance.
+func TestDeadLetterAfterMaxAttemptsOnExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q, dlq := setupDLQ(t, clock, 2)
+	sent, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("p"), MessageID: "poison", Headers: map[string]string{"k": "v"}})
+	require.NoError(t, err)
+	for attempt := 1; attempt <= 2; attempt++ {
+		m, err := c.Receive(ctx, q, nil)
+		require.NoError(t, err)
+		require.Len(t, m, 1)
+		require.Equal(t, attempt, m[0].DeliveryAttempts)
+		clock.Advance(11 * time.Second)
+	}
+	m, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Empty(t, m, "the third receive dead-letters instead of delivering")
+	require.Equal(t, 0, count(t, c.Pool(), q))
+	require.Equal(t, 1, count(t, c.Pool(), dlq))
+
+	dead, err := c.Receive(ctx, dlq, nil)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, "poison", dead[0].MessageID)
+	require.JSONEq(t, `"p"`, string(dead[0].Data))
+	require.Equal(t, map[string]string{"k": "v"}, dead[0].Headers)
+	require.NotNil(t, dead[0].Origin)
+	require.Equal(t, q, dead[0].Origin.Queue)
+	require.Equal(t, sent[0].Offset, dead[0].Origin.Offset)
+	require.Equal(t, 2, dead[0].Origin.Attempts)
+	require.Equal(t, 1, dead[0].DeliveryAttempts, "attempts start over in the dead-letter queue")
+
+	st, err := c.Stats(ctx, q)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st[0].DeadLettered)
+	require.Equal(t, int64(0), st[0].Total)
+}
+
+// A nack of the last attempt dead-letters at once, keeping the error; Term
+// dead-letters at any attempt with its reason; Term without a dead-letter queue
+// discards.
+func TestNackExhaustedAndTerm(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q, dlq := setupDLQ(t, clock, 1)
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), MessageID: "a"}, messages.OutgoingMessage{Data: data(2), MessageID: "b"})
+	require.NoError(t, err)
+	m, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 2})
+	require.NoError(t, err)
+	require.Len(t, m, 2)
+	require.NoError(t, c.Nack(ctx, &messages.NackOpts{Error: "decode failed"}, m[0].Receipt))
+	require.NoError(t, c.Term(ctx, "bad customer", m[1].Receipt))
+	require.ErrorIs(t, c.Ack(ctx, m[1].Receipt), messages.ErrLeaseLost)
+
+	dead, err := c.Peek(ctx, dlq, nil)
+	require.NoError(t, err)
+	require.Len(t, dead, 2)
+	require.Equal(t, "a", dead[0].MessageID)
+	require.Equal(t, "decode failed", dead[0].LastError)
+	require.Equal(t, "b", dead[1].MessageID)
+	require.Equal(t, "bad customer", dead[1].LastError)
+	require.Equal(t, 0, count(t, c.Pool(), q))
+
+	// Without a dead-letter queue: retried past any count, and Term discards.
+	plain := newQueue(t, c.Pool(), &messages.QueueConfig{MaxDeliveryAttempts: 1})
+	_, err = c.Send(ctx, plain, messages.OutgoingMessage{Data: data(1)})
+	require.NoError(t, err)
+	for range 3 {
+		m, err = c.Receive(ctx, plain, nil)
+		require.NoError(t, err)
+		require.Len(t, m, 1)
+		require.NoError(t, c.Nack(ctx, nil, m[0].Receipt))
+	}
+	m, err = c.Receive(ctx, plain, nil)
+	require.NoError(t, err)
+	require.NoError(t, c.Term(ctx, "give up", m[0].Receipt))
+	require.Equal(t, 0, count(t, c.Pool(), plain))
+}
+
+// Redrive moves dead letters back to their origin in dead-letter order, with fresh
+// attempts; a message id the origin holds again does not collide.
+func TestRedrive(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, q, dlq := setupDLQ(t, nil, 1)
+	var ids []string
+	for i := range 5 {
+		id := string(rune('a' + i))
+		ids = append(ids, id)
+		_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(i), MessageID: id})
+		require.NoError(t, err)
+		m, err := c.Receive(ctx, q, nil)
+		require.NoError(t, err)
+		require.NoError(t, c.Term(ctx, "x", m[0].Receipt))
+	}
+	// The origin holds "a" again.
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("new"), MessageID: "a"})
+	require.NoError(t, err)
+
+	n, err := c.Redrive(ctx, dlq, &messages.RedriveOpts{BatchSize: 2, Rate: 1000})
+	require.NoError(t, err)
+	require.Equal(t, 5, n)
+	require.Equal(t, 0, count(t, c.Pool(), dlq))
+	got, err := c.Peek(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, got, 6)
+	require.Equal(t, "a", got[0].MessageID)
+	require.JSONEq(t, `"new"`, string(got[0].Data))
+	for i, m := range got[1:] {
+		require.JSONEq(t, string(data(i)), string(m.Data), "in dead-letter order")
+		require.Equal(t, 0, m.DeliveryAttempts)
+		require.Nil(t, m.Origin)
+		require.Equal(t, "x", m.LastError)
+	}
+	require.NotEqual(t, "a", got[1].MessageID, "the collision got a suffix")
+	require.Contains(t, got[1].MessageID, "a~")
+}
+
+func TestStatsAndPurge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q, _ := setupDLQ(t, clock, 3)
+	_, err := c.Send(ctx, q,
+		messages.OutgoingMessage{Data: data(1)}, messages.OutgoingMessage{Data: data(2)},
+		messages.OutgoingMessage{Data: data(3), Delay: time.Minute})
+	require.NoError(t, err)
+	_, err = c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	clock.Advance(2 * time.Second)
+	st, err := c.Stats(ctx, q)
+	require.NoError(t, err)
+	require.Len(t, st, 1)
+	require.Equal(t, messages.QueueStats{Queue: q, DeadLetterQueue: st[0].DeadLetterQueue, Depth: 1, InFlight: 1, Delayed: 1, Total: 3,
+		OldestAge: 2 * time.Second}, st[0])
+
+	n, err := c.Purge(ctx, q)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), n)
+	require.Equal(t, 0, count(t, c.Pool(), q))
+	_, err = c.Stats(ctx, testdb.Name("missing"))
+	require.ErrorIs(t, err, messages.ErrQueueNotFound)
+	_, err = c.Purge(ctx, testdb.Name("missing"))
+	require.ErrorIs(t, err, messages.ErrQueueNotFound)
+	require.ErrorIs(t, c.DeleteQueue(ctx, st[0].DeadLetterQueue), messages.ErrQueueInUse)
+	require.NoError(t, c.DeleteQueue(ctx, q))
+	require.NoError(t, c.DeleteQueue(ctx, st[0].DeadLetterQueue))
+}

@@ -1,0 +1,268 @@
+package messages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// Handler processes one message. Its return value settles the message: nil acks it,
+// an error from TermError dead-letters it now, an error from RetryAfter nacks it with
+// that delay, any other error nacks it with the worker's backoff. ctx is cancelled
+// when Work stops or the message's lease is lost; the handler should then return
+// quickly (its result no longer settles a lost lease). A handler may settle the
+// message itself, e.g. with AckTx in the transaction of its own writes (exactly-once
+// effects); Work's settlement then finds the receipt spent and does nothing.
+type Handler func(ctx context.Context, m *Message) error
+
+type termError struct{ err error }
+
+func (e *termError) Error() string { return "term: " + e.err.Error() }
+func (e *termError) Unwrap() error { return e.err }
+
+// TermError wraps err so that a Handler returning it dead-letters the message now
+// (Term), with err's text as the reason.
+func TermError(err error) error { return &termError{err: err} }
+
+type retryError struct {
+	err   error
+	delay time.Duration
+}
+
+func (e *retryError) Error() string { return e.err.Error() }
+func (e *retryError) Unwrap() error { return e.err }
+
+// RetryAfter wraps err so that a Handler returning it nacks the message with delay d
+// instead of the worker's backoff.
+func RetryAfter(err error, d time.Duration) error { return &retryError{err: err, delay: d} }
+
+// ExponentialBackoff returns a backoff schedule: base for the first attempt, doubling
+// per attempt, capped at max.
+func ExponentialBackoff(base, max time.Duration) func(attempt int) time.Duration {
+	return func(attempt int) time.Duration {
+		d := base
+		for i := 1; i < attempt && d < max; i++ {
+			d *= 2
+		}
+		return min(d, max)
+	}
+}
+
+// WorkerConfig configures Work. A nil *WorkerConfig means the defaults.
+type WorkerConfig struct {
+	// Backoff is the nack delay after a handler error, by delivery attempt (1 for the
+	// first). Defaults to ExponentialBackoff(1s, 5m).
+	Backoff func(attempt int) time.Duration
+	// Concurrency is the most handlers running at once. Defaults to 10.
+	Concurrency int
+	// ExtendEvery is how often a running handler's lease is extended (to
+	// VisibilityTimeout from then). Defaults to VisibilityTimeout / 3.
+	ExtendEvery time.Duration
+	// PollWait is how long one receive long-polls an empty queue. Defaults to 5s.
+	PollWait time.Duration
+	// SettleTimeout bounds each settlement, which runs even after Work's ctx ends.
+	// Defaults to 10s.
+	SettleTimeout time.Duration
+	// VisibilityTimeout is the lease each receive takes. Defaults to 30s.
+	VisibilityTimeout time.Duration
+}
+
+func (w *WorkerConfig) validate() error {
+	switch {
+	case w.Concurrency < 0:
+		return invalid(ErrInvalidArgument, "WorkerConfig.Concurrency %d is negative", w.Concurrency)
+	case w.Concurrency > 10000:
+		return invalid(ErrInvalidArgument, "WorkerConfig.Concurrency %d exceeds 10000", w.Concurrency)
+	case w.ExtendEvery < 0:
+		return invalid(ErrInvalidArgument, "WorkerConfig.ExtendEvery %v is negative", w.ExtendEvery)
+	case w.PollWait < 0:
+		return invalid(ErrInvalidArgument, "WorkerConfig.PollWait %v is negative", w.PollWait)
+	case w.SettleTimeout < 0:
+		return invalid(ErrInvalidArgument, "WorkerConfig.SettleTimeout %v is negative", w.SettleTimeout)
+	case w.VisibilityTimeout < 0 || (w.VisibilityTimeout > 0 && w.VisibilityTimeout < time.Millisecond):
+		return invalid(ErrInvalidArgument, "WorkerConfig.VisibilityTimeout %v must be at least 1ms", w.VisibilityTimeout)
+	case w.ExtendEvery > 0 && w.VisibilityTimeout > 0 && w.ExtendEvery >= w.VisibilityTimeout:
+		return invalid(ErrInvalidArgument, "WorkerConfig.ExtendEvery %v must be shorter than VisibilityTimeout %v", w.ExtendEvery, w.VisibilityTimeout)
+	}
+	return nil
+}
+
+// Work receives messages of queue and runs handler on each, at most
+// cfg.Concurrency at a time, until ctx ends; it then waits for the running handlers
+// (whose ctx is cancelled), settles their messages and returns nil. While a handler
+// runs, its lease is extended every cfg.ExtendEvery; if an extension finds the lease
+// lost, the handler's ctx is cancelled. A receive that fails for a retriable reason
+// (connection lost, server restart) is retried with backoff; any other receive error
+// (the queue was deleted) stops Work and is returned.
+//
+// Goroutines: Work owns one goroutine per running handler, plus one lease extender
+// per handler; both end before Work returns.
+func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, handler Handler) error {
+	w := WorkerConfig{}
+	if cfg != nil {
+		w = *cfg
+	}
+	if err := checkName(queue); err != nil {
+		return err
+	}
+	if handler == nil {
+		return invalid(ErrInvalidArgument, "work on queue %s: nil handler", queue)
+	}
+	if err := w.validate(); err != nil {
+		return err
+	}
+	if w.Backoff == nil {
+		w.Backoff = ExponentialBackoff(time.Second, 5*time.Minute)
+	}
+	if w.Concurrency == 0 {
+		w.Concurrency = 10
+	}
+	if w.VisibilityTimeout == 0 {
+		w.VisibilityTimeout = 30 * time.Second
+	}
+	if w.ExtendEvery == 0 {
+		w.ExtendEvery = w.VisibilityTimeout / 3
+	}
+	if w.PollWait == 0 {
+		w.PollWait = 5 * time.Second
+	}
+	if w.SettleTimeout == 0 {
+		w.SettleTimeout = 10 * time.Second
+	}
+	log := c.logger.With(slog.String("queue", queue))
+	log.Info("queue worker started", slog.Int("concurrency", w.Concurrency))
+	defer log.Info("queue worker stopped")
+
+	slots := make(chan struct{}, w.Concurrency)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	retry := c.backoffMin
+	for {
+		// Wait for a free slot, then take every free slot for one receive.
+		select {
+		case <-ctx.Done():
+			return nil
+		case slots <- struct{}{}:
+		}
+		n := 1
+	fill:
+		for n < w.Concurrency {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break fill
+			}
+		}
+		msgs, err := c.Receive(ctx, queue, &ReceiveOpts{Max: n, VisibilityTimeout: w.VisibilityTimeout, Wait: w.PollWait})
+		for i := len(msgs); i < n; i++ {
+			<-slots
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if !sqlerr.Retriable(err) {
+				return fmt.Errorf("work on queue %s: %w", queue, err)
+			}
+			log.Warn("queue receive failed; retrying", slog.Any("error", err), slog.Duration("retry_in", retry))
+			t := time.NewTimer(retry)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+			retry = min(2*retry, 5*time.Second)
+			continue
+		}
+		retry = c.backoffMin
+		for _, m := range msgs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+				c.handle(ctx, log, &w, handler, m)
+			}()
+		}
+	}
+}
+
+// handle runs handler on m with lease extension and settles m from its result.
+func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, handler Handler, m *Message) {
+	hctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := make(chan struct{})
+	extenderDone := make(chan struct{})
+	go func() {
+		defer close(extenderDone)
+		t := time.NewTicker(w.ExtendEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), w.SettleTimeout)
+			err := c.Extend(ectx, w.VisibilityTimeout, m.Receipt)
+			ecancel()
+			if errors.Is(err, ErrLeaseLost) {
+				log.Warn("queue lease lost while the handler ran", slog.Int64("offset", m.Offset), slog.String("message_id", m.MessageID))
+				cancel()
+				return
+			}
+			if err != nil {
+				// A transient failure: the lease may still hold; try again next tick.
+				log.Warn("queue lease extension failed", slog.Int64("offset", m.Offset), slog.Any("error", err))
+			}
+		}
+	}()
+
+	start := time.Now()
+	herr := runHandler(hctx, handler, m)
+	c.metrics.handlerTime.WithLabelValues(m.Queue).Observe(time.Since(start).Seconds())
+	close(stop)
+	<-extenderDone
+
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), w.SettleTimeout)
+	defer scancel()
+	var err error
+	var term *termError
+	var retry *retryError
+	switch {
+	case herr == nil:
+		err = c.Ack(sctx, m.Receipt)
+	case errors.As(herr, &term):
+		err = c.Term(sctx, term.err.Error(), m.Receipt)
+	case errors.As(herr, &retry):
+		err = c.Nack(sctx, &NackOpts{Delay: max(retry.delay, 0), Error: herr.Error()}, m.Receipt)
+	case ctx.Err() != nil:
+		// Shutting down: give the message back at once for another worker.
+		err = c.Nack(sctx, &NackOpts{Error: herr.Error()}, m.Receipt)
+	default:
+		err = c.Nack(sctx, &NackOpts{Delay: w.Backoff(m.DeliveryAttempts), Error: herr.Error()}, m.Receipt)
+	}
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		log.Debug("queue settlement refused: lease lost", slog.Int64("offset", m.Offset))
+	case err != nil:
+		// The lease will expire and the message be redelivered (at-least-once).
+		log.Warn("queue settlement failed", slog.Int64("offset", m.Offset), slog.Any("error", err))
+	}
+}
+
+// runHandler calls handler, turning a panic into an error.
+func runHandler(ctx context.Context, handler Handler, m *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return handler(ctx, m)
+}
