@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -46,7 +48,7 @@ func setup(t *testing.T, clock *fakeClock, cfg *messages.QueueConfig) (*messages
 
 func newClient(t *testing.T, pool *pgxpool.Pool, clock *fakeClock) *messages.Client {
 	t.Helper()
-	cc := &messages.ClientConfig{}
+	cc := &messages.ClientConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if clock != nil {
 		cc.Now = clock.Now
 	}

@@ -1,0 +1,301 @@
+package messages_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
+)
+
+// waitEmpty polls until queue holds no message, failing the test at the deadline.
+func waitEmpty(t *testing.T, pool *pgxpool.Pool, queue string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for count(t, pool, queue) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("queue %s still holds %d messages after %v", queue, count(t, pool, queue), timeout)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition, not waiting for one
+	}
+}
+
+// deadLetters returns how many times each message id sits in dlq.
+func deadLetters(t *testing.T, pool *pgxpool.Pool, dlq string) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), "SELECT message_id FROM streamd.messages WHERE stream_name = $1", dlq)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		out[id]++
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// Q1 and Q2 under concurrency: Work loops (with lease extension, some handlers
+// outliving the visibility timeout, poison messages nacked until they exhaust their
+// attempts) race raw receivers that stall past their lease before acking or never
+// ack poison. At the end every message was acked exactly once or dead-lettered
+// exactly once, never both, and none is lost.
+func TestConcurrentWorkersAckOrDeadLetterExactlyOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	pool := testdb.Pool(t)
+	dlq := newQueue(t, pool, nil)
+	q := newQueue(t, pool, &messages.QueueConfig{DeadLetterQueue: dlq, MaxDeliveryAttempts: 3, VisibilityTimeout: 150 * time.Millisecond})
+	c := newClient(t, pool, nil)
+
+	const n = 400
+	poison := func(id string) bool { var i int; fmt.Sscanf(id, "m-%d", &i); return i%10 == 0 }
+	for b := 0; b < n; b += 100 {
+		var batch []messages.OutgoingMessage
+		for i := b; i < b+100; i++ {
+			batch = append(batch, messages.OutgoingMessage{Data: data(i), MessageID: fmt.Sprintf("m-%04d", i)})
+		}
+		_, err := c.Send(ctx, q, batch...)
+		require.NoError(t, err)
+	}
+
+	var mu sync.Mutex
+	acked := map[string]int{}
+	var lostAcks, longHandlers atomic.Int64
+	ack := func(r messages.Receipt) {
+		err := c.Ack(context.WithoutCancel(ctx), r)
+		if errors.Is(err, messages.ErrLeaseLost) {
+			lostAcks.Add(1)
+			return
+		}
+		require.NoError(t, err)
+		mu.Lock()
+		acked[r.MessageID]++
+		mu.Unlock()
+	}
+
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(1, uint64(w)))
+			var rmu sync.Mutex
+			err := c.Work(wctx, q, &messages.WorkerConfig{
+				Concurrency: 6, VisibilityTimeout: 150 * time.Millisecond, ExtendEvery: 40 * time.Millisecond,
+				PollWait: 100 * time.Millisecond, Backoff: func(int) time.Duration { return 0 },
+			}, func(ctx context.Context, m *messages.Message) error {
+				if poison(m.MessageID) {
+					return errors.New("poison")
+				}
+				rmu.Lock()
+				long := rng.IntN(10) == 0
+				rmu.Unlock()
+				if long {
+					// Outlive the visibility timeout: extension must keep the lease.
+					longHandlers.Add(1)
+					select {
+					case <-time.After(300 * time.Millisecond):
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				ack(m.Receipt)
+				return nil
+			})
+			require.NoError(t, err)
+		}()
+	}
+	for r := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(2, uint64(r)))
+			for wctx.Err() == nil {
+				msgs, err := c.Receive(wctx, q, &messages.ReceiveOpts{Max: 5, VisibilityTimeout: 100 * time.Millisecond, Wait: 100 * time.Millisecond})
+				if wctx.Err() != nil {
+					return
+				}
+				require.NoError(t, err)
+				for _, m := range msgs {
+					switch {
+					case poison(m.MessageID):
+						// Never settled: its lease expires, and a later receive
+						// dead-letters it after its last attempt.
+					case rng.IntN(4) == 0:
+						time.Sleep(120 * time.Millisecond) // a stalled consumer: the lease expires mid-handler
+						ack(m.Receipt)
+					default:
+						ack(m.Receipt)
+					}
+				}
+			}
+		}()
+	}
+
+	waitEmpty(t, pool, q, 60*time.Second)
+	stop()
+	wg.Wait()
+
+	dead := deadLetters(t, pool, dlq)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		id := fmt.Sprintf("m-%04d", i)
+		a, d := acked[id], dead[id]
+		require.Equal(t, 1, a+d, "message %s: acked %d times, dead-lettered %d times", id, a, d)
+		if poison(id) {
+			require.Equal(t, 1, d, "poison message %s must be dead-lettered", id)
+		}
+	}
+	require.Equal(t, n, len(acked)+len(dead), "no message unaccounted for")
+	t.Logf("acked %d, dead-lettered %d, stale acks refused %d, long handlers %d", len(acked), len(dead), lostAcks.Load(), longHandlers.Load())
+	require.Positive(t, lostAcks.Load()+int64(len(dead)-n/10), "the stalls must have cost some leases")
+}
+
+// FIFO: a group never has two messages in flight, and each group's messages are
+// processed in send order, while several workers share the queue. A watcher checks
+// the database for two leased messages of one group at any moment.
+func TestFIFOGroupsOneInFlightInOrder(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	pool := testdb.Pool(t)
+	q := newQueue(t, pool, &messages.QueueConfig{FIFO: true, VisibilityTimeout: 2 * time.Second, MaxDeliveryAttempts: 100})
+	c := newClient(t, pool, nil)
+
+	const groups, per = 8, 15
+	for i := range per {
+		for g := range groups {
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(i), GroupKey: fmt.Sprintf("g%d", g)})
+			require.NoError(t, err)
+		}
+	}
+
+	var mu sync.Mutex
+	done := map[string][]int{}
+	inFlight := map[string]int{}
+	var violations atomic.Int64
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the database never shows two live leases in one group
+		defer wg.Done()
+		for wctx.Err() == nil {
+			var bad int
+			err := pool.QueryRow(wctx, `SELECT count(*) FROM (SELECT group_key FROM streamd.messages
+				WHERE stream_name = $1 AND lease_token IS NOT NULL AND visibility_timeout > now()
+				GROUP BY group_key HAVING count(*) > 1) x`, q).Scan(&bad)
+			if wctx.Err() != nil {
+				return
+			}
+			require.NoError(t, err)
+			violations.Add(int64(bad))
+		}
+	}()
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(3, uint64(w)))
+			var rmu sync.Mutex
+			err := c.Work(wctx, q, &messages.WorkerConfig{Concurrency: 4, VisibilityTimeout: 2 * time.Second,
+				PollWait: 50 * time.Millisecond, Backoff: func(int) time.Duration { return 0 }},
+				func(ctx context.Context, m *messages.Message) error {
+					mu.Lock()
+					inFlight[m.GroupKey]++
+					if inFlight[m.GroupKey] > 1 {
+						violations.Add(1)
+					}
+					mu.Unlock()
+					rmu.Lock()
+					fail := rng.IntN(5) == 0
+					rmu.Unlock()
+					time.Sleep(time.Millisecond) // some work
+					mu.Lock()
+					defer mu.Unlock()
+					inFlight[m.GroupKey]--
+					if fail {
+						return errors.New("transient") // nacked: must come back before the next of its group
+					}
+					var seq int
+					require.NoError(t, json.Unmarshal(m.Data, &seq))
+					done[m.GroupKey] = append(done[m.GroupKey], seq)
+					return nil
+				})
+			require.NoError(t, err)
+		}()
+	}
+	waitEmpty(t, pool, q, 60*time.Second)
+	stop()
+	wg.Wait()
+
+	require.Zero(t, violations.Load(), "two messages of one group were in flight at once")
+	want := make([]int, per)
+	for i := range want {
+		want[i] = i
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, done, groups)
+	for g, seqs := range done {
+		require.Equal(t, want, seqs, "group %s out of order", g)
+	}
+	var rows int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.message_groups WHERE stream_name = $1", q).Scan(&rows))
+	require.Zero(t, rows, "empty groups leave no row")
+}
+
+// FIFO groups are served round robin: a group with a backlog does not starve a group
+// that arrived later.
+func TestFIFOGroupsServedFairly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q := setup(t, clock, &messages.QueueConfig{FIFO: true})
+	for i := range 5 {
+		_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(i), GroupKey: "a"})
+		require.NoError(t, err)
+		clock.Advance(time.Millisecond)
+	}
+	for _, g := range []string{"b", "c"} {
+		_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(0), GroupKey: g})
+		require.NoError(t, err)
+		clock.Advance(time.Millisecond)
+	}
+	var order []string
+	for range 7 {
+		m, err := c.Receive(ctx, q, nil)
+		require.NoError(t, err)
+		require.Len(t, m, 1)
+		order = append(order, m[0].GroupKey)
+		clock.Advance(time.Millisecond)
+		require.NoError(t, c.Ack(ctx, m[0].Receipt))
+		clock.Advance(time.Millisecond)
+	}
+	require.Equal(t, []string{"a", "b", "c", "a", "a", "a", "a"}, order)
+
+	// A batch receive takes one message per group.
+	for g := range 3 {
+		for i := range 2 {
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(i), GroupKey: fmt.Sprint("x", g)})
+			require.NoError(t, err)
+		}
+	}
+	m, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+	require.NoError(t, err)
+	require.Len(t, m, 3)
+}
