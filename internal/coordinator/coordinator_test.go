@@ -1,0 +1,200 @@
+package coordinator_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/coordinator"
+	"github.com/streamd/streamd/internal/testdb"
+)
+
+type instance struct {
+	pool   *pgxpool.Pool
+	cancel context.CancelFunc
+	done   chan struct{}
+	el     *coordinator.Elector
+}
+
+// start runs an elector on its own pool with lead as its term function.
+func start(t *testing.T, lease string, lead func(context.Context, coordinator.Leadership)) *instance {
+	t.Helper()
+	pool, err := pgxpool.NewWithConfig(context.Background(), testdb.Config(t))
+	require.NoError(t, err)
+	el, err := coordinator.NewElector(pool, &coordinator.ElectorConfig{
+		LeaseName: lease, LeaseTTL: 600 * time.Millisecond, RenewInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	in := &instance{pool: pool, cancel: cancel, done: make(chan struct{}), el: el}
+	go func() {
+		defer close(in.done)
+		_ = el.Run(ctx, lead)
+	}()
+	t.Cleanup(func() { in.stop(); pool.Close() })
+	return in
+}
+
+func (in *instance) stop() {
+	in.cancel()
+	<-in.done
+}
+
+// crash stops the instance without releasing its lease: its connections die, as when
+// the process is killed.
+func (in *instance) crash() {
+	in.pool.Close()
+	in.stop()
+}
+
+// TestOneLeaderAtATime: three instances; at every moment at most one runs its term
+// function; a clean stop hands over at once, a crash after the lease expires.
+func TestOneLeaderAtATime(t *testing.T) {
+	t.Parallel()
+	lease := testdb.Name("lease")
+	var (
+		leading  atomic.Int32
+		overlaps atomic.Int32
+		mu       sync.Mutex
+		epochs   []int64
+	)
+	lead := func(ctx context.Context, l coordinator.Leadership) {
+		if leading.Add(1) > 1 {
+			overlaps.Add(1)
+		}
+		mu.Lock()
+		epochs = append(epochs, l.Epoch)
+		mu.Unlock()
+		<-ctx.Done()
+		leading.Add(-1)
+	}
+	ins := []*instance{start(t, lease, lead), start(t, lease, lead), start(t, lease, lead)}
+	leader := func() *instance {
+		for _, in := range ins {
+			if in.el.Current() != nil {
+				return in
+			}
+		}
+		return nil
+	}
+	require.Eventually(t, func() bool { return leader() != nil }, 5*time.Second, 10*time.Millisecond)
+
+	// Clean stop: the lease is released and another instance leads well before the TTL.
+	first := leader()
+	stopped := time.Now()
+	first.stop()
+	require.Eventually(t, func() bool { l := leader(); return l != nil && l != first }, 5*time.Second, 5*time.Millisecond)
+	require.Less(t, time.Since(stopped), 600*time.Millisecond, "a released lease is taken over before it would expire")
+
+	// Crash: no release; the last instance takes over after the lease expires.
+	second := leader()
+	crashed := time.Now()
+	second.crash()
+	require.Eventually(t, func() bool { l := leader(); return l != nil && l != first && l != second }, 5*time.Second, 5*time.Millisecond)
+	t.Logf("takeover after crash: %v", time.Since(crashed))
+
+	require.Zero(t, overlaps.Load(), "two instances led at the same time")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, epochs, 3)
+	require.Less(t, epochs[0], epochs[1])
+	require.Less(t, epochs[1], epochs[2])
+}
+
+// TestJobSlotsFinishOnceAcrossLeaders: a job with 150 ms slots runs on two instances
+// whose leader is stopped halfway; every slot that finished ran its job exactly once.
+func TestJobSlotsFinishOnceAcrossLeaders(t *testing.T) {
+	t.Parallel()
+	lease := testdb.Name("lease")
+	jobName := testdb.Name("job")
+	var calls atomic.Int64
+	newLead := func(pool *pgxpool.Pool) func(context.Context, coordinator.Leadership) {
+		jobs, err := coordinator.NewJobs(pool, nil, nil, []coordinator.Job{{
+			Name: jobName, Interval: 150 * time.Millisecond,
+			Run: func(ctx context.Context) error { calls.Add(1); return nil },
+		}}, nil)
+		require.NoError(t, err)
+		return jobs.Lead
+	}
+	// Each instance needs its jobs bound to its own pool.
+	p1, err := pgxpool.NewWithConfig(context.Background(), testdb.Config(t))
+	require.NoError(t, err)
+	defer p1.Close()
+	p2, err := pgxpool.NewWithConfig(context.Background(), testdb.Config(t))
+	require.NoError(t, err)
+	defer p2.Close()
+	a := start(t, lease, newLead(p1))
+	b := start(t, lease, newLead(p2))
+
+	pool := testdb.Pool(t)
+	finished := func() int64 {
+		var n int64
+		require.NoError(t, pool.QueryRow(context.Background(),
+			"SELECT count(*) FROM streamd.coordinator_runs WHERE job = $1 AND finished_at IS NOT NULL", jobName).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return finished() >= 4 }, 10*time.Second, 20*time.Millisecond)
+	if a.el.Current() != nil {
+		a.stop()
+	} else {
+		b.stop()
+	}
+	before := finished()
+	require.Eventually(t, func() bool { return finished() >= before+4 }, 10*time.Second, 20*time.Millisecond)
+	a.stop()
+	b.stop()
+
+	var slots, distinctHolders int64
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT count(*), count(DISTINCT holder) FROM streamd.coordinator_runs WHERE job = $1 AND finished_at IS NOT NULL", jobName).
+		Scan(&slots, &distinctHolders))
+	require.Equal(t, slots, calls.Load(), "each finished slot ran its job exactly once")
+	require.Equal(t, int64(2), distinctHolders, "both instances led in turn")
+	var gaps int64
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM (
+		SELECT slot - lag(slot) OVER (ORDER BY slot) AS d FROM streamd.coordinator_runs WHERE job = $1) s WHERE d > 2`, jobName).Scan(&gaps))
+	require.Zero(t, gaps, "the successor kept the schedule going")
+}
+
+// TestDeposedLeaderCannotStartOrFinish: the SQL fences a stale epoch.
+func TestDeposedLeaderCannotStartOrFinish(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	lease := testdb.Name("lease")
+	job := testdb.Name("job")
+	var e1, e2 int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.acquire_lease($1, 'a', 50)", lease).Scan(&e1))
+	var none *int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.acquire_lease($1, 'b', 50)", lease).Scan(&none))
+	require.Nil(t, none, "b cannot take an unexpired lease")
+	var started bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.start_coordinator_run($1, 1, $2, 'a', $3)", job, lease, e1).Scan(&started))
+	require.True(t, started)
+	// a's lease expires; b takes over with a higher epoch.
+	require.Eventually(t, func() bool {
+		var e *int64
+		require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.acquire_lease($1, 'b', 5000)", lease).Scan(&e))
+		if e != nil {
+			e2 = *e
+		}
+		return e != nil
+	}, 5*time.Second, 10*time.Millisecond)
+	require.Greater(t, e2, e1)
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.start_coordinator_run($1, 2, $2, 'a', $3)", job, lease, e1).Scan(&started))
+	require.False(t, started, "a deposed leader cannot start a run")
+	// b takes over slot 1, which a started and never finished.
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.start_coordinator_run($1, 1, $2, 'b', $3)", job, lease, e2).Scan(&started))
+	require.True(t, started)
+	var finished bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.finish_coordinator_run($1, 1, $2, NULL)", job, e1).Scan(&finished))
+	require.False(t, finished, "a deposed leader cannot finish a run")
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.finish_coordinator_run($1, 1, $2, NULL)", job, e2).Scan(&finished))
+	require.True(t, finished)
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.start_coordinator_run($1, 1, $2, 'b', $3)", job, lease, e2).Scan(&started))
+	require.False(t, started, "a finished slot does not run again")
+}
