@@ -74,7 +74,9 @@ func TestWorkerKill9(t *testing.T) {
 	table := strings.ReplaceAll(testdb.Name("msg_kill_acks"), "-", "_")
 	_, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{table}.Sanitize()+" (message_id text NOT NULL, attempt int NOT NULL, pid int NOT NULL)")
 	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize()) })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
+	})
 
 	const n = 600
 	var batch []messages.OutgoingMessage
