@@ -98,9 +98,10 @@ func TestOneLeaderAtATime(t *testing.T) {
 	t.Logf("takeover after crash: %v", time.Since(crashed))
 
 	require.Zero(t, overlaps.Load(), "two instances led at the same time")
+	// Current() is set just before the term function starts.
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(epochs) == 3 }, 5*time.Second, 5*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
-	require.Len(t, epochs, 3)
 	require.Less(t, epochs[0], epochs[1])
 	require.Less(t, epochs[1], epochs[2])
 }
