@@ -1,0 +1,412 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/streamd/streamd/messages"
+)
+
+// queueClient opens a pool and a messages.Client on it; close the pool when done.
+func queueClient(cmd *cobra.Command, g *globals) (*messages.Client, func(), error) {
+	pool, err := g.pool(cmd.Context())
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := messages.NewClient(pool, &messages.ClientConfig{Logger: g.logger})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return c, pool.Close, nil
+}
+
+func newQueueCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "queue",
+		Short: "Visibility-timeout queues: create, send, receive, stats, purge, delete",
+	}
+	var qc messages.QueueConfig
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a queue, or update an existing queue's settings",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			if err := c.CreateQueue(cmd.Context(), args[0], &qc); err != nil {
+				return err
+			}
+			q, err := c.GetQueue(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printQueues(g, cmd, []messages.QueueInfo{*q})
+		},
+	}
+	f := create.Flags()
+	f.BoolVar(&qc.FIFO, "fifo", false, "deliver messages of one --group one at a time, in order")
+	f.DurationVar(&qc.VisibilityTimeout, "visibility-timeout", 30*time.Second, "default lease of a receive")
+	f.IntVar(&qc.MaxDeliveryAttempts, "max-attempts", 5, "deliveries before a message moves to the dead-letter queue")
+	f.StringVar(&qc.DeadLetterQueue, "dead-letter-queue", "", "queue that receives messages after --max-attempts (must exist)")
+	f.IntVar(&qc.MaxPayloadBytes, "max-payload", 262144, "largest message (data plus headers) in bytes")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List queues",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			all, err := c.ListQueues(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return printQueues(g, cmd, all)
+		},
+	}
+
+	var (
+		sendID      string
+		sendGroup   string
+		sendDelay   time.Duration
+		sendHeaders []string
+	)
+	send := &cobra.Command{
+		Use:   "send QUEUE [JSON...]",
+		Short: "Send messages: each JSON argument, or each line of stdin when there is none",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			headers := map[string]string{}
+			for _, h := range sendHeaders {
+				k, v, ok := strings.Cut(h, "=")
+				if !ok {
+					return fmt.Errorf("--header %q: want KEY=VALUE", h)
+				}
+				headers[k] = v
+			}
+			payloads := args[1:]
+			if len(payloads) == 0 {
+				sc := bufio.NewScanner(cmd.InOrStdin())
+				sc.Buffer(make([]byte, 1<<20), 64<<20)
+				for sc.Scan() {
+					if line := strings.TrimSpace(sc.Text()); line != "" {
+						payloads = append(payloads, line)
+					}
+				}
+				if err := sc.Err(); err != nil {
+					return fmt.Errorf("read stdin: %w", err)
+				}
+			}
+			if sendID != "" && len(payloads) != 1 {
+				return fmt.Errorf("--id names one message; got %d", len(payloads))
+			}
+			msgs := make([]messages.OutgoingMessage, len(payloads))
+			for i, p := range payloads {
+				msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(p), MessageID: sendID, GroupKey: sendGroup, Delay: sendDelay, Headers: headers}
+			}
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			res, err := c.Send(cmd.Context(), args[0], msgs...)
+			if err != nil {
+				return err
+			}
+			return g.print(cmd.OutOrStdout(), res, func(tw *tabwriter.Writer) {
+				row(tw, "OFFSET", "MESSAGE ID", "DUPLICATE")
+				for _, r := range res {
+					row(tw, r.Offset, r.MessageID, r.Duplicate)
+				}
+			})
+		},
+	}
+	f = send.Flags()
+	f.StringVar(&sendID, "id", "", "message id, for deduplication (default a UUID)")
+	f.StringVar(&sendGroup, "group", "", "FIFO group key (FIFO queues)")
+	f.DurationVar(&sendDelay, "delay", 0, "keep the messages invisible this long")
+	f.StringArrayVar(&sendHeaders, "header", nil, "KEY=VALUE header (repeatable)")
+
+	var (
+		recvMax  int
+		recvVT   time.Duration
+		recvWait time.Duration
+		recvAck  bool
+	)
+	receive := &cobra.Command{
+		Use:   "receive QUEUE",
+		Short: "Receive (lease) messages and print them; --ack deletes them after printing",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			msgs, err := c.Receive(cmd.Context(), args[0], &messages.ReceiveOpts{Max: recvMax, VisibilityTimeout: recvVT, Wait: recvWait})
+			if err != nil {
+				return err
+			}
+			if msgs == nil {
+				msgs = []*messages.Message{}
+			}
+			if err := printMessages(g, cmd, msgs); err != nil {
+				return err
+			}
+			if recvAck && len(msgs) > 0 {
+				rs := make([]messages.Receipt, len(msgs))
+				for i, m := range msgs {
+					rs[i] = m.Receipt
+				}
+				return c.Ack(cmd.Context(), rs...)
+			}
+			return nil
+		},
+	}
+	f = receive.Flags()
+	f.IntVarP(&recvMax, "max", "n", 1, "most messages to receive")
+	f.DurationVar(&recvVT, "visibility-timeout", 0, "lease (default the queue's)")
+	f.DurationVar(&recvWait, "wait", 0, "long poll: wait up to this long for a message")
+	f.BoolVar(&recvAck, "ack", false, "ack the messages after printing them")
+
+	stats := &cobra.Command{
+		Use:   "stats [QUEUE]",
+		Short: "Depth, in flight, delayed, dead-lettered and oldest age, per queue",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			name := ""
+			if len(args) == 1 {
+				name = args[0]
+			}
+			st, err := c.Stats(cmd.Context(), name)
+			if err != nil {
+				return err
+			}
+			if st == nil {
+				st = []messages.QueueStats{}
+			}
+			return printStats(g, cmd, st)
+		},
+	}
+
+	purge := &cobra.Command{
+		Use:   "purge QUEUE",
+		Short: "Delete every message of a queue, in flight or not",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			n, err := c.Purge(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(cmd.OutOrStdout(), map[string]any{"queue": args[0], "purged": n}, func(tw *tabwriter.Writer) {
+				row(tw, "QUEUE", "PURGED")
+				row(tw, args[0], n)
+			})
+		},
+	}
+
+	del := &cobra.Command{
+		Use:   "delete QUEUE",
+		Short: "Delete a queue and all its messages",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			return c.DeleteQueue(cmd.Context(), args[0])
+		},
+	}
+	cmd.AddCommand(create, list, send, receive, stats, purge, del)
+	return cmd
+}
+
+func newDLQCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dlq",
+		Short: "Dead-letter queues: list dead letters, replay them to their origin, discard them",
+	}
+	var (
+		listLimit int
+		listAfter int64
+	)
+	list := &cobra.Command{
+		Use:   "list [DLQ]",
+		Short: "Without DLQ: the dead-letter queues in use; with DLQ: its dead letters with their provenance",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			if len(args) == 0 {
+				all, err := c.Stats(cmd.Context(), "")
+				if err != nil {
+					return err
+				}
+				used := map[string]bool{}
+				for _, s := range all {
+					if s.DeadLetterQueue != "" {
+						used[s.DeadLetterQueue] = true
+					}
+				}
+				dlqs := []messages.QueueStats{}
+				for _, s := range all {
+					if used[s.Queue] {
+						dlqs = append(dlqs, s)
+					}
+				}
+				return printStats(g, cmd, dlqs)
+			}
+			msgs, err := c.Peek(cmd.Context(), args[0], &messages.PeekOpts{Limit: listLimit, AfterOffset: listAfter})
+			if err != nil {
+				return err
+			}
+			if msgs == nil {
+				msgs = []*messages.Message{}
+			}
+			return printMessages(g, cmd, msgs)
+		},
+	}
+	list.Flags().IntVarP(&listLimit, "limit", "n", 100, "most messages to list")
+	list.Flags().Int64Var(&listAfter, "after", 0, "list messages after this offset")
+
+	var ro messages.RedriveOpts
+	replay := &cobra.Command{
+		Use:   "replay DLQ",
+		Short: "Move dead letters back to the queues they came from, in order, at a bounded rate",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			n, err := c.Redrive(cmd.Context(), args[0], &ro)
+			if err != nil {
+				return err
+			}
+			return g.print(cmd.OutOrStdout(), map[string]any{"dlq": args[0], "replayed": n}, func(tw *tabwriter.Writer) {
+				row(tw, "DLQ", "REPLAYED")
+				row(tw, args[0], n)
+			})
+		},
+	}
+	replay.Flags().IntVar(&ro.Limit, "limit", 0, "most messages to replay (default all)")
+	replay.Flags().Float64Var(&ro.Rate, "rate", 100, "most messages per second (0: unbounded)")
+	replay.Flags().IntVar(&ro.BatchSize, "batch", 100, "messages per transaction")
+
+	var discardAll bool
+	discard := &cobra.Command{
+		Use:   "discard DLQ [OFFSET...]",
+		Short: "Delete the given dead letters, or all of them with --all",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if discardAll == (len(args) > 1) {
+				return fmt.Errorf("name offsets to discard, or --all, not both")
+			}
+			offs := make([]int64, 0, len(args)-1)
+			for _, a := range args[1:] {
+				o, err := strconv.ParseInt(a, 10, 64)
+				if err != nil || o < 0 {
+					return fmt.Errorf("offset %q: want a non-negative integer", a)
+				}
+				offs = append(offs, o)
+			}
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			var n int64
+			if discardAll {
+				n, err = c.Purge(cmd.Context(), args[0])
+			} else {
+				var got []int64
+				got, err = c.Discard(cmd.Context(), args[0], offs...)
+				n = int64(len(got))
+			}
+			if err != nil {
+				return err
+			}
+			return g.print(cmd.OutOrStdout(), map[string]any{"dlq": args[0], "discarded": n}, func(tw *tabwriter.Writer) {
+				row(tw, "DLQ", "DISCARDED")
+				row(tw, args[0], n)
+			})
+		},
+	}
+	discard.Flags().BoolVar(&discardAll, "all", false, "discard every message of the dead-letter queue")
+	cmd.AddCommand(list, replay, discard)
+	return cmd
+}
+
+func printQueues(g *globals, cmd *cobra.Command, qs []messages.QueueInfo) error {
+	if qs == nil {
+		qs = []messages.QueueInfo{}
+	}
+	return g.print(cmd.OutOrStdout(), qs, func(tw *tabwriter.Writer) {
+		row(tw, "QUEUE", "FIFO", "VISIBILITY TIMEOUT", "MAX ATTEMPTS", "DEAD-LETTER QUEUE", "MAX PAYLOAD")
+		for _, q := range qs {
+			dlq := q.DeadLetterQueue
+			if dlq == "" {
+				dlq = "-"
+			}
+			row(tw, q.Name, q.FIFO, q.VisibilityTimeout, q.MaxDeliveryAttempts, dlq, q.MaxPayloadBytes)
+		}
+	})
+}
+
+func printStats(g *globals, cmd *cobra.Command, st []messages.QueueStats) error {
+	return g.print(cmd.OutOrStdout(), st, func(tw *tabwriter.Writer) {
+		row(tw, "QUEUE", "DEPTH", "IN FLIGHT", "DELAYED", "TOTAL", "DEAD-LETTERED", "OLDEST AGE")
+		for _, s := range st {
+			row(tw, s.Queue, s.Depth, s.InFlight, s.Delayed, s.Total, s.DeadLettered, s.OldestAge.Round(time.Millisecond))
+		}
+	})
+}
+
+func printMessages(g *globals, cmd *cobra.Command, msgs []*messages.Message) error {
+	return g.print(cmd.OutOrStdout(), msgs, func(tw *tabwriter.Writer) {
+		row(tw, "OFFSET", "MESSAGE ID", "ATTEMPTS", "GROUP", "ORIGIN", "LAST ERROR", "DATA")
+		for _, m := range msgs {
+			origin := "-"
+			if m.Origin != nil {
+				origin = fmt.Sprintf("%s/%d (%d attempts)", m.Origin.Queue, m.Origin.Offset, m.Origin.Attempts)
+			}
+			row(tw, m.Offset, m.MessageID, m.DeliveryAttempts, queueDash(m.GroupKey), origin, queueDash(m.LastError), string(m.Data))
+		}
+	})
+}
+
+func queueDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

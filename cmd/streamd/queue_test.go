@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+)
+
+// runQueueCLI runs the queue and dlq commands in-process against the test database,
+// with JSON output.
+func runQueueCLI(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	g := &globals{databaseURL: testdb.URL(t), output: "json"}
+	root := &cobra.Command{Use: "streamd", SilenceUsage: true, SilenceErrors: true}
+	root.AddCommand(newQueueCmd(g), newDLQCmd(g))
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetIn(strings.NewReader(stdin))
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestCLIQueueAndDLQ(t *testing.T) {
+	t.Parallel()
+	dlq, q := testdb.Name("dlq"), testdb.Name("q")
+	_, err := runQueueCLI(t, "", "queue", "create", dlq)
+	require.NoError(t, err)
+	_, err = runQueueCLI(t, "", "queue", "create", q, "--max-attempts", "1", "--dead-letter-queue", dlq)
+	require.NoError(t, err)
+	out, err := runQueueCLI(t, "{\"n\":1}\n{\"n\":2}\n", "queue", "send", q, "--header", "k=v")
+	require.NoError(t, err)
+	var sent []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &sent))
+	require.Len(t, sent, 2)
+
+	_, err = runQueueCLI(t, "", "queue", "send", q, "not json")
+	require.ErrorContains(t, err, "invalid JSON")
+
+	out, err = runQueueCLI(t, "", "queue", "receive", q, "-n", "1", "--ack")
+	require.NoError(t, err)
+	var got []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &got))
+	require.Len(t, got, 1)
+	require.Equal(t, map[string]any{"n": float64(1)}, got[0]["data"])
+
+	// The second message: received once (its only attempt) with a 1ms lease, then
+	// dead-lettered by the next receive.
+	_, err = runQueueCLI(t, "", "queue", "receive", q, "--visibility-timeout", "1ms")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		out, err := runQueueCLI(t, "", "queue", "receive", q)
+		require.NoError(t, err)
+		require.Equal(t, "[]", strings.TrimSpace(out))
+		out, err = runQueueCLI(t, "", "dlq", "list", dlq)
+		require.NoError(t, err)
+		return strings.Contains(out, `"queue": "`+q+`"`)
+	}, 5*time.Second, 10*time.Millisecond)
+
+	out, err = runQueueCLI(t, "", "queue", "stats", q)
+	require.NoError(t, err)
+	var st []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.Equal(t, float64(1), st[0]["dead_lettered"])
+
+	out, err = runQueueCLI(t, "", "dlq", "replay", dlq, "--rate", "0")
+	require.NoError(t, err)
+	require.Contains(t, out, `"replayed": 1`)
+	out, err = runQueueCLI(t, "", "queue", "purge", q)
+	require.NoError(t, err)
+	require.Contains(t, out, `"purged": 1`)
+	out, err = runQueueCLI(t, "", "dlq", "discard", dlq, "--all")
+	require.NoError(t, err)
+	require.Contains(t, out, `"discarded": 0`)
+	_, err = runQueueCLI(t, "", "queue", "stats", testdb.Name("missing"))
+	require.ErrorContains(t, err, "queue not found")
+}
