@@ -42,6 +42,7 @@ func Scenarios() []Scenario {
 	return []Scenario{
 		produceScenario{},
 		producerScenario{},
+		appendPathScenario{},
 		fetchScenario{},
 		profileScenario{},
 	}

@@ -58,30 +58,14 @@ type profileStage struct {
 // profileStages are the ways of writing a batch that the profile compares, from raw
 // COPY into the baseline table to streamd.append.
 func profileStages(stream string, batch int) []profileStage {
-	arrays := func(src *rowSource) (ids, keys, data []string, bytes int) {
-		ids, keys, data = make([]string, batch), make([]string, batch), make([]string, batch)
-		for i := range ids {
-			r, b := src.next()
-			ids[i], keys[i], data[i] = r.eventID, r.key, string(r.data)
-			bytes += b
-		}
-		return ids, keys, data, bytes
-	}
 	// Each baseline stage writes its own partition of the copy table.
 	insertCopy := func(part int32, conflict string) func(ctx context.Context, tx pgx.Tx, src *rowSource, it int) (int, error) {
 		sql := fmt.Sprintf(insertUnnestSQL, copyTable.Sanitize()) + conflict
 		return func(ctx context.Context, tx pgx.Tx, src *rowSource, it int) (int, error) {
-			ids, keys, data, b := arrays(src)
+			ids, keys, data, b := rowArrays(src, batch)
 			_, err := tx.Exec(ctx, sql, stream, part, int64(it*batch), time.Now(), ids, keys, data)
 			return b, err
 		}
-	}
-	reserve := func(ctx context.Context, tx pgx.Tx) (int64, time.Time, error) {
-		var set string
-		var base int64
-		var ts time.Time
-		err := tx.QueryRow(ctx, reserveSQL, stream, int32(0), int64(batch)).Scan(&set, &base, &ts)
-		return base, ts, err
 	}
 	var rows [][]any
 	var recs []streams.Record
@@ -99,7 +83,7 @@ func profileStages(stream string, batch int) []profileStage {
 			run: insertCopy(2, " ON CONFLICT (stream_name, event_id) DO NOTHING")},
 		{name: "events-copy", desc: "head-row UPDATE (trusted) + COPY into streamd.events: a COPY-based append, no dedup",
 			run: func(ctx context.Context, tx pgx.Tx, src *rowSource, _ int) (int, error) {
-				base, ts, err := reserve(ctx, tx)
+				base, ts, err := reserveOffsets(ctx, tx, stream, 0, batch)
 				if err != nil {
 					return 0, err
 				}
@@ -110,13 +94,12 @@ func profileStages(stream string, batch int) []profileStage {
 			}},
 		{name: "events-insert", desc: "head-row UPDATE (trusted) + INSERT ... unnest ON CONFLICT DO NOTHING into streamd.events, no plpgsql",
 			run: func(ctx context.Context, tx pgx.Tx, src *rowSource, _ int) (int, error) {
-				base, ts, err := reserve(ctx, tx)
+				base, ts, err := reserveOffsets(ctx, tx, stream, 0, batch)
 				if err != nil {
 					return 0, err
 				}
-				ids, keys, data, b := arrays(src)
-				sql := fmt.Sprintf(insertUnnestSQL, "streamd.events") + " ON CONFLICT (stream_name, event_id) DO NOTHING"
-				_, err = tx.Exec(ctx, sql, stream, int32(0), base, ts, ids, keys, data)
+				ids, keys, data, b := rowArrays(src, batch)
+				_, err = tx.Exec(ctx, insertEventsSQL, stream, int32(0), base, ts, ids, keys, data)
 				return b, err
 			}},
 		{name: "streamd", desc: "streams.ProduceTx: streamd.append()",
