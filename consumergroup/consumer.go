@@ -157,6 +157,7 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 	lastOK := time.Now()
 	ticker := time.NewTicker(c.cfg.HeartbeatInterval)
 	defer ticker.Stop()
+	c.signal() // learn the assignment at once, not one interval after joining
 
 	setOwned := func() {
 		c.mu.Lock()
