@@ -1,0 +1,355 @@
+// Package tailer reads committed inserts into streamd.events and streamd.messages
+// from PostgreSQL's logical replication stream (pgoutput, publication
+// streamd_wakeups) and hands each committed transaction's (stream, partition) and
+// queue names to a handler, which turns them into wake-ups.
+//
+// Wake-ups are hints. Readers always read through SQL by offset range, so ordering
+// never depends on the tailer, and polling stays on as the safety net.
+//
+// One goroutine (the caller of Run) owns the replication connection: it reads, decodes,
+// calls the handler, and sends standby status updates on a deadline, confirming only
+// positions whose transactions the handler has returned for. The slot is TEMPORARY:
+// the server drops it when the connection ends, however the process dies, so nothing
+// pins WAL after it. Commits made while the tailer is not streaming are not replayed;
+// instead each (re)start hands the handler an Event with All set.
+package tailer
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// State is what the tailer is doing.
+type State int32
+
+const (
+	// StateConnecting: not streaming yet, or reconnecting after a failure.
+	StateConnecting State = iota
+	// StateStreaming: reading from its slot; wake-ups flow.
+	StateStreaming
+	// StateUnsupported: the tailer cannot run here (see the fallback reasons); it
+	// retries every Config.UnsupportedRetry, and polling is the only path meanwhile.
+	StateUnsupported
+)
+
+func (s State) String() string {
+	switch s {
+	case StateConnecting:
+		return "connecting"
+	case StateStreaming:
+		return "streaming"
+	case StateUnsupported:
+		return "unsupported"
+	}
+	return fmt.Sprintf("state(%d)", int32(s))
+}
+
+// Tailer is a logical replication reader. Create it with New and call Run once.
+type Tailer struct {
+	cfg     Config
+	log     *slog.Logger
+	m       *metrics
+	state   atomic.Int32
+	streams atomic.Int64 // sessions that reached streaming, for tests and logs
+}
+
+// New checks cfg and returns a Tailer. It does not connect.
+func New(cfg *Config) (*Tailer, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Tailer{cfg: c, log: c.Logger, m: newMetrics(c.Registerer)}, nil
+}
+
+// State returns what the tailer is doing now. Safe to call from any goroutine.
+func (t *Tailer) State() State { return State(t.state.Load()) }
+
+// Sessions returns how many times the tailer has started streaming.
+func (t *Tailer) Sessions() int64 { return t.streams.Load() }
+
+// unsupportedError says the tailer cannot run here, and why (a fallback reason).
+type unsupportedError struct {
+	reason string
+	err    error
+}
+
+func (e *unsupportedError) Error() string { return e.reason + ": " + e.err.Error() }
+func (e *unsupportedError) Unwrap() error { return e.err }
+
+// Run streams until ctx ends, reconnecting with backoff after every failure, and
+// returns nil then. It returns an error only for a bad connection string.
+func (t *Tailer) Run(ctx context.Context) error {
+	connCfg, err := pgconn.ParseConfig(t.cfg.ConnString)
+	if err != nil {
+		return fmt.Errorf("tailer: parse Config.ConnString: %w", err)
+	}
+	connCfg.RuntimeParams["replication"] = "database"
+	connCfg.RuntimeParams["application_name"] = t.cfg.ApplicationName
+	t.log.Info("tailer started", "publication", t.cfg.Publication)
+	defer t.log.Info("tailer stopped")
+
+	backoff := t.cfg.MinBackoff
+	lastReason := ""
+	for ctx.Err() == nil {
+		err := t.session(ctx, connCfg)
+		t.m.connected.Set(0)
+		if ctx.Err() != nil {
+			break
+		}
+		var wait time.Duration
+		var unsup *unsupportedError
+		if errors.As(err, &unsup) {
+			t.state.Store(int32(StateUnsupported))
+			t.m.setFallback(unsup.reason)
+			if unsup.reason != lastReason {
+				// Said once per change of cause, not per retry.
+				t.log.Warn("tailer cannot run; wake-ups come from polling only",
+					"reason", unsup.reason, "error", unsup.err)
+				lastReason = unsup.reason
+			}
+			wait = t.cfg.UnsupportedRetry
+		} else {
+			lastReason = ""
+			t.m.setFallback("")
+			t.state.Store(int32(StateConnecting))
+			t.m.reconnects.Inc()
+			if errors.Is(err, errStreamedThenLost) {
+				// It worked until now: try again soon, from the first step.
+				backoff = t.cfg.MinBackoff
+			}
+			t.log.Debug("tailer reconnecting", "error", err, "backoff", backoff)
+			wait = backoff/2 + time.Duration(mrand.Int64N(int64(backoff/2)+1))
+			if backoff *= 2; backoff > t.cfg.MaxBackoff {
+				backoff = t.cfg.MaxBackoff
+			}
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+	t.state.Store(int32(StateConnecting))
+	return nil
+}
+
+// errStreamedThenLost marks a session that streamed before it failed: reconnect at
+// once, with the backoff reset.
+var errStreamedThenLost = errors.New("tailer: replication connection lost")
+
+// session opens one replication connection, creates a temporary slot, and streams
+// until an error or ctx ends.
+func (t *Tailer) session(ctx context.Context, connCfg *pgconn.Config) (err error) {
+	conn, err := pgconn.ConnectConfig(ctx, connCfg)
+	if err != nil {
+		if code := pgCode(err); code == "42501" || code == "28000" {
+			// "must be superuser or replication role", or no pg_hba entry for
+			// replication connections.
+			return &unsupportedError{reason: ReasonPrivilege, err: err}
+		}
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		// The server drops the temporary slot when the connection ends.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = conn.Close(cctx)
+		cancel()
+	}()
+
+	if err := t.check(ctx, conn); err != nil {
+		return err
+	}
+	slot := "streamd_tailer_" + randomHex(8)
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		Temporary:      true,
+		SnapshotAction: "NOEXPORT_SNAPSHOT",
+		Mode:           pglogrepl.LogicalReplication,
+	})
+	if err != nil {
+		if code := pgCode(err); code == "42501" {
+			return &unsupportedError{reason: ReasonPrivilege, err: err}
+		} else if code == "55000" {
+			return &unsupportedError{reason: ReasonWalLevel, err: err}
+		}
+		return fmt.Errorf("create replication slot: %w", err)
+	}
+	start, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return fmt.Errorf("slot consistent point %q: %w", res.ConsistentPoint, err)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, slot, start, pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication,
+		PluginArgs: []string{
+			"proto_version '1'",
+			"publication_names '" + escapeLiteral(t.cfg.Publication) + "'",
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("start replication: %w", err)
+	}
+
+	t.state.Store(int32(StateStreaming))
+	t.streams.Add(1)
+	t.m.connected.Set(1)
+	t.m.setFallback("")
+	t.log.Debug("tailer streaming", "slot", slot, "start_lsn", start)
+	// Anything committed before the slot existed was not seen by this session.
+	t.cfg.Handler(ctx, Event{All: true})
+
+	err = t.stream(ctx, conn, start)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", errStreamedThenLost, err)
+}
+
+// check fails with an *unsupportedError when the tailer cannot run on this server,
+// creating the publication first when it is missing and the role may.
+func (t *Tailer) check(ctx context.Context, conn *pgconn.PgConn) error {
+	rs, err := conn.Exec(ctx, "SELECT current_setting('wal_level'), EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = '"+
+		escapeLiteral(t.cfg.Publication)+"')").ReadAll()
+	if err != nil {
+		return fmt.Errorf("read wal_level: %w", err)
+	}
+	if len(rs) != 1 || len(rs[0].Rows) != 1 || len(rs[0].Rows[0]) != 2 {
+		return errors.New("read wal_level: unexpected result")
+	}
+	if lvl := string(rs[0].Rows[0][0]); lvl != "logical" {
+		return &unsupportedError{reason: ReasonWalLevel, err: fmt.Errorf("wal_level is %s, not logical", lvl)}
+	}
+	if string(rs[0].Rows[0][1]) == "t" {
+		return nil
+	}
+	if t.cfg.Publication != DefaultPublication {
+		return &unsupportedError{reason: ReasonPublication, err: fmt.Errorf("publication %s does not exist", t.cfg.Publication)}
+	}
+	rs, err = conn.Exec(ctx, "SELECT streamd.wakeup_publication_ensure()").ReadAll()
+	if err != nil {
+		if pgCode(err) != "" {
+			return &unsupportedError{reason: ReasonPublication, err: fmt.Errorf("create publication: %w", err)}
+		}
+		return fmt.Errorf("create publication: %w", err)
+	}
+	if len(rs) != 1 || len(rs[0].Rows) != 1 || string(rs[0].Rows[0][0]) != "t" {
+		return &unsupportedError{reason: ReasonPublication, err: errors.New("publication streamd_wakeups is missing and this role may not create it")}
+	}
+	return nil
+}
+
+// stream reads the replication stream until an error or ctx ends. handled is the
+// end of the last transaction the handler returned for (or a position with nothing
+// of ours before it); it is the only position ever confirmed.
+func (t *Tailer) stream(ctx context.Context, conn *pgconn.PgConn, handled pglogrepl.LSN) error {
+	dec := newDecoder()
+	nextStatus := time.Now().Add(t.cfg.StatusInterval)
+	for {
+		if !time.Now().Before(nextStatus) {
+			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: handled}); err != nil {
+				return fmt.Errorf("send standby status: %w", err)
+			}
+			nextStatus = time.Now().Add(t.cfg.StatusInterval)
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		raw, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && pgconn.Timeout(err) {
+				continue // time for a status update
+			}
+			return fmt.Errorf("receive: %w", err)
+		}
+		switch msg := raw.(type) {
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse keepalive: %w", err)
+				}
+				// Every message before the keepalive has been sent and handled, so
+				// outside a transaction its position holds nothing left to handle;
+				// confirming it lets the slot release WAL of other tables.
+				if !dec.inTx && ka.ServerWALEnd > handled {
+					handled = ka.ServerWALEnd
+				}
+				t.m.lagBytes.Set(float64(lsnSub(ka.ServerWALEnd, handled)))
+				if ka.ReplyRequested {
+					nextStatus = time.Time{}
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse xlog data: %w", err)
+				}
+				c, err := dec.decode(xld.WALData)
+				if err != nil {
+					return err
+				}
+				if c == nil {
+					continue
+				}
+				if len(c.targets) > 0 {
+					t.cfg.Handler(ctx, Event{Targets: c.targets, CommitTime: c.time, EndLSN: uint64(c.endLSN)})
+					t.m.transactions.Inc()
+					t.m.delay.Observe(time.Since(c.time).Seconds())
+				}
+				if c.endLSN > handled {
+					handled = c.endLSN
+				}
+				t.m.lagBytes.Set(float64(lsnSub(xld.ServerWALEnd, handled)))
+			}
+		case *pgproto3.ErrorResponse:
+			return pgconn.ErrorResponseToPgError(msg)
+		case *pgproto3.CopyDone:
+			return errors.New("server ended the replication stream")
+		}
+	}
+}
+
+func lsnSub(a, b pglogrepl.LSN) uint64 {
+	if a <= b {
+		return 0
+	}
+	return uint64(a - b)
+}
+
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+func escapeLiteral(s string) string {
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\'' {
+			out = append(out, '\'')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

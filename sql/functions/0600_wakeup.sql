@@ -1,0 +1,40 @@
+-- Low-latency delivery (internal/tailer, wakeup/). Applied idempotently on every
+-- migrate.
+--
+-- The tailer reads committed inserts into streamd.events and streamd.messages through
+-- logical replication (pgoutput) from the publication streamd_wakeups. The
+-- publication carries inserts only, and only the columns a wake-up needs (the stream
+-- or queue name and the partition), so payloads never cross the replication
+-- connection. The broadcaster re-sends wake-ups with pg_notify on channel
+-- streamd_wakeup from its own short transactions.
+
+-- Creates the publication streamd_wakeups when it is missing and the role may (it
+-- must own both tables and have CREATE on the database). Returns whether the
+-- publication exists afterwards; lack of privilege is not an error: wake-ups then
+-- come from polling alone. Safe to call concurrently and repeatedly.
+CREATE OR REPLACE FUNCTION streamd.wakeup_publication_ensure() RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = 'streamd_wakeups') THEN
+        RETURN true;
+    END IF;
+    BEGIN
+        IF current_setting('server_version_num')::int >= 150000 THEN
+            -- Column lists (PostgreSQL 15): only what a wake-up needs.
+            EXECUTE 'CREATE PUBLICATION streamd_wakeups'
+                ' FOR TABLE streamd.events (stream_name, partition), streamd.messages (stream_name)'
+                ' WITH (publish = ''insert'')';
+        ELSE
+            EXECUTE 'CREATE PUBLICATION streamd_wakeups'
+                ' FOR TABLE streamd.events, streamd.messages WITH (publish = ''insert'')';
+        END IF;
+    EXCEPTION
+        WHEN insufficient_privilege THEN
+            RAISE NOTICE 'streamd: no privilege to create publication streamd_wakeups (%); wake-ups come from polling', SQLERRM;
+            RETURN false;
+        WHEN duplicate_object OR unique_violation THEN
+            RETURN true; -- a concurrent call created it
+    END;
+    RETURN true;
+END
+$$;
