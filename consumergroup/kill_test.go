@@ -1,0 +1,153 @@
+package consumergroup
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+)
+
+// The test binary re-executes itself as a consumer process when this is set.
+const childEnv = "STREAMD_CG_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(childMain())
+	}
+	os.Exit(m.Run())
+}
+
+// childMain runs one consumer in CommitTransactional mode that records each event in
+// a table in the same transaction as the offset commit, until killed.
+func childMain() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("STREAMD_CG_URL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer pool.Close()
+	table := pgx.Identifier{os.Getenv("STREAMD_CG_TABLE")}.Sanitize()
+	cfg := testConfig(os.Getenv("STREAMD_CG_STREAM"), os.Getenv("STREAMD_CG_GROUP"))
+	cfg.SessionTimeout = time.Second
+	cfg.CommitMode = CommitTransactional
+	cfg.MaxBatchSize = 5
+	c, err := New(pool, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	err = c.Run(ctx, func(ctx context.Context, b *Batch) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			for _, e := range b.Events {
+				if _, err := tx.Exec(ctx, "INSERT INTO "+table+` (partition, "offset", member) VALUES ($1, $2, $3)`,
+					e.Partition, e.Offset, b.MemberID); err != nil {
+					return err
+				}
+			}
+			time.Sleep(2 * time.Millisecond) // widen the window between write and commit for the kill
+			return b.CommitTx(ctx, tx)
+		})
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// TestKill9ChildConsumers: consumer processes are killed with SIGKILL while they
+// process (mid-transaction, between write and commit); the survivors take their
+// partitions after the session timeout, and in the end every event was recorded
+// exactly once (the table's primary key refuses a second record, and a refused
+// record would block its partition, so the lag would never reach zero).
+func TestKill9ChildConsumers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 4)
+	group := testdb.Name("g")
+	table := strings.ReplaceAll(testdb.Name("cg_kill"), "-", "_")
+	_, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{table}.Sanitize()+
+		` (partition int, "offset" bigint, member text NOT NULL, PRIMARY KEY (partition, "offset"))`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+pgx.Identifier{table}.Sanitize()) })
+
+	type child struct {
+		cmd    *exec.Cmd
+		stderr *bytes.Buffer
+		done   chan struct{}
+	}
+	spawn := func() *child {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"=1", "STREAMD_CG_URL="+testdb.URL(t), "STREAMD_CG_TABLE="+table,
+			"STREAMD_CG_STREAM="+stream, "STREAMD_CG_GROUP="+group)
+		ch := &child{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
+		cmd.Stderr = ch.stderr
+		require.NoError(t, cmd.Start())
+		go func() { _ = cmd.Wait(); close(ch.done) }()
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			<-ch.done
+			if t.Failed() {
+				t.Logf("child %d stderr:\n%s", cmd.Process.Pid, ch.stderr.String())
+			}
+		})
+		return ch
+	}
+	kill := func(ch *child) {
+		require.NoError(t, ch.cmd.Process.Signal(syscall.SIGKILL))
+		<-ch.done
+	}
+	recordedBy := func() map[string]int {
+		rows, err := pool.Query(ctx, "SELECT member, count(*) FROM "+pgx.Identifier{table}.Sanitize()+" GROUP BY member")
+		require.NoError(t, err)
+		out := map[string]int{}
+		for rows.Next() {
+			var m string
+			var n int
+			require.NoError(t, rows.Scan(&m, &n))
+			out[m] = n
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+
+	total := len(produce(t, pool, stream, 0, 300))
+	a, b := spawn(), spawn()
+	waitFor(t, 20*time.Second, "both children processing", func() bool { return len(recordedBy()) == 2 })
+	kill(a)
+	total += len(produce(t, pool, stream, 300, 300))
+	c := spawn()
+	waitFor(t, 20*time.Second, "three members recorded", func() bool { return len(recordedBy()) == 3 })
+	total += len(produce(t, pool, stream, 600, 300))
+	kill(b)
+	waitFor(t, 30*time.Second, "lag 0", func() bool { return groupLag(t, pool, stream, group) == 0 })
+
+	var n, distinct int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (partition, "offset")) FROM `+
+		pgx.Identifier{table}.Sanitize()).Scan(&n, &distinct))
+	require.Equal(t, total, n, "every event recorded exactly once")
+	require.Equal(t, n, distinct)
+	// The table and the offsets agree: what was committed was recorded, nothing more.
+	var mismatched int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM streamd.consumer_offsets co
+		WHERE co.stream_name = $1 AND co.group_id = $2
+		  AND co."offset" <> (SELECT coalesce(max(x."offset") + 1, 0) FROM `+pgx.Identifier{table}.Sanitize()+` x
+		                       WHERE x.partition = co.partition)`, stream, group).Scan(&mismatched))
+	require.Zero(t, mismatched)
+	_ = c
+}
