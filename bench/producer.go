@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/streamd/streamd/streams"
 )
 
@@ -49,16 +51,41 @@ func (s producerScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 }
 
 // newProducer returns a producer with the defaults and a fresh stream for it.
-func (producerScenario) setup(ctx context.Context, env *Env, name string) (*streams.Producer, string, error) {
+// The registry is the producer's own, read for the batch sizes it formed.
+func (producerScenario) setup(ctx context.Context, env *Env, name string) (*streams.Producer, *prometheus.Registry, string, error) {
 	stream := env.StreamName("producer", name)
 	if err := env.Client.CreateStream(ctx, stream, int32(env.Suite.Partitions)); err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
-	p, err := streams.NewProducer(env.Pool, nil)
+	reg := prometheus.NewRegistry()
+	p, err := streams.NewProducer(env.Pool, &streams.ProducerConfig{Registerer: reg})
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
-	return p, stream, nil
+	return p, reg, stream, nil
+}
+
+// meanBatch returns the records per committed batch from the producer's metrics.
+func meanBatch(reg *prometheus.Registry) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var records, batches float64
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "streamd_producer_records_total":
+				records += m.GetCounter().GetValue()
+			case "streamd_producer_batches_total":
+				batches += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if batches == 0 {
+		return 0
+	}
+	return records / batches
 }
 
 // finish closes the producer, checks the log holds what was acknowledged and drops
@@ -84,7 +111,7 @@ func (producerScenario) finish(ctx context.Context, env *Env, p *streams.Produce
 }
 
 func (s producerScenario) sync(ctx context.Context, env *Env, size, callers int) (Result, error) {
-	p, stream, err := s.setup(ctx, env, fmt.Sprintf("%s-%d", sizeLabel(size), callers))
+	p, reg, stream, err := s.setup(ctx, env, fmt.Sprintf("%s-%d", sizeLabel(size), callers))
 	if err != nil {
 		return Result{}, err
 	}
@@ -108,13 +135,14 @@ func (s producerScenario) sync(ctx context.Context, env *Env, size, callers int)
 		return Result{}, err
 	}
 	r := loadToResult("producer", "streamd-producer", false, Params{PayloadBytes: size, Conns: callers, Partitions: env.Suite.Partitions, Mode: "sync"}, load)
-	r.Note = fmt.Sprintf("%d goroutines calling Producer.Produce; default config (MaxInFlight 4, MaxBatchRecords 1000, Linger 0)", callers)
+	r.Params.BatchSize = int(meanBatch(reg) + 0.5)
+	r.Note = fmt.Sprintf("%d goroutines calling Producer.Produce; default config (MaxInFlight 4, MaxBatchRecords 1000, Linger 0); mean batch %.1f records", callers, meanBatch(reg))
 	env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
 	return r, nil
 }
 
 func (s producerScenario) async(ctx context.Context, env *Env, size int) (Result, error) {
-	p, stream, err := s.setup(ctx, env, sizeLabel(size)+"-async")
+	p, reg, stream, err := s.setup(ctx, env, sizeLabel(size)+"-async")
 	if err != nil {
 		return Result{}, err
 	}
@@ -176,7 +204,8 @@ func (s producerScenario) async(ctx context.Context, env *Env, size int) (Result
 	load := loadResult{records: acked.Load(), bytes: bytes.Load(), elapsed: elapsed, latency: lat}
 	load.clientCPU, load.serverCPU = cpuSince(ctx, env, cpu0)
 	r := loadToResult("producer", "streamd-producer", false, Params{PayloadBytes: size, Conns: 1, Partitions: env.Suite.Partitions, Mode: "async"}, load)
-	r.Note = "one goroutine calling Producer.ProduceAsync, bounded by MaxBufferedRecords (100000); includes the final Flush; latency is enqueue to commit callback"
+	r.Params.BatchSize = int(meanBatch(reg) + 0.5)
+	r.Note = fmt.Sprintf("one goroutine calling Producer.ProduceAsync, bounded by MaxBufferedRecords (100000); includes the final Flush; latency is enqueue to commit callback; mean batch %.1f records", meanBatch(reg))
 	env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
 	return r, nil
 }
