@@ -28,14 +28,14 @@ type FetchOpts struct {
 type FetchResult struct {
 	// Events are in offset order, starting at the first stored offset at or after the
 	// one asked for (retention and compaction may leave holes).
-	Events []Event
+	Events []Event `json:"events"`
 	// NextOffset is the offset to fetch next: one past the last event returned, or the
 	// offset asked for when none was.
-	NextOffset int64
+	NextOffset int64 `json:"next_offset"`
 	// LogStartOffset and HighWatermark (the log end: the next offset to be assigned)
 	// bound the partition's stored offsets at the time of the fetch.
-	LogStartOffset int64
-	HighWatermark  int64
+	LogStartOffset int64 `json:"log_start_offset"`
+	HighWatermark  int64 `json:"high_watermark"`
 }
 
 const fetchSQL = `SELECT h.log_start_offset, h.next_offset,

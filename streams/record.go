@@ -43,30 +43,30 @@ func PartitionOf(p int32) *int32 { return &p }
 
 // Position is where an appended record was stored.
 type Position struct {
-	Partition int32
-	Offset    int64
+	Partition int32 `json:"partition"`
+	Offset    int64 `json:"offset"`
 	// Timestamp is the log's time for the record; monotonic within a partition.
-	Timestamp time.Time
+	Timestamp time.Time `json:"timestamp"`
 	// Duplicate is true when the stream already held the record's EventID and this
 	// append stored nothing; the position is the original one.
-	Duplicate bool
+	Duplicate bool `json:"duplicate"`
 }
 
 // Event is a stored record, as Fetch returns it.
 type Event struct {
-	Stream        string
-	Partition     int32
-	Offset        int64
-	EventID       string
-	EventType     string
-	Key           string
-	Data          json.RawMessage
-	Bytes         []byte
-	Headers       map[string]string
-	Timestamp     time.Time
-	CorrelationID string
-	CausationID   string
-	Version       int32
+	Stream        string            `json:"stream"`
+	Partition     int32             `json:"partition"`
+	Offset        int64             `json:"offset"`
+	EventID       string            `json:"event_id"`
+	EventType     string            `json:"event_type"`
+	Key           string            `json:"key,omitempty"`
+	Data          json.RawMessage   `json:"data"`
+	Bytes         []byte            `json:"data_bytes,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	Timestamp     time.Time         `json:"timestamp"`
+	CorrelationID string            `json:"correlation_id,omitempty"`
+	CausationID   string            `json:"causation_id,omitempty"`
+	Version       int32             `json:"version"`
 }
 
 // Size is the payload size that MaxBytes limits count: data plus key.

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
 )
 
 // run executes the CLI in-process with args against the test database.
@@ -49,7 +50,7 @@ func TestCLIStreamProduceFetch(t *testing.T) {
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2)
-	var ev eventJSONLine
+	var ev streams.Event
 	require.NoError(t, json.Unmarshal([]byte(lines[0]), &ev))
 	require.Equal(t, int64(1), ev.Offset)
 	require.JSONEq(t, `"plain text"`, string(ev.Data))

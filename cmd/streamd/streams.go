@@ -264,7 +264,7 @@ func newFetchCmd(g *globals) *cobra.Command {
 					return err
 				}
 				for i := range res.Events {
-					if err := enc.Encode(eventJSON(&res.Events[i])); err != nil {
+					if err := enc.Encode(&res.Events[i]); err != nil {
 						return err
 					}
 					printed++
@@ -287,30 +287,4 @@ func newFetchCmd(g *globals) *cobra.Command {
 	f.IntVarP(&max, "max", "n", 0, "stop after this many records (0: all)")
 	f.BoolVarP(&follow, "follow", "f", false, "keep waiting for new records")
 	return cmd
-}
-
-// eventJSONLine is a record as fetch prints it.
-type eventJSONLine struct {
-	Stream        string            `json:"stream"`
-	Partition     int32             `json:"partition"`
-	Offset        int64             `json:"offset"`
-	EventID       string            `json:"event_id"`
-	EventType     string            `json:"event_type,omitempty"`
-	Key           string            `json:"key,omitempty"`
-	Data          json.RawMessage   `json:"data"`
-	Bytes         []byte            `json:"data_bytes,omitempty"`
-	Headers       map[string]string `json:"headers,omitempty"`
-	Timestamp     time.Time         `json:"timestamp"`
-	CorrelationID string            `json:"correlation_id,omitempty"`
-	CausationID   string            `json:"causation_id,omitempty"`
-	Version       int32             `json:"version"`
-}
-
-func eventJSON(e *streams.Event) eventJSONLine {
-	data := e.Data
-	if data == nil {
-		data = json.RawMessage("null")
-	}
-	return eventJSONLine{e.Stream, e.Partition, e.Offset, e.EventID, e.EventType, e.Key, data, e.Bytes, e.Headers,
-		e.Timestamp, e.CorrelationID, e.CausationID, e.Version}
 }

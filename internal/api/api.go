@@ -1,0 +1,243 @@
+// Package api is streamd's JSON admin and data API under /v1/: streams, produce and
+// fetch for clients not written in Go, and (as their packages provide them) groups,
+// queues and dead letters.
+//
+// Every /v1/ request needs a bearer token unless Config.AuthDisabled. A token maps
+// to a principal; the principal "admin" may do everything, and any other principal
+// only what a stream's access_control_config grants it (see aclFor). Request bodies
+// are bounded by Config.MaxRequestBytes. Every value reaches SQL as a bind parameter.
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/streamd/streamd/streams"
+)
+
+// AdminPrincipal may do everything.
+const AdminPrincipal = "admin"
+
+// Config configures the API. A nil *Config means the defaults.
+type Config struct {
+	// AuthDisabled serves /v1/ without tokens, every request as AdminPrincipal. For
+	// local development only. Defaults to false.
+	AuthDisabled bool
+	// Logger receives one line per failed request. Defaults to slog.Default().
+	Logger *slog.Logger
+	// MaxRequestBytes bounds a request body; larger ones get 413. Defaults to 8 MiB.
+	MaxRequestBytes int64
+	// Tokens maps bearer tokens to principals. Required unless AuthDisabled.
+	Tokens map[string]string
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.MaxRequestBytes == 0 {
+		out.MaxRequestBytes = 8 << 20
+	}
+	if out.MaxRequestBytes < 0 {
+		return out, fmt.Errorf("api: Config.MaxRequestBytes %d is negative", out.MaxRequestBytes)
+	}
+	if !out.AuthDisabled && len(out.Tokens) == 0 {
+		return out, errors.New("api: Config.Tokens is empty: give a token (STREAMD_AUTH_TOKEN or a token file) or disable auth explicitly")
+	}
+	for tok, p := range out.Tokens {
+		if len(tok) < 16 {
+			return out, fmt.Errorf("api: the token of principal %q is shorter than 16 characters", p)
+		}
+		if p == "" {
+			return out, errors.New("api: a token maps to an empty principal")
+		}
+	}
+	return out, nil
+}
+
+// Server serves the API.
+type Server struct {
+	pool    *pgxpool.Pool
+	cfg     Config
+	streams *streams.Client
+	mux     *http.ServeMux
+}
+
+// New returns a Server on pool.
+func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
+	conf, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{pool: pool, cfg: conf, streams: streams.NewClient(pool, nil), mux: http.NewServeMux()}
+	s.routes()
+	return s, nil
+}
+
+// Handler returns the API's handler, to mount at "/v1/".
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Handle registers an extra route (e.g. from another package) behind the same
+// authentication, size limit and error handling.
+func (s *Server) Handle(pattern string, h HandlerFunc) {
+	s.mux.Handle(pattern, s.wrap(h))
+}
+
+// HandlerFunc is an API handler: it returns the value to encode as JSON with 200 (or
+// the status set by a *Status value), or an error mapped to a status by statusOf.
+type HandlerFunc func(r *Request) (any, error)
+
+// Request is an authenticated API request.
+type Request struct {
+	*http.Request
+	Principal string
+	server    *Server
+}
+
+// Authorize fails with ErrForbidden unless the principal may do action on stream.
+func (r *Request) Authorize(stream string, action Action) error {
+	return r.server.authorize(r.Context(), r.Principal, stream, action)
+}
+
+// Decode reads the JSON body into v, rejecting unknown fields and trailing data.
+func (r *Request) Decode(v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return fmt.Errorf("%w: request body over %d bytes", ErrTooLarge, tooBig.Limit)
+		}
+		return fmt.Errorf("%w: malformed JSON body: %v", ErrBadRequest, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: malformed JSON body: more than one JSON value", ErrBadRequest)
+	}
+	return nil
+}
+
+// Status wraps a response value with a status code other than 200.
+type Status struct {
+	Code  int
+	Value any
+}
+
+// Errors that map to HTTP statuses (see statusOf).
+var (
+	ErrUnauthorized = errors.New("unauthorized")
+	ErrForbidden    = errors.New("forbidden")
+	ErrBadRequest   = errors.New("bad request")
+	ErrNotFound     = errors.New("not found")
+	ErrTooLarge     = errors.New("request too large")
+	ErrConflict     = errors.New("conflict")
+)
+
+// errorBody is the JSON of every error response.
+type errorBody struct {
+	Error string `json:"error"`
+	Code  string `json:"code"`
+}
+
+func (s *Server) wrap(h HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) {
+		principal, err := s.authenticate(hr)
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="streamd"`)
+			s.writeError(w, hr, err)
+			return
+		}
+		hr.Body = http.MaxBytesReader(w, hr.Body, s.cfg.MaxRequestBytes)
+		v, err := h(&Request{Request: hr, Principal: principal, server: s})
+		if err != nil {
+			s.writeError(w, hr, err)
+			return
+		}
+		code := http.StatusOK
+		if st, ok := v.(*Status); ok {
+			code, v = st.Code, st.Value
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		if v != nil {
+			_ = json.NewEncoder(w).Encode(v)
+		}
+	})
+}
+
+func (s *Server) authenticate(r *http.Request) (string, error) {
+	if s.cfg.AuthDisabled {
+		return AdminPrincipal, nil
+	}
+	h := r.Header.Get("Authorization")
+	tok, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || tok == "" {
+		return "", fmt.Errorf("%w: send an Authorization: Bearer <token> header", ErrUnauthorized)
+	}
+	// Compare with every token in constant time, so timing tells nothing.
+	found := ""
+	for t, p := range s.cfg.Tokens {
+		if subtle.ConstantTimeCompare([]byte(t), []byte(tok)) == 1 {
+			found = p
+		}
+	}
+	if found == "" {
+		return "", fmt.Errorf("%w: unknown token", ErrUnauthorized)
+	}
+	return found, nil
+}
+
+// statusOf maps an error to an HTTP status and a short machine-readable code.
+func statusOf(err error) (int, string) {
+	switch {
+	case errors.Is(err, ErrUnauthorized):
+		return http.StatusUnauthorized, "unauthorized"
+	case errors.Is(err, ErrForbidden):
+		return http.StatusForbidden, "forbidden"
+	case errors.Is(err, ErrTooLarge), errors.Is(err, streams.ErrPayloadTooLarge):
+		return http.StatusRequestEntityTooLarge, "too_large"
+	case errors.Is(err, ErrNotFound), errors.Is(err, streams.ErrStreamNotFound), errors.Is(err, streams.ErrPartitionNotFound):
+		return http.StatusNotFound, "not_found"
+	case errors.Is(err, streams.ErrOffsetOutOfRange):
+		return http.StatusRequestedRangeNotSatisfiable, "offset_out_of_range"
+	case errors.Is(err, ErrConflict), errors.Is(err, streams.ErrPartitionsDecrease):
+		return http.StatusConflict, "conflict"
+	case errors.Is(err, ErrBadRequest), errors.Is(err, streams.ErrInvalidName), errors.Is(err, streams.ErrInvalidJSON),
+		errors.Is(err, streams.ErrInvalidArgument):
+		return http.StatusBadRequest, "bad_request"
+	case errors.Is(err, context.Canceled):
+		return 499, "canceled"
+	}
+	for _, m := range extraStatus {
+		if code, name, ok := m(err); ok {
+			return code, name
+		}
+	}
+	return http.StatusInternalServerError, "internal"
+}
+
+// extraStatus lets other files map their packages' sentinels.
+var extraStatus []func(error) (int, string, bool)
+
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	code, name := statusOf(err)
+	msg := err.Error()
+	if code == http.StatusInternalServerError {
+		s.cfg.Logger.Error("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		msg = "internal error; see the server log"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(errorBody{Error: msg, Code: name})
+}

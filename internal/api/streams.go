@@ -1,0 +1,198 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/streamd/streamd/streams"
+)
+
+func (s *Server) routes() {
+	s.Handle("GET /v1/streams", s.listStreams)
+	s.Handle("POST /v1/streams", s.createStream)
+	s.Handle("GET /v1/streams/{stream}", s.describeStream)
+	s.Handle("DELETE /v1/streams/{stream}", s.deleteStream)
+	s.Handle("POST /v1/streams/{stream}/records", s.produce)
+	s.Handle("GET /v1/streams/{stream}/partitions/{partition}/records", s.fetch)
+	s.Handle("GET /v1/streams/{stream}/partitions/{partition}/offset-for-time", s.offsetForTime)
+	s.mux.Handle("/v1/", s.wrap(func(r *Request) (any, error) {
+		return nil, fmt.Errorf("%w: no route %s %s", ErrNotFound, r.Method, r.URL.Path)
+	}))
+}
+
+func (s *Server) listStreams(r *Request) (any, error) {
+	if err := r.Authorize("", ActionAdmin); err != nil {
+		return nil, err
+	}
+	all, err := s.streams.ListStreams(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	if all == nil {
+		all = []streams.StreamInfo{}
+	}
+	return map[string]any{"streams": all}, nil
+}
+
+type createStreamRequest struct {
+	Name       string `json:"name"`
+	Partitions int32  `json:"partitions"`
+}
+
+func (s *Server) createStream(r *Request) (any, error) {
+	if err := r.Authorize("", ActionAdmin); err != nil {
+		return nil, err
+	}
+	var req createStreamRequest
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if req.Partitions == 0 {
+		req.Partitions = 1
+	}
+	if err := s.streams.CreateStream(r.Context(), req.Name, req.Partitions); err != nil {
+		return nil, err
+	}
+	info, err := s.streams.DescribeStream(r.Context(), req.Name)
+	if err != nil {
+		return nil, err
+	}
+	return &Status{Code: http.StatusCreated, Value: info}, nil
+}
+
+func (s *Server) describeStream(r *Request) (any, error) {
+	name := r.PathValue("stream")
+	if err := r.Authorize(name, ActionConsume); err != nil {
+		return nil, err
+	}
+	return s.streams.DescribeStream(r.Context(), name)
+}
+
+func (s *Server) deleteStream(r *Request) (any, error) {
+	name := r.PathValue("stream")
+	if err := r.Authorize(name, ActionAdmin); err != nil {
+		return nil, err
+	}
+	if err := s.streams.DeleteStream(r.Context(), name); err != nil {
+		return nil, err
+	}
+	return &Status{Code: http.StatusNoContent}, nil
+}
+
+// recordIn is one record of a produce request.
+type recordIn struct {
+	CorrelationID string            `json:"correlation_id"`
+	CausationID   string            `json:"causation_id"`
+	Data          json.RawMessage   `json:"data"`
+	DataBytes     []byte            `json:"data_bytes"` // base64 in JSON
+	EventID       string            `json:"event_id"`
+	EventType     string            `json:"event_type"`
+	Headers       map[string]string `json:"headers"`
+	Key           string            `json:"key"`
+	Partition     *int32            `json:"partition"`
+	Version       int32             `json:"version"`
+}
+
+type produceRequest struct {
+	Records []recordIn `json:"records"`
+}
+
+// produce appends the request's records atomically: all or none.
+func (s *Server) produce(r *Request) (any, error) {
+	name := r.PathValue("stream")
+	if err := r.Authorize(name, ActionProduce); err != nil {
+		return nil, err
+	}
+	var req produceRequest
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if len(req.Records) == 0 {
+		return nil, fmt.Errorf("%w: no records", ErrBadRequest)
+	}
+	recs := make([]streams.Record, len(req.Records))
+	for i, in := range req.Records {
+		data := in.Data
+		if string(data) == "null" {
+			data = nil
+		}
+		recs[i] = streams.Record{Stream: name, Key: in.Key, Partition: in.Partition, EventID: in.EventID,
+			EventType: in.EventType, Data: data, Bytes: in.DataBytes, Headers: in.Headers,
+			CorrelationID: in.CorrelationID, CausationID: in.CausationID, Version: in.Version}
+	}
+	pos, err := s.streams.Produce(r.Context(), recs...)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"positions": pos}, nil
+}
+
+func (s *Server) fetch(r *Request) (any, error) {
+	name := r.PathValue("stream")
+	if err := r.Authorize(name, ActionConsume); err != nil {
+		return nil, err
+	}
+	partition, err := intParam(r, "partition", r.PathValue("partition"), 0)
+	if err != nil {
+		return nil, err
+	}
+	q := r.URL.Query()
+	offset, err := intParam(r, "offset", q.Get("offset"), 0)
+	if err != nil {
+		return nil, err
+	}
+	max, err := intParam(r, "max", q.Get("max"), 500)
+	if err != nil {
+		return nil, err
+	}
+	waitMs, err := intParam(r, "wait_ms", q.Get("wait_ms"), 0)
+	if err != nil {
+		return nil, err
+	}
+	if max > 10000 || waitMs > 30000 || max < 0 || waitMs < 0 {
+		return nil, fmt.Errorf("%w: max must be in [0, 10000] and wait_ms in [0, 30000]", ErrBadRequest)
+	}
+	res, err := s.streams.Fetch(r.Context(), name, int32(partition), offset,
+		&streams.FetchOpts{MaxRecords: int(max), MaxWait: time.Duration(waitMs) * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	if res.Events == nil {
+		res.Events = []streams.Event{}
+	}
+	return res, nil
+}
+
+func (s *Server) offsetForTime(r *Request) (any, error) {
+	name := r.PathValue("stream")
+	if err := r.Authorize(name, ActionConsume); err != nil {
+		return nil, err
+	}
+	partition, err := intParam(r, "partition", r.PathValue("partition"), 0)
+	if err != nil {
+		return nil, err
+	}
+	t, err := time.Parse(time.RFC3339Nano, r.URL.Query().Get("time"))
+	if err != nil {
+		return nil, fmt.Errorf("%w: time must be RFC 3339, e.g. 2026-11-22T10:00:00Z", ErrBadRequest)
+	}
+	off, err := s.streams.OffsetForTime(r.Context(), name, int32(partition), t)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]int64{"offset": off}, nil
+}
+
+func intParam(_ *Request, name, v string, def int64) (int64, error) {
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s=%q is not an integer", ErrBadRequest, name, v)
+	}
+	return n, nil
+}
