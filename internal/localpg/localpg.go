@@ -55,6 +55,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Port is the TCP port. Defaults to $STREAMD_PG_PORT, else DefaultPort.
 	Port int
+	// Settings are extra postgresql.conf settings (name to value, written verbatim
+	// after streamd's own, so they override them), e.g. {"wal_level": "replica"} for
+	// a test of the fallback without logical decoding. Defaults to none.
+	Settings map[string]string
 	// StateDir is the folder that holds the data directory, the log and the lock.
 	// Defaults to $STREAMD_STATE_DIR, else .state in the project root (the nearest
 	// folder above the working directory with streamd's go.mod), else
@@ -395,6 +399,14 @@ checkpoint_timeout = 15min
 log_min_messages = warning
 log_min_duration_statement = -1
 `, c.cfg.Port, sock)
+	names := make([]string, 0, len(c.cfg.Settings))
+	for name := range c.cfg.Settings {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		conf += name + " = " + c.cfg.Settings[name] + "\n"
+	}
 	path := filepath.Join(c.dataDir, "streamd.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		return fmt.Errorf("localpg: write %s: %w", path, err)
