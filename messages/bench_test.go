@@ -1,0 +1,199 @@
+package messages_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
+)
+
+// Benchmark shape: each iteration sends benchMessages messages in batches of
+// benchBatch, then benchConsumers consumers drain them, for three systems on the same
+// database in the same run:
+//   - streamd: Send, then Receive (Max benchBatch) + Ack of the batch;
+//   - raw: a plain table drained with DELETE ... WHERE id IN (SELECT ... FOR UPDATE
+//     SKIP LOCKED LIMIT benchBatch) RETURNING, the floor any queue pays;
+//   - pgmq-style: a table with a vt column, read one row (UPDATE ... SKIP LOCKED
+//     LIMIT 1) then delete it, a round trip each.
+//
+// It reports each system's messages/s and streamd's ratio to the other two.
+const (
+	benchMessages  = 2000
+	benchBatch     = 100
+	benchConsumers = 4
+)
+
+func BenchmarkQueueThroughput(b *testing.B) {
+	ctx := context.Background()
+	cfg := testdb.Config(b)
+	cfg.MaxConns = benchConsumers + 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(b, err)
+	defer pool.Close()
+	c, err := messages.NewClient(pool, nil)
+	require.NoError(b, err)
+	q := testdb.Name("bench")
+	require.NoError(b, c.CreateQueue(ctx, q, nil))
+	defer func() { _ = c.DeleteQueue(ctx, q) }()
+	raw := pgx.Identifier{strings.ReplaceAll(testdb.Name("bench_raw"), "-", "_")}.Sanitize()
+	pgmq := pgx.Identifier{strings.ReplaceAll(testdb.Name("bench_pgmq"), "-", "_")}.Sanitize()
+	_, err = pool.Exec(ctx, `CREATE TABLE `+raw+` (id bigserial PRIMARY KEY, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE `+pgmq+` (msg_id bigserial PRIMARY KEY, read_ct int NOT NULL DEFAULT 0, enqueued_at timestamptz NOT NULL DEFAULT now(),
+			vt timestamptz NOT NULL DEFAULT now(), message jsonb NOT NULL);
+		CREATE INDEX ON `+pgmq+` (vt)`)
+	require.NoError(b, err)
+	defer func() { _, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+raw+", "+pgmq) }()
+
+	payloads := make([]string, benchBatch)
+	for i := range payloads {
+		payloads[i] = fmt.Sprintf(`{"order":%d,"customer":"c-%d","amount":%d.5}`, i, i%97, i)
+	}
+	sendSQL := func(table, col string) func() error {
+		return func() error {
+			for range benchMessages / benchBatch {
+				if _, err := pool.Exec(ctx, "INSERT INTO "+table+" ("+col+") SELECT p::jsonb FROM unnest($1::text[]) p", payloads); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	drain := func(next func() (int, error)) error {
+		var wg sync.WaitGroup
+		errs := make(chan error, benchConsumers)
+		for range benchConsumers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					n, err := next()
+					if err != nil {
+						errs <- err
+						return
+					}
+					if n == 0 {
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		return <-errs
+	}
+
+	var streamdTime, rawTime, pgmqTime time.Duration
+	for b.Loop() {
+		start := time.Now()
+		for range benchMessages / benchBatch {
+			msgs := make([]messages.OutgoingMessage, benchBatch)
+			for i := range msgs {
+				msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(payloads[i])}
+			}
+			_, err := c.Send(ctx, q, msgs...)
+			require.NoError(b, err)
+		}
+		require.NoError(b, drain(func() (int, error) {
+			got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: benchBatch})
+			if err != nil || len(got) == 0 {
+				return 0, err
+			}
+			rs := make([]messages.Receipt, len(got))
+			for i, m := range got {
+				rs[i] = m.Receipt
+			}
+			return len(got), c.Ack(ctx, rs...)
+		}))
+		streamdTime += time.Since(start)
+
+		start = time.Now()
+		require.NoError(b, sendSQL(raw, "payload")())
+		require.NoError(b, drain(func() (int, error) {
+			tag, err := pool.Exec(ctx, `DELETE FROM `+raw+` WHERE id IN (SELECT id FROM `+raw+` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)`, benchBatch)
+			return int(tag.RowsAffected()), err
+		}))
+		rawTime += time.Since(start)
+
+		start = time.Now()
+		require.NoError(b, sendSQL(pgmq, "message")())
+		require.NoError(b, drain(func() (int, error) {
+			var id int64
+			err := pool.QueryRow(ctx, `UPDATE `+pgmq+` SET vt = now() + interval '30 seconds', read_ct = read_ct + 1
+				WHERE msg_id = (SELECT msg_id FROM `+pgmq+` WHERE vt <= now() ORDER BY msg_id LIMIT 1 FOR UPDATE SKIP LOCKED)
+				RETURNING msg_id`).Scan(&id)
+			if err == pgx.ErrNoRows {
+				return 0, nil
+			}
+			if err != nil {
+				return 0, err
+			}
+			_, err = pool.Exec(ctx, "DELETE FROM "+pgmq+" WHERE msg_id = $1", id)
+			return 1, err
+		}))
+		pgmqTime += time.Since(start)
+	}
+	total := float64(b.N * benchMessages)
+	s, r, p := total/streamdTime.Seconds(), total/rawTime.Seconds(), total/pgmqTime.Seconds()
+	b.ReportMetric(s, "streamd_msgs/s")
+	b.ReportMetric(r, "raw_skip_locked_msgs/s")
+	b.ReportMetric(p, "pgmq_style_msgs/s")
+	b.ReportMetric(s/r, "streamd/raw")
+	b.ReportMetric(s/p, "streamd/pgmq")
+}
+
+// BenchmarkQueueLongPollLatency measures send -> receive latency of a receiver
+// long-polling an empty queue: woken in-process by the same Client's Send, and
+// polling with backoff from another Client (as another process would, until the WAL
+// tailer's wake-ups exist).
+func BenchmarkQueueLongPollLatency(b *testing.B) {
+	for _, mode := range []string{"same_client_wakeup", "other_client_poll"} {
+		b.Run(mode, func(b *testing.B) {
+			ctx := context.Background()
+			pool := testdb.Pool(b)
+			sender, err := messages.NewClient(pool, nil)
+			require.NoError(b, err)
+			receiver := sender
+			if mode == "other_client_poll" {
+				receiver, err = messages.NewClient(pool, nil)
+				require.NoError(b, err)
+			}
+			q := testdb.Name("lat")
+			require.NoError(b, sender.CreateQueue(ctx, q, nil))
+			defer func() { _ = sender.DeleteQueue(ctx, q) }()
+
+			var lat []time.Duration
+			for b.Loop() {
+				got := make(chan time.Time, 1)
+				ready := make(chan struct{})
+				go func() {
+					close(ready)
+					m, err := receiver.Receive(ctx, q, &messages.ReceiveOpts{Wait: 5 * time.Second})
+					if err == nil && len(m) == 1 {
+						_ = receiver.Ack(ctx, m[0].Receipt)
+					}
+					got <- time.Now()
+				}()
+				<-ready
+				time.Sleep(20 * time.Millisecond) // let the receiver find the queue empty and wait
+				sent := time.Now()
+				_, err := sender.Send(ctx, q, messages.OutgoingMessage{Data: json.RawMessage(`1`)})
+				require.NoError(b, err)
+				lat = append(lat, (<-got).Sub(sent))
+			}
+			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99_ms")
+		})
+	}
+}
