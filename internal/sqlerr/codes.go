@@ -27,6 +27,12 @@ const (
 	QueueInvalidArgument = "SD204"
 	QueueInUse           = "SD205"
 
+	// Retention and stream configuration (sql/functions/0400_retention.sql,
+	// 0410_stream_config.sql).
+	InvalidStreamConfig      = "SD301"
+	RetentionInvalidArgument = "SD302"
+	RetentionPolicyNotFound  = "SD303"
+
 	// JSON that does not parse (PostgreSQL's invalid_text_representation, raised by
 	// the jsonb input function).
 	InvalidJSON = "22P02"
