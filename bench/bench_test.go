@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,13 +54,17 @@ func TestTinySuite(t *testing.T) {
 	}
 	path, err := rep.WriteJSON(dir)
 	require.NoError(t, err)
-	require.FileExists(t, path)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var back Report
+	require.NoError(t, json.Unmarshal(b, &back))
+	require.Len(t, back.Results, len(rep.Results))
 
 	md := filepath.Join(dir, "RESULTS.md")
 	require.NoError(t, os.WriteFile(md, []byte("# Results\n\nhand-written\n"), 0o644))
 	require.NoError(t, rep.UpdateResultsMD(md, "."))
 	require.NoError(t, rep.UpdateResultsMD(md, ".")) // replaces, does not append twice
-	b, err := os.ReadFile(md)
+	b, err = os.ReadFile(md)
 	require.NoError(t, err)
 	require.Equal(t, 1, strings.Count(string(b), generatedBegin))
 	require.Contains(t, string(b), "hand-written")

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,7 +22,7 @@ type Report struct {
 	Machine  Machine   `json:"machine"`
 	Postgres Postgres  `json:"postgres"`
 	Git      Git       `json:"git"`
-	Results  []Result  `json:"results"`
+	Results  []Result  `json:"results,omitempty"`
 	Notes    []Note    `json:"notes,omitempty"`
 	// Charts are the chart files written next to the JSON (names only).
 	Charts []string `json:"charts,omitempty"`
@@ -87,12 +88,31 @@ func (r *Report) WriteJSON(dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	b, err := json.MarshalIndent(r, "", " ")
+	// Indented, except that each result is one line: small files, readable diffs.
+	head := *r
+	head.Results = nil
+	b, err := json.MarshalIndent(&head, "", " ")
 	if err != nil {
 		return "", err
 	}
+	var doc strings.Builder
+	doc.Write(bytes.TrimSuffix(bytes.TrimSpace(b), []byte("}")))
+	doc.WriteString(",\n \"results\": [\n")
+	for i, res := range r.Results {
+		line, err := json.Marshal(res)
+		if err != nil {
+			return "", err
+		}
+		doc.WriteString("  ")
+		doc.Write(line)
+		if i < len(r.Results)-1 {
+			doc.WriteByte(',')
+		}
+		doc.WriteByte('\n')
+	}
+	doc.WriteString(" ]\n}\n")
 	path := filepath.Join(dir, r.Slug()+".json")
-	return path, os.WriteFile(path, append(b, '\n'), 0o644)
+	return path, os.WriteFile(path, []byte(doc.String()), 0o644)
 }
 
 // WriteCharts writes the run's SVG charts into dir and records their names.
