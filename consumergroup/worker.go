@@ -138,8 +138,8 @@ func (w *worker) run() {
 		fetchBackoff.reset()
 		w.c.metrics.lag.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition))).
 			Set(float64(res.HighWatermark - pos))
-		if len(res.Events) == 0 {
-			continue
+		if len(res.Events) == 0 || w.isPaused() {
+			continue // paused while fetching: drop the batch, refetch on resume
 		}
 		next, ok := w.process(ctx, res)
 		if !ok {

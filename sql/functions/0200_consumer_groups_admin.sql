@@ -28,6 +28,7 @@ CREATE OR REPLACE FUNCTION streamd.reset_group_offsets(
     p_now         timestamptz
 ) RETURNS TABLE (partition integer, previous_offset bigint, new_offset bigint)
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
     v_now  timestamptz := coalesce(p_now, now());
     v_bad  integer;

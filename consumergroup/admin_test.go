@@ -1,0 +1,184 @@
+package consumergroup
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// TestResetOffsets: each mode computes the documented offset (clamped to the log);
+// a group with a live member is refused (ErrGroupNotEmpty) and unchanged unless
+// forced, and a forced reset fences the member; bad input writes nothing.
+func TestResetOffsets(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	produce(t, pool, stream, 0, 10)
+	mid := time.Now()
+	produce(t, pool, stream, 10, 10)
+	admin := NewAdmin(pool)
+
+	_, err := admin.ResetOffsets(ctx, stream, group, ResetOpts{Mode: ResetToEarliest})
+	require.ErrorIs(t, err, ErrGroupNotFound)
+
+	m := join(t, pool, stream, group, "a")
+	_, err = m.heartbeat(ctx, pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, m.commit(ctx, pool, []PartitionOffset{{Partition: 0, Offset: 5}}, nil))
+	_, err = admin.ResetOffsets(ctx, stream, group, ResetOpts{Mode: ResetToLatest})
+	require.ErrorIs(t, err, ErrGroupNotEmpty)
+	off, _, err := committedOffset(ctx, pool, stream, group, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 5, off, "a refused reset changes nothing")
+
+	changes, err := admin.ResetOffsets(ctx, stream, group, ResetOpts{Mode: ResetToLatest, Force: true})
+	require.NoError(t, err)
+	require.Len(t, changes, 1)
+	require.EqualValues(t, 5, *changes[0].Previous)
+	require.EqualValues(t, 20, changes[0].New)
+	require.ErrorIs(t, m.commit(ctx, pool, []PartitionOffset{{Partition: 0, Offset: 6}}, nil), ErrFenced,
+		"a forced reset expels the live member")
+
+	for _, tc := range []struct {
+		opts ResetOpts
+		want int64
+	}{
+		{ResetOpts{Mode: ResetToEarliest}, 0},
+		{ResetOpts{Mode: ResetToOffset, Value: 7}, 7},
+		{ResetOpts{Mode: ResetShiftBy, Value: 5}, 12},
+		{ResetOpts{Mode: ResetShiftBy, Value: -100}, 0},
+		{ResetOpts{Mode: ResetToOffset, Value: 1000}, 20},
+		{ResetOpts{Mode: ResetToTimestamp, Time: mid}, 10},
+	} {
+		changes, err := admin.ResetOffsets(ctx, stream, group, tc.opts)
+		require.NoError(t, err, tc.opts.Mode)
+		require.EqualValues(t, tc.want, changes[0].New, tc.opts)
+	}
+	for _, bad := range []ResetOpts{{Mode: "sideways"}, {Mode: ResetToOffset, Value: -1}, {Mode: ResetToEarliest, Partitions: []int32{3}}} {
+		_, err := admin.ResetOffsets(ctx, stream, group, bad)
+		require.ErrorIs(t, err, ErrInvalidArgument, bad)
+	}
+	off, _, err = committedOffset(ctx, pool, stream, group, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 10, off, "bad resets change nothing")
+
+	d, err := admin.DescribeGroup(ctx, stream, group)
+	require.NoError(t, err)
+	require.EqualValues(t, 10, d.Lag)
+	require.NoError(t, admin.DeleteGroup(ctx, stream, group, false))
+	require.ErrorIs(t, admin.DeleteGroup(ctx, stream, group, false), ErrGroupNotFound)
+}
+
+// TestDeadLetterAndReplay: with ErrorDeadLetter, an event whose handler always fails
+// is moved to the dead letter queue after the retries and the partition goes on; the
+// replay appends it again (handled this time) and marks it replayed.
+func TestDeadLetterAndReplay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	pos := produce(t, pool, stream, 0, 10)
+	poison := pos[4].Offset
+	var healed atomic.Bool
+	var h handled
+	cfg := testConfig(stream, group)
+	cfg.OnHandlerError = ErrorDeadLetter
+	cfg.MaxRetries = 2
+	c, err := New(pool, cfg)
+	require.NoError(t, err)
+	runConsumer(t, c, func(ctx context.Context, b *Batch) error {
+		for _, e := range b.Events {
+			if e.Offset == poison && e.Headers["dlq_replay_of"] == "" && !healed.Load() {
+				return errors.New("poison")
+			}
+		}
+		for _, e := range b.Events {
+			h.add(e.Partition, e.Offset)
+		}
+		return nil
+	})
+	waitFor(t, 10*time.Second, "lag 0", func() bool { return groupLag(t, pool, stream, group) == 0 })
+	admin := NewAdmin(pool)
+	dl, err := admin.DeadLetters(ctx, stream, group, "pending")
+	require.NoError(t, err)
+	require.Len(t, dl, 1)
+	require.Equal(t, poison, dl[0].Offset)
+	require.Equal(t, 3, dl[0].Attempts)
+	require.Contains(t, dl[0].Error, "poison")
+	for i, p := range pos {
+		if i != 4 {
+			require.NotZero(t, h.seen[[2]int64{0, p.Offset}], "event %d handled despite the poison one", p.Offset)
+		}
+	}
+
+	replayed, err := admin.ReplayDeadLetter(ctx, stream, dl[0].ID, "test")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "replayed event handled", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.seen[[2]int64{0, replayed.Offset}] > 0
+	})
+	_, err = admin.ReplayDeadLetter(ctx, stream, dl[0].ID, "test")
+	require.ErrorIs(t, err, ErrDeadLetterNotFound, "a dead letter is replayed once")
+	require.ErrorIs(t, admin.DiscardDeadLetter(ctx, stream, dl[0].ID, "test"), ErrDeadLetterNotFound)
+	dl, err = admin.DeadLetters(ctx, stream, group, "replayed")
+	require.NoError(t, err)
+	require.Len(t, dl, 1)
+	require.Equal(t, "test", dl[0].ResolvedBy)
+}
+
+// TestPauseResume: a paused partition is not processed (by whoever owns it) until
+// resumed; the others go on.
+func TestPauseResume(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 2)
+	group := testdb.Name("g")
+	var h handled
+	c, err := New(pool, testConfig(stream, group))
+	require.NoError(t, err)
+	runConsumer(t, c, func(ctx context.Context, b *Batch) error {
+		for _, e := range b.Events {
+			h.add(e.Partition, e.Offset)
+		}
+		return nil
+	})
+	waitFor(t, 5*time.Second, "assigned", func() bool { return len(c.Assignment()) == 2 })
+	require.NoError(t, c.Pause(ctx, 0))
+	require.ErrorIs(t, c.Pause(ctx, 7), ErrInvalidArgument)
+	waitFor(t, 5*time.Second, "worker paused", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		w := c.owned[0]
+		return w != nil && w.isPaused()
+	})
+	client := streams.NewClient(pool, nil)
+	_, err = client.Produce(ctx, streams.Record{Stream: stream, Partition: streams.PartitionOf(0), Data: []byte(`0`)},
+		streams.Record{Stream: stream, Partition: streams.PartitionOf(1), Data: []byte(`1`)})
+	require.NoError(t, err)
+	waitFor(t, 5*time.Second, "partition 1 handled", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.seen[[2]int64{1, 0}] > 0
+	})
+	h.mu.Lock()
+	require.Zero(t, h.seen[[2]int64{0, 0}], "paused partition not processed")
+	h.mu.Unlock()
+	require.NoError(t, c.Resume(ctx, 0))
+	waitFor(t, 5*time.Second, "partition 0 handled after resume", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.seen[[2]int64{0, 0}] > 0
+	})
+}
