@@ -101,7 +101,7 @@ func TestServeHealthMetricsAndCleanStop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := run(t, ctx, "", "serve", "--http-addr", addr)
+		_, err := run(t, ctx, "", "serve", "--http-addr", addr, "--auth-token", "test-token-0123456789")
 		done <- err
 	}()
 	var resp *http.Response

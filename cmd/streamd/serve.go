@@ -1,37 +1,177 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+
+	"github.com/streamd/streamd/internal/api"
+	"github.com/streamd/streamd/internal/coordinator"
+	schema "github.com/streamd/streamd/sql"
 )
 
+// serveConfig is streamd serve's configuration, from flags and environment.
+type serveConfig struct {
+	authDisabled    bool
+	authToken       string
+	authTokenFile   string
+	coordinatorName string
+	httpAddr        string
+	leaseTTL        time.Duration
+	maxRequestBytes int64
+	reaperInterval  time.Duration
+	shutdownTimeout time.Duration
+	tlsCert         string
+	tlsKey          string
+}
+
 func newServeCmd(g *globals) *cobra.Command {
-	addr := envOr("STREAMD_HTTP_ADDR", "127.0.0.1:8484")
+	c := &serveConfig{}
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Run the coordinator daemon: migrate, then serve /healthz and /metrics",
-		Long: `Connects (or starts the local development cluster), applies migrations, and
-serves /healthz and /metrics over HTTP until SIGINT or SIGTERM.`,
+		Short: "Run the coordinator daemon: migrate, elect a leader, serve HTTP",
+		Long: `Connects (or starts the local development cluster), applies migrations, campaigns
+for the coordinator lease, and serves until SIGINT or SIGTERM:
+
+  /healthz   the process runs and reaches the database
+  /readyz    the database is reachable and migrated to this binary's schema
+  /metrics   Prometheus metrics (streamd_*)
+  /v1/...    the JSON admin and data API (bearer token required)
+
+Exactly one instance (the leader) runs the coordinator jobs: the stale-member reaper,
+retention, and the other jobs as they are configured. A second instance takes over
+within the lease TTL of the leader dying, at once when the leader stops cleanly.
+
+Every setting is a flag, and also an environment variable (named in each flag's
+help); flags win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return serve(cmd.Context(), cmd, g, addr)
+			if err := c.validate(); err != nil {
+				return err
+			}
+			return serve(cmd.Context(), cmd, g, c)
 		},
 	}
-	cmd.Flags().StringVar(&addr, "http-addr", addr, "HTTP listen address ($STREAMD_HTTP_ADDR)")
+	f := cmd.Flags()
+	f.StringVar(&c.httpAddr, "http-addr", envOr("STREAMD_HTTP_ADDR", "127.0.0.1:8484"), "HTTP listen address ($STREAMD_HTTP_ADDR)")
+	f.StringVar(&c.authToken, "auth-token", os.Getenv("STREAMD_AUTH_TOKEN"), "bearer token of the admin principal ($STREAMD_AUTH_TOKEN)")
+	f.StringVar(&c.authTokenFile, "auth-token-file", os.Getenv("STREAMD_AUTH_TOKEN_FILE"), "file of 'principal token' lines ($STREAMD_AUTH_TOKEN_FILE)")
+	f.BoolVar(&c.authDisabled, "auth-disabled", os.Getenv("STREAMD_AUTH_DISABLED") == "true", "serve /v1/ without tokens, for local development only ($STREAMD_AUTH_DISABLED=true)")
+	f.StringVar(&c.tlsCert, "tls-cert", os.Getenv("STREAMD_TLS_CERT"), "TLS certificate file; serve HTTPS when set ($STREAMD_TLS_CERT)")
+	f.StringVar(&c.tlsKey, "tls-key", os.Getenv("STREAMD_TLS_KEY"), "TLS key file ($STREAMD_TLS_KEY)")
+	f.Int64Var(&c.maxRequestBytes, "max-request-bytes", envInt64("STREAMD_MAX_REQUEST_BYTES", 8<<20), "largest /v1/ request body ($STREAMD_MAX_REQUEST_BYTES)")
+	f.StringVar(&c.coordinatorName, "coordinator-name", envOr("STREAMD_COORDINATOR_NAME", "streamd-coordinator"), "name of the coordinator lease; instances with the same name elect one leader ($STREAMD_COORDINATOR_NAME)")
+	f.DurationVar(&c.leaseTTL, "lease-ttl", envDuration("STREAMD_LEASE_TTL", 5*time.Second), "coordinator lease TTL: the longest a dead leader delays its successor ($STREAMD_LEASE_TTL)")
+	f.DurationVar(&c.reaperInterval, "reaper-interval", envDuration("STREAMD_REAPER_INTERVAL", 5*time.Second), "how often the leader expires stale group members ($STREAMD_REAPER_INTERVAL)")
+	f.DurationVar(&c.shutdownTimeout, "shutdown-timeout", envDuration("STREAMD_SHUTDOWN_TIMEOUT", 15*time.Second), "bound on finishing in-flight requests at shutdown ($STREAMD_SHUTDOWN_TIMEOUT)")
 	return cmd
 }
 
-func serve(ctx context.Context, cmd *cobra.Command, g *globals, addr string) error {
+func envInt64(name string, def int64) int64 {
+	var v int64
+	if s := os.Getenv(name); s != "" {
+		if _, err := fmt.Sscan(s, &v); err == nil {
+			return v
+		}
+		envErrors = append(envErrors, fmt.Errorf("$%s=%q is not an integer", name, s))
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if s := os.Getenv(name); s != "" {
+		d, err := time.ParseDuration(s)
+		if err == nil {
+			return d
+		}
+		envErrors = append(envErrors, fmt.Errorf("$%s=%q is not a duration (e.g. 5s)", name, s))
+	}
+	return def
+}
+
+// envErrors collects environment values that did not parse; validate reports them.
+var envErrors []error
+
+func (c *serveConfig) validate() error {
+	if len(envErrors) > 0 {
+		return errors.Join(envErrors...)
+	}
+	if _, _, err := net.SplitHostPort(c.httpAddr); err != nil {
+		return fmt.Errorf("--http-addr %q: %v", c.httpAddr, err)
+	}
+	if (c.tlsCert == "") != (c.tlsKey == "") {
+		return errors.New("--tls-cert and --tls-key go together: give both or neither")
+	}
+	if c.authDisabled && (c.authToken != "" || c.authTokenFile != "") {
+		return errors.New("--auth-disabled contradicts --auth-token/--auth-token-file: choose one")
+	}
+	if !c.authDisabled && c.authToken == "" && c.authTokenFile == "" {
+		return errors.New("no API token: set --auth-token ($STREAMD_AUTH_TOKEN) or --auth-token-file, or --auth-disabled for local development")
+	}
+	if c.maxRequestBytes <= 0 {
+		return fmt.Errorf("--max-request-bytes %d must be positive", c.maxRequestBytes)
+	}
+	if c.leaseTTL < time.Second {
+		return fmt.Errorf("--lease-ttl %v must be at least 1s", c.leaseTTL)
+	}
+	if c.coordinatorName == "" {
+		return errors.New("--coordinator-name must not be empty")
+	}
+	if c.reaperInterval <= 0 {
+		return fmt.Errorf("--reaper-interval %v must be positive", c.reaperInterval)
+	}
+	if c.shutdownTimeout <= 0 {
+		return fmt.Errorf("--shutdown-timeout %v must be positive", c.shutdownTimeout)
+	}
+	return nil
+}
+
+// tokens returns the token → principal map from --auth-token and --auth-token-file.
+func (c *serveConfig) tokens() (map[string]string, error) {
+	out := map[string]string{}
+	if c.authToken != "" {
+		out[c.authToken] = api.AdminPrincipal
+	}
+	if c.authTokenFile == "" {
+		return out, nil
+	}
+	f, err := os.Open(c.authTokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("--auth-token-file: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("--auth-token-file %s line %d: want 'principal token'", c.authTokenFile, n)
+		}
+		out[fields[1]] = fields[0]
+	}
+	return out, sc.Err()
+}
+
+func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) error {
+	tokens, err := c.tokens()
+	if err != nil {
+		return err
+	}
 	pool, err := g.pool(ctx)
 	if err != nil {
 		return err
@@ -47,6 +187,25 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, addr string) err
 	up.Set(1)
 	reg.MustRegister(up)
 
+	apiSrv, err := api.New(pool, &api.Config{AuthDisabled: c.authDisabled, Logger: g.logger,
+		MaxRequestBytes: c.maxRequestBytes, Tokens: tokens})
+	if err != nil {
+		return err
+	}
+	if c.authDisabled {
+		g.logger.Warn("API authentication is disabled: every request acts as admin")
+	}
+
+	elector, err := coordinator.NewElector(pool, &coordinator.ElectorConfig{
+		LeaseName: c.coordinatorName, LeaseTTL: c.leaseTTL, Logger: g.logger, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(pool, c), nil)
+	if err != nil {
+		return err
+	}
+
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -58,27 +217,90 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, addr string) err
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		rctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := schemaCurrent(rctx, pool); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		role := "follower"
+		if elector.Current() != nil {
+			role = "leader"
+		}
+		fmt.Fprintln(w, "ready", role)
+	})
+	mux.Handle("/v1/", apiSrv.Handler())
 
-	ln, err := net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", c.httpAddr)
 	if err != nil {
-		return fmt.Errorf("listen on %s (--http-addr / STREAMD_HTTP_ADDR): %w", addr, err)
+		return fmt.Errorf("--http-addr %s: %w", c.httpAddr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	g.logger.Info("streamd serving", "http_addr", ln.Addr().String(), "pid", os.Getpid())
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	g.logger.Info("streamd serving", "http_addr", ln.Addr().String(), "tls", c.tlsCert != "", "holder", elector.Holder(), "pid", os.Getpid())
+
+	// Goroutines: the HTTP server and the elector (which runs the jobs while
+	// leading). Both stop when ctx ends; serve waits for both.
+	httpErr := make(chan error, 1)
+	go func() {
+		if c.tlsCert != "" {
+			httpErr <- srv.ServeTLS(ln, c.tlsCert, c.tlsKey)
+		} else {
+			httpErr <- srv.Serve(ln)
+		}
+	}()
+	electorCtx, stopElector := context.WithCancel(ctx)
+	electorDone := make(chan error, 1)
+	go func() { electorDone <- elector.Run(electorCtx, jobs.Lead) }()
 
 	select {
-	case err := <-errc:
-		return err
+	case err = <-httpErr:
+		stopElector()
+		<-electorDone
+		return fmt.Errorf("http server: %w", err)
 	case <-ctx.Done():
 	}
 	g.logger.Info("streamd stopping")
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	// Stop accepting, finish in-flight requests, then end the term and release the
+	// lease (the elector does that on return) so a successor takes over at once.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.shutdownTimeout)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
+	shutdownErr := srv.Shutdown(sctx)
+	stopElector()
+	if err := <-electorDone; err != nil {
+		g.logger.Warn("elector stopped with an error", "err", err)
+	}
+	if shutdownErr != nil && !errors.Is(shutdownErr, http.ErrServerClosed) {
+		return shutdownErr
 	}
 	g.logger.Info("streamd stopped")
+	return nil
+}
+
+// coordinatorJobs are the jobs the leader runs.
+func coordinatorJobs(pool *pgxpool.Pool, c *serveConfig) []coordinator.Job {
+	return []coordinator.Job{{
+		Name:     c.coordinatorName + "/stale-member-reaper",
+		Interval: c.reaperInterval,
+		Run: func(ctx context.Context) error {
+			_, err := pool.Exec(ctx, "SELECT streamd.cleanup_stale_consumers()")
+			return err
+		},
+	}}
+}
+
+// schemaCurrent fails unless the database has every migration this binary knows.
+func schemaCurrent(ctx context.Context, pool *pgxpool.Pool) error {
+	all, err := schema.Migrations()
+	if err != nil {
+		return err
+	}
+	var latest int
+	if err := pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM streamd.schema_migrations").Scan(&latest); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if want := all[len(all)-1].Version; latest < want {
+		return fmt.Errorf("schema at migration %d, this binary needs %d: run streamd migrate", latest, want)
+	}
 	return nil
 }
