@@ -1,0 +1,58 @@
+// Package consumergroup is the consumer group: membership, server-side partition
+// assignment, offset commits with fencing, and the processing loop (G1-G5 in
+// DESIGN.md).
+//
+//	c, err := consumergroup.New(pool, consumergroup.Config{Stream: "orders", Group: "billing"})
+//	err = c.Run(ctx, func(ctx context.Context, b *consumergroup.Batch) error { ...; return nil })
+//
+// # How it works
+//
+// All coordination is in PostgreSQL (sql/functions/0200_consumer_groups.sql), in the
+// spirit of Kafka's KIP-848. A member joins (join_group) and gets a member epoch, its
+// fence token. The assignor (cg_assign) runs under the group row's lock on every
+// membership change: sticky and balanced (owned counts differ by at most one; a
+// member keeps what it holds up to its quota). A partition that must move gets a
+// pending target; the owner learns it on its next heartbeat (group_heartbeat, woken at
+// once by NOTIFY on the group's channel), finishes its in-flight batch, commits, calls
+// OnRevoked and releases it (release_partitions); only then does the target own it. A
+// member whose session expires is removed by any other member's heartbeat (or by
+// cleanup_stale_consumers) and its partitions move at once.
+//
+// A commit (commit_offsets) locks the partition's ownership row FOR SHARE where the
+// member owns it at its epoch and its session is live, and writes the offset in the
+// same transaction; a handover updates that row, so it waits for an in-flight commit
+// or makes it find nothing (ErrFenced, nothing written). CommitTx holds the lock until
+// the handler's transaction ends.
+//
+// # Files
+//
+//	member.go    the SQL calls of one membership (join, heartbeat, release, leave, commit)
+//	consumer.go  Consumer, Run, the session loop (heartbeats, reconcile, hooks)
+//	worker.go    one partition's loop: start position, fetch, handler retries, commit
+//	batch.go     Batch, Commit, CommitTx
+//	listener.go  the LISTEN connection that wakes the session loop
+//	admin.go     Admin: list, describe, reset offsets, delete, pause, dead letters
+//	config.go    Config and its validation; metrics.go the Prometheus collectors
+//
+// # Goroutines
+//
+// Run owns the listener goroutine (exits when Run returns) and runs the session loop
+// itself. The session loop owns one worker goroutine per owned partition: it stops a
+// worker on revoke (the worker finishes its batch and commits), cancels it when the
+// partition is lost, and waits for every worker before the session ends. A worker
+// owns a small goroutine that cancels its fetch on stop (exits with the worker).
+// Cleanup after cancellation (final commit, OnRevoked context, leave) runs under
+// context.WithoutCancel plus a 10s timeout.
+//
+// # Non-obvious invariants
+//
+//   - Lock order everywhere: group row, registrations, partition rows ascending.
+//     Commits lock only partition rows, so they cannot deadlock with a rebalance.
+//   - Every join gets a fresh member id, so a fenced member can never be mistaken for
+//     its successor; static membership (InstanceID) transfers the old member's
+//     partitions to the new id and epoch in the join itself.
+//   - A heartbeat from a member past its session timeout is refused even before any
+//     reaper removed it, and so is its commit.
+//   - A worker that was stopped while its handler was blocked (ErrorBlock) exits
+//     without committing: the next owner redelivers the batch (at-least-once).
+package consumergroup
