@@ -1,0 +1,201 @@
+// Package streamconfig stores typed per-stream configuration in
+// streamd.stream_configurations (seed 003's columns: retention_config,
+// dead_letter_config, lifecycle_config, performance_config, access_control_config,
+// tags), validated on write with errors that name the field.
+//
+// The retention section is the JSON face of streamd.retention_policies, the table that
+// retention executes: a write of either is mirrored to the other by triggers in the
+// same statement (docs/retention.md), so Set here and an INSERT into
+// retention_policies from SQL are two doors to the same settings.
+package streamconfig
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// CleanupPolicy says what retention does to a stream's old records.
+type CleanupPolicy string
+
+// The cleanup policies, as in Kafka's cleanup.policy.
+const (
+	// CleanupDelete deletes a prefix of each partition by age, count or size.
+	CleanupDelete CleanupPolicy = "delete"
+	// CleanupCompact keeps the latest record per key and drops old tombstones.
+	CleanupCompact CleanupPolicy = "compact"
+	// CleanupCompactDelete does both.
+	CleanupCompactDelete CleanupPolicy = "compact,delete"
+)
+
+// Config is the whole configuration of one stream. A nil section is absent (NULL in
+// the table).
+type Config struct {
+	// AccessControl lists the roles that may read and write the stream.
+	AccessControl *AccessControl `json:"access_control_config,omitempty"`
+	// DeadLetter says where records a group gives up on go.
+	DeadLetter *DeadLetter `json:"dead_letter_config,omitempty"`
+	// Lifecycle holds archival and expiry settings of the stream itself.
+	Lifecycle *Lifecycle `json:"lifecycle_config,omitempty"`
+	// Performance holds client tuning hints.
+	Performance *Performance `json:"performance_config,omitempty"`
+	// Retention is the stream's retention policy (streamd.retention_policies).
+	Retention *Retention `json:"retention_config,omitempty"`
+	// Tags are free-form labels.
+	Tags map[string]string `json:"tags,omitempty"`
+}
+
+// Retention is the retention_config section. Limits apply per partition; a nil limit
+// is no limit. JSON keys are the seed's camelCase.
+type Retention struct {
+	// CleanupPolicy: delete, compact or compact,delete. Defaults to delete.
+	CleanupPolicy CleanupPolicy `json:"cleanupPolicy,omitempty"`
+	// Enabled says whether the scheduler applies the policy. Defaults to true.
+	Enabled *bool `json:"enabled,omitempty"`
+	// MaxAge deletes records older than this (whole seconds, at least 1s). Defaults to no limit.
+	MaxAge *Duration `json:"maxAge,omitempty"`
+	// MaxEventCount keeps exactly this many newest records per partition. Defaults to no limit.
+	MaxEventCount *int64 `json:"maxEventCount,omitempty"`
+	// MaxSizeBytes keeps the newest records whose stored payloads total at most this
+	// many bytes per partition. Defaults to no limit.
+	MaxSizeBytes *int64 `json:"maxSizeBytes,omitempty"`
+	// ProtectConsumers keeps records a live group has not committed past, unless a
+	// run is forced. Defaults to false.
+	ProtectConsumers bool `json:"protectConsumers,omitempty"`
+	// TombstoneRetention is how long compaction keeps a tombstone that is the latest
+	// record of its key. Defaults to 1 day.
+	TombstoneRetention *Duration `json:"tombstoneRetention,omitempty"`
+}
+
+// DeadLetter is the dead_letter_config section.
+type DeadLetter struct {
+	// Enabled turns dead-lettering on. Defaults to false.
+	Enabled bool `json:"enabled,omitempty"`
+	// MaxDeliveryAttempts before a record is dead-lettered (1 to 1000). Defaults to 0 (the group's setting).
+	MaxDeliveryAttempts int `json:"maxDeliveryAttempts,omitempty"`
+	// Stream is the dead-letter stream's name. Defaults to "" (the group's dead letter queue).
+	Stream string `json:"stream,omitempty"`
+}
+
+// Lifecycle is the lifecycle_config section.
+type Lifecycle struct {
+	// ArchiveAfter is an idle time after which tooling may archive the stream. Defaults to never.
+	ArchiveAfter *Duration `json:"archiveAfter,omitempty"`
+	// DeleteAfter is an idle time after which tooling may delete the stream. Defaults to never.
+	DeleteAfter *Duration `json:"deleteAfter,omitempty"`
+	// ReadOnly marks a stream that should take no more appends. Defaults to false.
+	ReadOnly bool `json:"readOnly,omitempty"`
+}
+
+// Performance is the performance_config section (hints for clients).
+type Performance struct {
+	// BatchSize is the preferred producer batch and fetch size (1 to 100000). Defaults to 0 (the client's).
+	BatchSize int `json:"batchSize,omitempty"`
+	// EnableCompression asks clients to compress payloads. Defaults to false.
+	EnableCompression bool `json:"enableCompression,omitempty"`
+}
+
+// AccessControl is the access_control_config section: PostgreSQL role names.
+type AccessControl struct {
+	// Readers may fetch and join groups. Defaults to none listed.
+	Readers []string `json:"readers,omitempty"`
+	// Writers may append. Defaults to none listed.
+	Writers []string `json:"writers,omitempty"`
+}
+
+// ErrInvalidConfig: a configuration value that is not valid. The error is a
+// *FieldError naming the field.
+var ErrInvalidConfig = errors.New("invalid stream configuration")
+
+// FieldError says which field of a configuration is wrong and why. It matches
+// ErrInvalidConfig.
+type FieldError struct {
+	Field   string // e.g. "retention_config.maxAge"
+	Problem string
+}
+
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("%v: %s: %s", ErrInvalidConfig, e.Field, e.Problem)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *FieldError) Is(target error) bool { return target == ErrInvalidConfig }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Problem: fmt.Sprintf(format, args...)}
+}
+
+var (
+	streamName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,249}$`)
+	roleName   = regexp.MustCompile(`^[^\x00]{1,63}$`)
+)
+
+const maxSeconds = 1<<31 - 1 // the SQL columns are integer seconds
+
+// Validate checks every section and returns a *FieldError for the first bad field.
+func (c *Config) Validate() error {
+	if c == nil {
+		return nil
+	}
+	if r := c.Retention; r != nil {
+		switch r.CleanupPolicy {
+		case "", CleanupDelete, CleanupCompact, CleanupCompactDelete:
+		default:
+			return fieldErr("retention_config.cleanupPolicy", "%q is not delete, compact or compact,delete", r.CleanupPolicy)
+		}
+		if r.MaxAge != nil {
+			if d := time.Duration(*r.MaxAge); d < time.Second || d/time.Second > maxSeconds {
+				return fieldErr("retention_config.maxAge", "%s must be between 1s and 68 years", time.Duration(*r.MaxAge))
+			}
+		}
+		if r.MaxEventCount != nil && (*r.MaxEventCount < 0 || *r.MaxEventCount > 1<<31-1) {
+			return fieldErr("retention_config.maxEventCount", "%d must be between 0 and 2147483647", *r.MaxEventCount)
+		}
+		if r.MaxSizeBytes != nil && *r.MaxSizeBytes < 0 {
+			return fieldErr("retention_config.maxSizeBytes", "%d must not be negative", *r.MaxSizeBytes)
+		}
+		if r.TombstoneRetention != nil {
+			if d := time.Duration(*r.TombstoneRetention); d < 0 || d/time.Second > maxSeconds {
+				return fieldErr("retention_config.tombstoneRetention", "%s must be between 0 and 68 years", d)
+			}
+		}
+	}
+	if d := c.DeadLetter; d != nil {
+		if d.MaxDeliveryAttempts < 0 || d.MaxDeliveryAttempts > 1000 {
+			return fieldErr("dead_letter_config.maxDeliveryAttempts", "%d must be between 1 and 1000", d.MaxDeliveryAttempts)
+		}
+		if d.Stream != "" && (!streamName.MatchString(d.Stream) || d.Stream == "." || d.Stream == "..") {
+			return fieldErr("dead_letter_config.stream", "%q is not a valid stream name", d.Stream)
+		}
+	}
+	if l := c.Lifecycle; l != nil {
+		if l.ArchiveAfter != nil && *l.ArchiveAfter <= 0 {
+			return fieldErr("lifecycle_config.archiveAfter", "%s must be positive", time.Duration(*l.ArchiveAfter))
+		}
+		if l.DeleteAfter != nil && *l.DeleteAfter <= 0 {
+			return fieldErr("lifecycle_config.deleteAfter", "%s must be positive", time.Duration(*l.DeleteAfter))
+		}
+	}
+	if p := c.Performance; p != nil && (p.BatchSize < 0 || p.BatchSize > 100000) {
+		return fieldErr("performance_config.batchSize", "%d must be between 1 and 100000", p.BatchSize)
+	}
+	if a := c.AccessControl; a != nil {
+		for i, r := range a.Readers {
+			if !roleName.MatchString(r) {
+				return fieldErr(fmt.Sprintf("access_control_config.readers[%d]", i), "%q is not a role name", r)
+			}
+		}
+		for i, r := range a.Writers {
+			if !roleName.MatchString(r) {
+				return fieldErr(fmt.Sprintf("access_control_config.writers[%d]", i), "%q is not a role name", r)
+			}
+		}
+	}
+	for k := range c.Tags {
+		if k == "" {
+			return fieldErr("tags", "a tag key must not be empty")
+		}
+	}
+	return nil
+}

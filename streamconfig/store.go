@@ -1,0 +1,163 @@
+package streamconfig
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/streams"
+)
+
+// DBTX is what the package needs from a connection, pool or transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func init() {
+	sqlerr.Register(sqlerr.InvalidStreamConfig, ErrInvalidConfig)
+}
+
+// Store reads and writes stream configurations. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// NewStore returns a Store on pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Get returns the configuration of stream: an empty Config when the stream has none,
+// streams.ErrStreamNotFound when the stream does not exist.
+func (s *Store) Get(ctx context.Context, stream string) (*Config, error) {
+	return GetTx(ctx, s.pool, stream)
+}
+
+// GetTx is Get in the caller's transaction.
+func GetTx(ctx context.Context, db DBTX, stream string) (*Config, error) {
+	var (
+		exists bool
+		cols   [6][]byte
+	)
+	err := db.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM streamd.streams WHERE stream_name = $1),
+		       c.retention_config, c.dead_letter_config, c.lifecycle_config,
+		       c.performance_config, c.access_control_config, c.tags
+		  FROM (SELECT 1) one
+		  LEFT JOIN streamd.stream_configurations c ON c.stream_name = $1`, stream).
+		Scan(&exists, &cols[0], &cols[1], &cols[2], &cols[3], &cols[4], &cols[5])
+	if err != nil {
+		return nil, fmt.Errorf("get configuration of %s: %w", stream, sqlerr.Wrap(err))
+	}
+	if !exists {
+		return nil, fmt.Errorf("get configuration of %q: %w", stream, streams.ErrStreamNotFound)
+	}
+	cfg := &Config{}
+	targets := []struct {
+		name string
+		dst  any
+	}{
+		{"retention_config", &cfg.Retention},
+		{"dead_letter_config", &cfg.DeadLetter},
+		{"lifecycle_config", &cfg.Lifecycle},
+		{"performance_config", &cfg.Performance},
+		{"access_control_config", &cfg.AccessControl},
+		{"tags", &cfg.Tags},
+	}
+	for i, t := range targets {
+		if cols[i] == nil {
+			continue
+		}
+		// Lenient: keys this version does not know (written from SQL) are ignored.
+		if err := json.Unmarshal(cols[i], t.dst); err != nil {
+			return nil, fmt.Errorf("get configuration of %s: %s: %w", stream, t.name, err)
+		}
+	}
+	return cfg, nil
+}
+
+// Set replaces the whole configuration of stream with cfg (a nil section becomes
+// NULL). It validates cfg first and writes nothing when a field is wrong
+// (ErrInvalidConfig with a *FieldError); an unknown stream is
+// streams.ErrStreamNotFound. Setting the retention section also sets the stream's row
+// of retention_policies, in the same statement.
+func (s *Store) Set(ctx context.Context, stream string, cfg *Config) error {
+	return SetTx(ctx, s.pool, stream, cfg)
+}
+
+// SetTx is Set in the caller's transaction.
+func SetTx(ctx context.Context, db DBTX, stream string, cfg *Config) error {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("set configuration of %s: %w", stream, err)
+	}
+	args := []any{stream}
+	for _, section := range []any{cfg.Retention, cfg.DeadLetter, cfg.Lifecycle, cfg.Performance, cfg.AccessControl, cfg.Tags} {
+		args = append(args, jsonOrNil(section))
+	}
+	_, err := db.Exec(ctx, `
+		INSERT INTO streamd.stream_configurations AS c (stream_name, retention_config, dead_letter_config,
+		       lifecycle_config, performance_config, access_control_config, tags)
+		VALUES ($1, $2::jsonb, $3::jsonb, $4::jsonb, $5::jsonb, $6::jsonb, $7::jsonb)
+		ON CONFLICT (stream_name) DO UPDATE
+		   SET retention_config = EXCLUDED.retention_config, dead_letter_config = EXCLUDED.dead_letter_config,
+		       lifecycle_config = EXCLUDED.lifecycle_config, performance_config = EXCLUDED.performance_config,
+		       access_control_config = EXCLUDED.access_control_config, tags = EXCLUDED.tags`, args...)
+	if err != nil {
+		return fmt.Errorf("set configuration of %s: %w", stream, sqlerr.Wrap(err))
+	}
+	return nil
+}
+
+// Delete removes the configuration of stream, and with it its retention policy. It
+// reports whether there was one.
+func (s *Store) Delete(ctx context.Context, stream string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM streamd.stream_configurations WHERE stream_name = $1`, stream)
+	if err != nil {
+		return false, fmt.Errorf("delete configuration of %s: %w", stream, sqlerr.Wrap(err))
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+// jsonOrNil returns the JSON text of v, or nil (SQL NULL) for a nil pointer or map.
+func jsonOrNil(v any) any {
+	switch x := v.(type) {
+	case *Retention:
+		if x == nil {
+			return nil
+		}
+	case *DeadLetter:
+		if x == nil {
+			return nil
+		}
+	case *Lifecycle:
+		if x == nil {
+			return nil
+		}
+	case *Performance:
+		if x == nil {
+			return nil
+		}
+	case *AccessControl:
+		if x == nil {
+			return nil
+		}
+	case map[string]string:
+		if x == nil {
+			return nil
+		}
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only plain types above: Marshal cannot fail.
+		panic(errors.Join(errors.New("streamconfig: marshal"), err))
+	}
+	return string(b)
+}
