@@ -1,0 +1,175 @@
+// Package wakeup tells readers of streams and queues that something may have been
+// committed for them, so they fetch at once instead of at their next poll.
+//
+// Wake-ups are hints, never data: readers always read through SQL by offset range
+// (streams) or visibility (queues), so ordering and delivery never depend on them,
+// and every reader keeps polling with backoff as the safety net (Waiter does both).
+//
+// The parts:
+//   - Hub: the in-process fan-out. Subscribe(kind, name) returns a Subscription whose
+//     channel holds at most one pending wake-up (coalescing); notifying never blocks.
+//   - Listener: a Hub fed by one shared LISTEN connection per process, on channel
+//     streamd_wakeup. Run owns the connection and reconnects with backoff.
+//   - Broadcaster: what streamd runs. It tails the WAL (logical replication, see
+//     internal/tailer) and re-sends the committed transactions' stream and queue names
+//     with pg_notify from its own short transactions, coalesced over FlushInterval, so
+//     producers never pay NOTIFY's global commit lock. It can also feed a Hub directly,
+//     which is how a worker runs a tailer in-process.
+package wakeup
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Channel is the LISTEN/NOTIFY channel the Broadcaster notifies and Listeners listen on.
+const Channel = "streamd_wakeup"
+
+// Kind says whether a name is a stream of the log or a queue (they are separate
+// namespaces).
+type Kind uint8
+
+const (
+	// KindStream is a stream of the persistent log (streamd.events).
+	KindStream Kind = iota + 1
+	// KindQueue is a queue (streamd.messages).
+	KindQueue
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindStream:
+		return "stream"
+	case KindQueue:
+		return "queue"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+type key struct {
+	kind Kind
+	name string
+}
+
+// Hub fans wake-ups out to subscribers in the process. The zero value is not usable;
+// call NewHub. All methods are safe for concurrent use.
+type Hub struct {
+	mu   sync.Mutex
+	subs map[key]map[*Subscription]struct{}
+}
+
+// NewHub returns an empty Hub.
+func NewHub() *Hub { return &Hub{subs: map[key]map[*Subscription]struct{}{}} }
+
+// Subscription receives the wake-ups of one stream or queue. C holds at most one
+// pending wake-up: several notifications before the reader looks coalesce into one.
+type Subscription struct {
+	// C receives a value when something may have been committed for the name.
+	C    <-chan struct{}
+	c    chan struct{}
+	hub  *Hub
+	key  key
+	once sync.Once
+}
+
+// Subscribe starts receiving wake-ups for (kind, name). Subscribe before the read
+// that may find nothing, so a commit between that read and the wait still wakes the
+// wait. Close the subscription when done.
+func (h *Hub) Subscribe(kind Kind, name string) *Subscription {
+	c := make(chan struct{}, 1)
+	s := &Subscription{C: c, c: c, hub: h, key: key{kind, name}}
+	h.mu.Lock()
+	m := h.subs[s.key]
+	if m == nil {
+		m = map[*Subscription]struct{}{}
+		h.subs[s.key] = m
+	}
+	m[s] = struct{}{}
+	h.mu.Unlock()
+	return s
+}
+
+// Close ends the subscription. It is idempotent.
+func (s *Subscription) Close() {
+	s.once.Do(func() {
+		h := s.hub
+		h.mu.Lock()
+		if m := h.subs[s.key]; m != nil {
+			delete(m, s)
+			if len(m) == 0 {
+				delete(h.subs, s.key)
+			}
+		}
+		h.mu.Unlock()
+	})
+}
+
+// Wait blocks until a wake-up arrives (true), or timeout passes or ctx ends (false).
+// A wake-up that arrived since the last Wait returns at once.
+func (s *Subscription) Wait(ctx context.Context, timeout time.Duration) bool {
+	select {
+	case <-s.c:
+		return true
+	default:
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-s.c:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (s *Subscription) wake() {
+	select {
+	case s.c <- struct{}{}:
+	default: // one pending wake-up is enough
+	}
+}
+
+// Notify wakes every subscriber of (kind, name). It never blocks.
+func (h *Hub) Notify(kind Kind, name string) {
+	h.mu.Lock()
+	for s := range h.subs[key{kind, name}] {
+		s.wake()
+	}
+	h.mu.Unlock()
+}
+
+// NotifyAll wakes every subscriber: wake-ups may have been missed (a reconnect).
+func (h *Hub) NotifyAll() {
+	h.mu.Lock()
+	for _, m := range h.subs {
+		for s := range m {
+			s.wake()
+		}
+	}
+	h.mu.Unlock()
+}
+
+// Source is the Hub seen through one kind of name, with the shape the messages
+// package's WakeupSource (and consumers) expect.
+type Source struct {
+	hub  *Hub
+	kind Kind
+}
+
+// Queues returns the Hub as a source of queue wake-ups (messages.WakeupSource).
+func (h *Hub) Queues() Source { return Source{hub: h, kind: KindQueue} }
+
+// Streams returns the Hub as a source of stream wake-ups.
+func (h *Hub) Streams() Source { return Source{hub: h, kind: KindStream} }
+
+// Subscribe returns a channel that receives a value (at most one pending) when
+// something may have been committed for name, and the function that ends the
+// subscription.
+func (s Source) Subscribe(name string) (<-chan struct{}, func()) {
+	sub := s.hub.Subscribe(s.kind, name)
+	return sub.C, sub.Close
+}

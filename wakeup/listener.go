@@ -1,0 +1,201 @@
+package wakeup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Payload format of a notification on Channel: lines of "s <name>" (a stream) or
+// "q <name>" (a queue), or a single "*" (wake everyone: wake-ups may have been
+// missed). Stream and queue names never contain a newline.
+const (
+	payloadAll = "*"
+	maxPayload = 7900 // NOTIFY payloads must stay under 8000 bytes
+)
+
+func encodeLine(kind Kind, name string) string {
+	if kind == KindQueue {
+		return "q " + name
+	}
+	return "s " + name
+}
+
+// decodePayload calls fn for each (kind, name) in payload; all is true for "*".
+func decodePayload(payload string, fn func(Kind, string)) (all bool) {
+	if payload == payloadAll {
+		return true
+	}
+	for line := range strings.SplitSeq(payload, "\n") {
+		if len(line) < 3 || line[1] != ' ' {
+			continue
+		}
+		switch line[0] {
+		case 's':
+			fn(KindStream, line[2:])
+		case 'q':
+			fn(KindQueue, line[2:])
+		}
+	}
+	return false
+}
+
+// ListenerConfig configures a Listener. Fields are alphabetical.
+type ListenerConfig struct {
+	// ConnString is the PostgreSQL connection string of the database whose
+	// Broadcaster to listen to. Required.
+	ConnString string
+	// Logger receives lifecycle messages. Defaults to slog.Default().
+	Logger *slog.Logger
+	// MaxBackoff bounds the wait between reconnection attempts. Defaults to 5s.
+	MaxBackoff time.Duration
+	// MinBackoff is the first wait before reconnecting. Defaults to 50ms.
+	MinBackoff time.Duration
+	// Registerer receives the listener's metrics. Defaults to nil: no metrics.
+	Registerer prometheus.Registerer
+}
+
+func (c *ListenerConfig) withDefaults() (ListenerConfig, error) {
+	out := ListenerConfig{}
+	if c != nil {
+		out = *c
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.MaxBackoff == 0 {
+		out.MaxBackoff = 5 * time.Second
+	}
+	if out.MinBackoff == 0 {
+		out.MinBackoff = 50 * time.Millisecond
+	}
+	return out, out.validate()
+}
+
+func (c *ListenerConfig) validate() error {
+	switch {
+	case c.ConnString == "":
+		return errors.New("wakeup: ListenerConfig.ConnString is required")
+	case c.MinBackoff < 0:
+		return fmt.Errorf("wakeup: ListenerConfig.MinBackoff %v is negative", c.MinBackoff)
+	case c.MaxBackoff < c.MinBackoff:
+		return fmt.Errorf("wakeup: ListenerConfig.MaxBackoff %v is below MinBackoff %v", c.MaxBackoff, c.MinBackoff)
+	}
+	return nil
+}
+
+// Listener is the process's one LISTEN connection: a Hub fed by the Broadcaster's
+// notifications. Subscribe through the embedded Hub; call Run once.
+type Listener struct {
+	*Hub
+	cfg       ListenerConfig
+	connected atomic.Bool
+	mConn     prometheus.Gauge
+	mReceived prometheus.Counter
+}
+
+// NewListener checks cfg and returns a Listener. It does not connect.
+func NewListener(cfg *ListenerConfig) (*Listener, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	l := &Listener{
+		Hub: NewHub(),
+		cfg: c,
+		mConn: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "streamd_wakeup_listener_connected",
+			Help: "1 while the wake-up listener's LISTEN connection is up, else 0.",
+		}),
+		mReceived: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "streamd_wakeup_notifications_received_total",
+			Help: "Wake-up notifications received by the listener.",
+		}),
+	}
+	if c.Registerer != nil {
+		c.Registerer.MustRegister(l.mConn, l.mReceived)
+	}
+	return l, nil
+}
+
+// Connected reports whether the LISTEN connection is up. Safe from any goroutine.
+func (l *Listener) Connected() bool { return l.connected.Load() }
+
+// Run holds the LISTEN connection until ctx ends, reconnecting with backoff, and
+// returns nil then. After every (re)connect it wakes every subscriber, since
+// notifications sent meanwhile were missed. It returns an error only for a bad
+// connection string.
+func (l *Listener) Run(ctx context.Context) error {
+	connCfg, err := pgx.ParseConfig(l.cfg.ConnString)
+	if err != nil {
+		return fmt.Errorf("wakeup: parse ListenerConfig.ConnString: %w", err)
+	}
+	l.cfg.Logger.Info("wakeup listener started")
+	defer l.cfg.Logger.Info("wakeup listener stopped")
+	backoff := l.cfg.MinBackoff
+	for ctx.Err() == nil {
+		conn, err := pgx.ConnectConfig(ctx, connCfg.Copy())
+		if err == nil {
+			_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{Channel}.Sanitize())
+		}
+		if err == nil {
+			backoff = l.cfg.MinBackoff
+			l.connected.Store(true)
+			l.mConn.Set(1)
+			l.NotifyAll()
+			for err == nil {
+				var n *pgconn.Notification
+				n, err = conn.WaitForNotification(ctx)
+				if err == nil {
+					l.mReceived.Inc()
+					if decodePayload(n.Payload, l.Notify) {
+						l.NotifyAll()
+					}
+				}
+			}
+			l.connected.Store(false)
+			l.mConn.Set(0)
+		}
+		if conn != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_ = conn.Close(cctx)
+			cancel()
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		l.cfg.Logger.Debug("wakeup listener reconnecting", "error", err, "backoff", backoff)
+		if !sleep(ctx, jitter(backoff)) {
+			break
+		}
+		if backoff *= 2; backoff > l.cfg.MaxBackoff {
+			backoff = l.cfg.MaxBackoff
+		}
+	}
+	return nil
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(mrand.Int64N(int64(d/2)+1))
+}
+
+// sleep waits d or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
