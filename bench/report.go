@@ -166,7 +166,7 @@ func (r *Report) charts() []namedChart {
 			bySeries[name] = append(bySeries[name], point{float64(res.Params.BatchSize), res.RecordsPerSec})
 		}
 		c := chart{title: fmt.Sprintf("produce %s: records/s vs batch size (%d partitions)", sizeLabel(size), parts),
-			xLabel: "records per transaction (log)", yLabel: "records/s", logX: true}
+			xLabel: "records per transaction (log)", yLabel: "records/s", logX: true, dots: true}
 		for _, n := range names {
 			c.series = append(c.series, series{name: n, points: bySeries[n], dashed: strings.HasPrefix(n, "copy")})
 		}
@@ -198,7 +198,7 @@ func (r *Report) charts() []namedChart {
 	}
 
 	// Throughput against partitions.
-	pc := chart{title: "produce: records/s vs partitions", xLabel: "partitions (log)", yLabel: "records/s", logX: true}
+	pc := chart{title: "produce: records/s vs partitions", xLabel: "partitions (log)", yLabel: "records/s", logX: true, dots: true}
 	bySys := map[string][]point{}
 	var sysNames []string
 	for _, res := range r.Results {

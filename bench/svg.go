@@ -25,6 +25,8 @@ type chart struct {
 	logX                  bool
 	// yMax fixes the y axis top (0: from the data).
 	yMax float64
+	// dots marks each data point (for measured points, not for distributions).
+	dots bool
 	// yFormat formats y tick labels (nil: SI-style 12k, 1.2M).
 	yFormat func(float64) string
 	series  []series
@@ -116,7 +118,7 @@ func (c chart) svg() []byte {
 			dash = ` stroke-dasharray="6 3"`
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>`+"\n", color, dash, pts.String())
-		if len(s.points) <= 12 {
+		if c.dots {
 			for _, p := range s.points {
 				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", px(p.x), py(math.Min(p.y, yTop)), color)
 			}
