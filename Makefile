@@ -7,7 +7,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 20m
 STREAMD   := $(GO) run ./cmd/streamd
 
-.PHONY: run test test-race db-start db-stop db-url migrate build vet fmt bench bench-full soak chaos
+.PHONY: run test test-race db-start db-stop db-url migrate build vet fmt bench bench-full soak soak-groups
 
 run:
 	$(STREAMD) serve
@@ -47,3 +47,11 @@ bench: db-start
 
 bench-full: db-start
 	$(GO) run ./bench/cmd/streamd-bench -suite full
+
+# Longer randomized runs, outside `make test`.
+soak: soak-groups
+
+# Consumer-group invariants with random joins, leaves and kills (random seed, logged;
+# STREAMD_SOAK_DURATION, default 2m).
+soak-groups: db-start
+	STREAMD_SOAK=1 $(GO) test -count=1 -run TestGroupInvariants -timeout 30m ./consumergroup/

@@ -56,6 +56,8 @@ cluster that streamd starts (or reuses) in the project's .state folder.`,
 		newStreamCmd(g),
 		newProduceCmd(g),
 		newFetchCmd(g),
+		newGroupsCmd(g),
+		newConsumeCmd(g),
 		newQueueCmd(g),
 		newDLQCmd(g),
 	)

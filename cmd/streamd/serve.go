@@ -74,7 +74,7 @@ help); flags win.`,
 	f.Int64Var(&c.maxRequestBytes, "max-request-bytes", envInt64("STREAMD_MAX_REQUEST_BYTES", 8<<20), "largest /v1/ request body ($STREAMD_MAX_REQUEST_BYTES)")
 	f.StringVar(&c.coordinatorName, "coordinator-name", envOr("STREAMD_COORDINATOR_NAME", "streamd-coordinator"), "name of the coordinator lease; instances with the same name elect one leader ($STREAMD_COORDINATOR_NAME)")
 	f.DurationVar(&c.leaseTTL, "lease-ttl", envDuration("STREAMD_LEASE_TTL", 5*time.Second), "coordinator lease TTL: the longest a dead leader delays its successor ($STREAMD_LEASE_TTL)")
-	f.DurationVar(&c.reaperInterval, "reaper-interval", envDuration("STREAMD_REAPER_INTERVAL", 5*time.Second), "how often the leader expires stale group members ($STREAMD_REAPER_INTERVAL)")
+	f.DurationVar(&c.reaperInterval, "reaper-interval", envDuration("STREAMD_REAPER_INTERVAL", time.Second), "how often the leader expires stale group members ($STREAMD_REAPER_INTERVAL)")
 	f.DurationVar(&c.shutdownTimeout, "shutdown-timeout", envDuration("STREAMD_SHUTDOWN_TIMEOUT", 15*time.Second), "bound on finishing in-flight requests at shutdown ($STREAMD_SHUTDOWN_TIMEOUT)")
 	return cmd
 }
