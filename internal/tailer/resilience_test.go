@@ -1,0 +1,170 @@
+package tailer_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/tailer"
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// Environment of the child process of TestKill9LeavesNoSlot.
+const (
+	envChildURL = "STREAMD_TAILER_CHILD_URL"
+	envChildApp = "STREAMD_TAILER_CHILD_APP"
+)
+
+// TestMain runs a tailer and nothing else when the test binary is re-executed as the
+// child of TestKill9LeavesNoSlot.
+func TestMain(m *testing.M) {
+	if url := os.Getenv(envChildURL); url != "" {
+		os.Exit(runChild(url, os.Getenv(envChildApp)))
+	}
+	os.Exit(m.Run())
+}
+
+// runChild streams until killed, printing "streaming" once it is.
+func runChild(url, app string) int {
+	tl, err := tailer.New(&tailer.Config{
+		ApplicationName: app,
+		ConnString:      url,
+		Handler:         func(context.Context, tailer.Event) {},
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	go func() { // owner: the child's main; the process is killed, never stopped
+		for tl.State() != tailer.StateStreaming {
+			time.Sleep(5 * time.Millisecond)
+		}
+		fmt.Println("streaming")
+	}()
+	if err := tl.Run(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	return 0
+}
+
+// TestKill9LeavesNoSlot: a process running a tailer is killed with SIGKILL (no
+// cleanup code runs); its replication slot was temporary, so the server drops it and
+// nothing pins WAL.
+func TestKill9LeavesNoSlot(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	app := testdb.Name("tailer-kill9")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChildURL+"="+testdb.URL(t), envChildApp+"="+app)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	ready := make(chan bool, 1)
+	go func() { // owner: this test; ends when the child's stdout closes
+		sc := bufio.NewScanner(out)
+		ok := false
+		for sc.Scan() {
+			if strings.TrimSpace(sc.Text()) == "streaming" && !ok {
+				ok = true
+				ready <- true
+			}
+		}
+		if !ok {
+			ready <- false
+		}
+	}()
+	select {
+	case ok := <-ready:
+		require.True(t, ok, "the child exited before streaming")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the child did not start streaming within 30s")
+	}
+	slot, temporary, _ := slotOf(t, pool, app)
+	require.NotEmpty(t, slot, "the child's slot exists while it runs")
+	require.True(t, temporary)
+
+	require.NoError(t, cmd.Process.Kill()) // SIGKILL
+	killed = true
+	_ = cmd.Wait()
+	waitFor(t, 30*time.Second, "slot "+slot+" dropped", func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(context.Background(),
+			"SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&n))
+		return n == 0
+	})
+}
+
+// TestWalsenderTerminatedReconnects: when the server ends the replication
+// connection (pg_terminate_backend of the walsender), the tailer reconnects by
+// itself with a new temporary slot (the old one is gone), tells its handler that
+// commits may have been missed, and hands on commits again.
+func TestWalsenderTerminatedReconnects(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := createStream(t, pool, 2)
+	rec := newRecorder(stream)
+	app := testdb.Name("tailer-cut")
+	tl := startTailer(t, testdb.URL(t), rec, func(c *tailer.Config) { c.ApplicationName = app })
+	require.EqualValues(t, 1, tl.Sessions())
+	require.Equal(t, 1, rec.allCount(), "streaming start wakes everyone")
+	c := streams.NewClient(pool, nil)
+
+	for cut := 1; cut <= 2; cut++ {
+		slot, _, _ := slotOf(t, pool, app)
+		require.NotEmpty(t, slot)
+		var terminated bool
+		require.NoError(t, pool.QueryRow(ctx,
+			"SELECT pg_terminate_backend(pid) FROM pg_stat_replication WHERE application_name = $1", app).Scan(&terminated))
+		require.True(t, terminated)
+		waitFor(t, 30*time.Second, "a new session", func() bool {
+			return tl.Sessions() == int64(cut+1) && tl.State() == tailer.StateStreaming
+		})
+		require.Equal(t, cut+1, rec.allCount(), "each new session wakes everyone")
+		waitFor(t, 10*time.Second, "old slot dropped", func() bool {
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&n))
+			return n == 0
+		})
+		p := int32(cut % 2)
+		_, err := c.Produce(ctx, streams.Record{Stream: stream, Partition: streams.PartitionOf(p), Data: []byte(`{}`)})
+		require.NoError(t, err)
+		want := tailer.Target{Kind: tailer.KindStream, Name: stream, Partition: p}
+		waitFor(t, 10*time.Second, "a commit after the cut handed on", func() bool { return rec.targets()[want] >= 1 })
+	}
+}
+
+// TestConfigNamesTheBadField: validation errors say which field is wrong.
+func TestConfigNamesTheBadField(t *testing.T) {
+	t.Parallel()
+	h := func(context.Context, tailer.Event) {}
+	for _, tc := range []struct {
+		cfg  tailer.Config
+		want string
+	}{
+		{tailer.Config{Handler: h}, "ConnString"},
+		{tailer.Config{ConnString: "x"}, "Handler"},
+		{tailer.Config{ConnString: "x", Handler: h, MinBackoff: time.Second, MaxBackoff: time.Millisecond}, "MaxBackoff"},
+		{tailer.Config{ConnString: "x", Handler: h, StatusInterval: -1}, "StatusInterval"},
+	} {
+		_, err := tailer.New(&tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
+}
