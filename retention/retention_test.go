@@ -26,7 +26,7 @@ func TestApplyTimeRetentionDeletesExactlyTheOlderPrefix(t *testing.T) {
 		ts = append(ts, now.Add(-time.Duration(i)*24*time.Hour))
 	}
 	f.backdate(0, ts)
-	f.produce(0, 3)  // fresh: offsets 10..12
+	f.produce(0, 3) // fresh: offsets 10..12
 	f.backdate(1, ts[:2])
 
 	var n int
