@@ -7,7 +7,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 20m
 STREAMD   := $(GO) run ./cmd/streamd
 
-.PHONY: run test test-race db-start db-stop db-url migrate build vet fmt bench bench-full soak soak-groups
+.PHONY: run test test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-queue soak soak-groups soak-queue
 
 run:
 	$(STREAMD) serve
@@ -49,9 +49,18 @@ bench-full: db-start
 	$(GO) run ./bench/cmd/streamd-bench -suite full
 
 # Longer randomized runs, outside `make test`.
-soak: soak-groups
+soak: soak-groups soak-queue
 
 # Consumer-group invariants with random joins, leaves and kills (random seed, logged;
 # STREAMD_SOAK_DURATION, default 2m).
 soak-groups: db-start
 	STREAMD_SOAK=1 $(GO) test -count=1 -run TestGroupInvariants -timeout 30m ./consumergroup/
+
+# The queue table under churn: dead tuples and table size stay bounded. Run alone: it
+# measures the whole table. STREAMD_SOAK_DURATION (default 3m).
+soak-queue: db-start
+	STREAMD_SOAK=1 STREAMD_SOAK_DURATION=$${STREAMD_SOAK_DURATION:-3m} $(GO) test -count=1 -timeout 15m -run TestSoakTableStaysBounded -v ./messages/
+
+# Queue send+receive+ack against a raw SKIP LOCKED drain and a pgmq-style loop.
+bench-queue: db-start
+	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkQueue' -benchtime 5x ./messages/

@@ -396,6 +396,8 @@ max_connections = 300
 shared_buffers = 512MB
 max_wal_size = 4GB
 checkpoint_timeout = 15min
+# Queue tables churn: wake autovacuum often enough to keep dead tuples bounded.
+autovacuum_naptime = 10s
 log_min_messages = warning
 log_min_duration_statement = -1
 `, c.cfg.Port, sock)
