@@ -176,10 +176,18 @@ func Ensure(ctx context.Context, cfg *Config) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	if err := c.writeConf(); err != nil {
+	changed, err := c.writeConf()
+	if err != nil {
 		return nil, err
 	}
 	if c.running(ctx) {
+		if changed {
+			// Settings that a reload can change take effect now (a new port or
+			// wal_level needs db-stop first).
+			if out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "reload"); err != nil {
+				return nil, fmt.Errorf("localpg: pg_ctl reload: %w: %s", err, tail(out))
+			}
+		}
 		return c, nil
 	}
 	if err := c.start(ctx); err != nil {
@@ -377,12 +385,12 @@ func (c *Cluster) initdb(ctx context.Context) error {
 
 // writeConf writes the settings that make the cluster ours: its port and socket,
 // logical decoding for the tailer, and enough connections for tests and benchmarks.
-func (c *Cluster) writeConf() error {
+func (c *Cluster) writeConf() (changed bool, err error) {
 	sock := ""
 	if c.sockDir != "" {
 		sock = c.sockDir
 		if err := os.MkdirAll(sock, 0o755); err != nil {
-			return fmt.Errorf("localpg: create socket dir: %w", err)
+			return false, fmt.Errorf("localpg: create socket dir: %w", err)
 		}
 	}
 	conf := fmt.Sprintf(`# written by streamd's localpg on every start; edit the code, not this file
@@ -410,13 +418,16 @@ log_min_duration_statement = -1
 		conf += name + " = " + c.cfg.Settings[name] + "\n"
 	}
 	path := filepath.Join(c.dataDir, "streamd.conf")
+	if old, err := os.ReadFile(path); err == nil && string(old) == conf {
+		return false, nil
+	}
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-		return fmt.Errorf("localpg: write %s: %w", path, err)
+		return false, fmt.Errorf("localpg: write %s: %w", path, err)
 	}
 	if c.asUser != "" {
-		return c.chownToServer(filepath.Join(c.cfg.StateDir, "pg"))
+		return true, c.chownToServer(filepath.Join(c.cfg.StateDir, "pg"))
 	}
-	return nil
+	return true, nil
 }
 
 func (c *Cluster) running(ctx context.Context) bool {
