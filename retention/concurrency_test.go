@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,6 +38,7 @@ func TestRetentionUnderLoadLosesNothingAboveTheLine(t *testing.T) {
 	ctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
 	defer cancel()
 	stopProducing := make(chan struct{})
+	var passes atomic.Int64 // completed retention passes
 	var (
 		mu    sync.Mutex
 		acked = map[int32]map[int64]string{} // partition -> offset -> event id
@@ -78,6 +80,24 @@ func TestRetentionUnderLoadLosesNothingAboveTheLine(t *testing.T) {
 	producersDone := make(chan struct{})
 	for p := int32(0); p < partitions; p++ {
 		readers.Go(func() error { // the protected group's member for partition p
+			// Start late: only once retention has run after the partition grew well past
+			// the policy's count, so that without the protection offset 0 would be gone.
+			var startPass int64 = -1
+			for {
+				mu.Lock()
+				grown := len(acked[p]) >= 3*keep
+				mu.Unlock()
+				if grown && startPass < 0 {
+					startPass = passes.Load()
+				}
+				if startPass >= 0 && passes.Load() >= startPass+2 {
+					break
+				}
+				if rctx.Err() != nil {
+					return rctx.Err()
+				}
+				time.Sleep(time.Millisecond) // polling a condition; the deadline is ctx's
+			}
 			next := int64(0)
 			for {
 				finished := closed(producersDone) // before the fetch: its high watermark is then final
@@ -129,7 +149,6 @@ func TestRetentionUnderLoadLosesNothingAboveTheLine(t *testing.T) {
 
 	cleaner, cctx := errgroup.WithContext(ctx)
 	stopCleaning := make(chan struct{})
-	passes := 0
 	cleaner.Go(func() error {
 		for {
 			select {
@@ -140,7 +159,7 @@ func TestRetentionUnderLoadLosesNothingAboveTheLine(t *testing.T) {
 			if _, err := f.runner.Apply(cctx, f.stream, nil); err != nil {
 				return err
 			}
-			passes++
+			passes.Add(1)
 		}
 	})
 
@@ -155,7 +174,7 @@ func TestRetentionUnderLoadLosesNothingAboveTheLine(t *testing.T) {
 	require.NoError(t, readers.Wait())
 	close(stopCleaning)
 	require.NoError(t, cleaner.Wait())
-	require.Greater(t, passes, 1)
+	require.Greater(t, passes.Load(), int64(1))
 
 	// Every acknowledged record was read once, in order, by the protected group.
 	for p := int32(0); p < partitions; p++ {
