@@ -39,6 +39,9 @@ func ParseDuration(s string) (Duration, error) {
 			return 0, fmt.Errorf("%q: days out of range", s)
 		}
 		d := time.Duration(days)*24*time.Hour + time.Duration(h)*time.Hour + time.Duration(mi)*time.Minute + time.Duration(sec)*time.Second
+		if d < 0 {
+			return 0, fmt.Errorf("%q is out of range", s)
+		}
 		if m[5] != "" {
 			frac, _ := strconv.ParseFloat("0."+m[5], 64)
 			d += time.Duration(frac * float64(time.Second))
