@@ -20,6 +20,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -72,6 +74,8 @@ type Server struct {
 	pool    *pgxpool.Pool
 	cfg     Config
 	streams *streams.Client
+	groups  *consumergroup.Admin
+	queues  *messages.Client
 	mux     *http.ServeMux
 }
 
@@ -81,8 +85,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{pool: pool, cfg: conf, streams: streams.NewClient(pool, nil), mux: http.NewServeMux()}
+	queues, err := messages.NewClient(pool, &messages.ClientConfig{Logger: conf.Logger})
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{pool: pool, cfg: conf, streams: streams.NewClient(pool, nil), groups: consumergroup.NewAdmin(pool),
+		queues: queues, mux: http.NewServeMux()}
 	s.routes()
+	s.groupRoutes()
+	s.queueRoutes()
 	return s, nil
 }
 

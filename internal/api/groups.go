@@ -1,0 +1,155 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/streamd/streamd/consumergroup"
+)
+
+func init() {
+	extraStatus = append(extraStatus, func(err error) (int, string, bool) {
+		switch {
+		case errors.Is(err, consumergroup.ErrGroupNotFound), errors.Is(err, consumergroup.ErrDeadLetterNotFound):
+			return http.StatusNotFound, "not_found", true
+		case errors.Is(err, consumergroup.ErrGroupNotEmpty):
+			return http.StatusConflict, "group_not_empty", true
+		case errors.Is(err, consumergroup.ErrInvalidGroupID), errors.Is(err, consumergroup.ErrInvalidArgument):
+			return http.StatusBadRequest, "bad_request", true
+		case errors.Is(err, consumergroup.ErrFenced):
+			return http.StatusConflict, "fenced", true
+		}
+		return 0, "", false
+	})
+}
+
+func (s *Server) groupRoutes() {
+	s.Handle("GET /v1/streams/{stream}/groups", s.listGroups)
+	s.Handle("GET /v1/streams/{stream}/groups/{group}", s.describeGroup)
+	s.Handle("DELETE /v1/streams/{stream}/groups/{group}", s.deleteGroup)
+	s.Handle("POST /v1/streams/{stream}/groups/{group}/reset-offsets", s.resetOffsets)
+	s.Handle("GET /v1/streams/{stream}/dead-letters", s.listDeadLetters)
+	s.Handle("POST /v1/streams/{stream}/dead-letters/{id}/replay", s.replayDeadLetter)
+	s.Handle("POST /v1/streams/{stream}/dead-letters/{id}/discard", s.discardDeadLetter)
+}
+
+func (s *Server) listGroups(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionConsume); err != nil {
+		return nil, err
+	}
+	groups, err := s.groups.ListGroups(r.Context(), stream)
+	if err != nil {
+		return nil, err
+	}
+	if groups == nil {
+		groups = []consumergroup.GroupSummary{}
+	}
+	return map[string]any{"groups": groups}, nil
+}
+
+func (s *Server) describeGroup(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionConsume); err != nil {
+		return nil, err
+	}
+	return s.groups.DescribeGroup(r.Context(), stream, r.PathValue("group"))
+}
+
+func (s *Server) deleteGroup(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionAdmin); err != nil {
+		return nil, err
+	}
+	force := r.URL.Query().Get("force") == "true"
+	if err := s.groups.DeleteGroup(r.Context(), stream, r.PathValue("group"), force); err != nil {
+		return nil, err
+	}
+	return &Status{Code: http.StatusNoContent}, nil
+}
+
+// resetRequest is the body of reset-offsets: mode is earliest, latest, timestamp,
+// offset or shift.
+type resetRequest struct {
+	Force      bool       `json:"force"`
+	Mode       string     `json:"mode"`
+	Partitions []int32    `json:"partitions"`
+	Time       *time.Time `json:"time"`
+	Value      int64      `json:"value"`
+}
+
+func (s *Server) resetOffsets(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionAdmin); err != nil {
+		return nil, err
+	}
+	var req resetRequest
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	opts := consumergroup.ResetOpts{Force: req.Force, Mode: consumergroup.ResetMode(req.Mode), Partitions: req.Partitions, Value: req.Value}
+	switch opts.Mode {
+	case consumergroup.ResetToEarliest, consumergroup.ResetToLatest, consumergroup.ResetToOffset, consumergroup.ResetShiftBy:
+	case consumergroup.ResetToTimestamp:
+		if req.Time == nil {
+			return nil, fmt.Errorf("%w: mode timestamp needs time (RFC 3339)", ErrBadRequest)
+		}
+		opts.Time = *req.Time
+	default:
+		return nil, fmt.Errorf("%w: mode %q: want earliest, latest, timestamp, offset or shift", ErrBadRequest, req.Mode)
+	}
+	changes, err := s.groups.ResetOffsets(r.Context(), stream, r.PathValue("group"), opts)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"changes": changes}, nil
+}
+
+func (s *Server) listDeadLetters(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionConsume); err != nil {
+		return nil, err
+	}
+	q := r.URL.Query()
+	dls, err := s.groups.DeadLetters(r.Context(), stream, q.Get("group"), q.Get("status"))
+	if err != nil {
+		return nil, err
+	}
+	if dls == nil {
+		dls = []consumergroup.DeadLetter{}
+	}
+	return map[string]any{"dead_letters": dls}, nil
+}
+
+func (s *Server) replayDeadLetter(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionAdmin); err != nil {
+		return nil, err
+	}
+	id, err := intParam(r, "id", r.PathValue("id"), 0)
+	if err != nil {
+		return nil, err
+	}
+	pos, err := s.groups.ReplayDeadLetter(r.Context(), stream, id, r.Principal)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"position": pos}, nil
+}
+
+func (s *Server) discardDeadLetter(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionAdmin); err != nil {
+		return nil, err
+	}
+	id, err := intParam(r, "id", r.PathValue("id"), 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.groups.DiscardDeadLetter(r.Context(), stream, id, r.Principal); err != nil {
+		return nil, err
+	}
+	return &Status{Code: http.StatusNoContent}, nil
+}

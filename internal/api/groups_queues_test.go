@@ -1,0 +1,127 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+func TestGroupsEndpoints(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, sc := newServer(t)
+	s := testdb.Name("api-groups")
+	require.NoError(t, sc.CreateStream(ctx, s, 2))
+	for i := 0; i < 4; i++ {
+		_, err := sc.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(int32(i % 2)), Data: json.RawMessage(`{}`)})
+		require.NoError(t, err)
+	}
+	// A member consumes everything, commits, and leaves.
+	cons, err := consumergroup.New(sc.Pool(), consumergroup.Config{Stream: s, Group: "g1", SessionTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	rctx, stop := context.WithCancel(ctx)
+	seen := 0
+	require.NoError(t, cons.Run(rctx, func(ctx context.Context, b *consumergroup.Batch) error {
+		if seen += len(b.Events); seen == 4 {
+			stop()
+		}
+		return nil
+	}))
+
+	code, body := c.do("GET", "/v1/streams/"+s+"/groups", adminToken, "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Len(t, body["groups"], 1)
+	code, body = c.do("GET", "/v1/streams/"+s+"/groups/g1", adminToken, "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	raw, _ := json.Marshal(body)
+	require.Contains(t, string(raw), `"lag":0`)
+
+	code, body = c.do("POST", "/v1/streams/"+s+"/groups/g1/reset-offsets", adminToken, `{"mode":"earliest"}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Len(t, body["changes"], 2)
+	code, body = c.do("GET", "/v1/streams/"+s+"/groups/g1", adminToken, "")
+	require.Equal(t, http.StatusOK, code)
+	raw, _ = json.Marshal(body)
+	require.Contains(t, string(raw), `"lag":2`)
+
+	for _, tc := range []struct {
+		name, method, path, body string
+		want                     int
+	}{
+		{"unknown mode", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"sideways"}`, 400},
+		{"timestamp without time", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"timestamp"}`, 400},
+		{"unknown group", "POST", "/v1/streams/" + s + "/groups/nope/reset-offsets", `{"mode":"latest"}`, 404},
+		{"unknown dead letter", "POST", "/v1/streams/" + s + "/dead-letters/999999/replay", "", 404},
+	} {
+		code, body := c.do(tc.method, tc.path, adminToken, tc.body)
+		require.Equal(t, tc.want, code, "%s: %v", tc.name, body)
+	}
+	code, _ = c.do("DELETE", "/v1/streams/"+s+"/groups/g1", bobToken, "")
+	require.Equal(t, http.StatusForbidden, code)
+	code, _ = c.do("DELETE", "/v1/streams/"+s+"/groups/g1", adminToken, "")
+	require.Equal(t, http.StatusNoContent, code)
+	code, _ = c.do("GET", "/v1/streams/"+s+"/groups/g1", adminToken, "")
+	require.Equal(t, http.StatusNotFound, code)
+}
+
+func TestQueueEndpoints(t *testing.T) {
+	t.Parallel()
+	c, sc := newServer(t)
+	q := testdb.Name("api-q")
+	code, body := c.do("POST", "/v1/queues", adminToken, fmt.Sprintf(`{"name":%q,"visibility_timeout_ms":60000}`, q))
+	require.Equal(t, http.StatusCreated, code, "%v", body)
+	code, _ = c.do("POST", "/v1/queues", aliceToken, fmt.Sprintf(`{"name":%q}`, q+"x"))
+	require.Equal(t, http.StatusForbidden, code)
+
+	code, body = c.do("POST", "/v1/queues/"+q+"/messages", adminToken, `{"messages":[{"data":{"n":1}},{"data":{"n":2},"message_id":"m2"}]}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	code, body = c.do("POST", "/v1/queues/"+q+"/receive", adminToken, `{"max":10}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	msgs := body["messages"].([]any)
+	require.Len(t, msgs, 2)
+	receipts := []any{msgs[0].(map[string]any)["receipt"], msgs[1].(map[string]any)["receipt"]}
+	ack, _ := json.Marshal(map[string]any{"receipts": receipts[:1]})
+	code, body = c.do("POST", "/v1/queues/"+q+"/ack", adminToken, string(ack))
+	require.Equal(t, http.StatusNoContent, code, "%v", body)
+	code, body = c.do("POST", "/v1/queues/"+q+"/ack", adminToken, string(ack))
+	require.Equal(t, http.StatusConflict, code, "a settled receipt cannot settle again: %v", body)
+	require.Equal(t, "lease_lost", body["code"])
+
+	code, body = c.do("GET", "/v1/queues/"+q, adminToken, "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+
+	var n int
+	count := func() int {
+		require.NoError(t, sc.Pool().QueryRow(context.Background(), "SELECT count(*) FROM streamd.messages WHERE stream_name = $1", q).Scan(&n))
+		return n
+	}
+	require.Equal(t, 1, count())
+	for _, tc := range []struct {
+		name, path, body string
+		want             int
+	}{
+		{"invalid JSON data", "/v1/queues/" + q + "/messages", `{"messages":[{"data":{"n":`, 400},
+		{"negative delay", "/v1/queues/" + q + "/messages", `{"messages":[{"data":{},"delay_ms":-5}]}`, 400},
+		{"unknown queue", "/v1/queues/no-such-" + q + "/messages", `{"messages":[{"data":{}}]}`, 404},
+		{"no messages", "/v1/queues/" + q + "/messages", `{"messages":[]}`, 400},
+		{"receipt of another queue", "/v1/queues/" + q + "/ack", `{"receipts":[{"queue":"other","offset":1}]}`, 400},
+		{"wait too long", "/v1/queues/" + q + "/receive", `{"wait_ms":999999}`, 400},
+	} {
+		code, body := c.do("POST", tc.path, adminToken, tc.body)
+		require.Equal(t, tc.want, code, "%s: %v", tc.name, body)
+	}
+	require.Equal(t, 1, count(), "bad requests wrote nothing")
+	code, body = c.do("POST", "/v1/queues/"+q+"/purge", adminToken, "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, 0, count())
+}

@@ -1,0 +1,293 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/streamd/streamd/messages"
+)
+
+// Queues are not streams and have no access_control_config: their routes need the
+// admin principal.
+
+func init() {
+	extraStatus = append(extraStatus, func(err error) (int, string, bool) {
+		switch {
+		case errors.Is(err, messages.ErrQueueNotFound):
+			return http.StatusNotFound, "not_found", true
+		case errors.Is(err, messages.ErrPayloadTooLarge):
+			return http.StatusRequestEntityTooLarge, "too_large", true
+		case errors.Is(err, messages.ErrInvalidName), errors.Is(err, messages.ErrInvalidJSON), errors.Is(err, messages.ErrInvalidArgument):
+			return http.StatusBadRequest, "bad_request", true
+		case errors.Is(err, messages.ErrQueueInUse):
+			return http.StatusConflict, "queue_in_use", true
+		case errors.Is(err, messages.ErrLeaseLost):
+			return http.StatusConflict, "lease_lost", true
+		}
+		return 0, "", false
+	})
+}
+
+func (s *Server) queueRoutes() {
+	s.Handle("GET /v1/queues", s.adminOnly(s.listQueues))
+	s.Handle("POST /v1/queues", s.adminOnly(s.createQueue))
+	s.Handle("GET /v1/queues/{queue}", s.adminOnly(s.queueStats))
+	s.Handle("DELETE /v1/queues/{queue}", s.adminOnly(s.deleteQueue))
+	s.Handle("POST /v1/queues/{queue}/purge", s.adminOnly(s.purgeQueue))
+	s.Handle("POST /v1/queues/{queue}/messages", s.adminOnly(s.sendMessages))
+	s.Handle("GET /v1/queues/{queue}/messages", s.adminOnly(s.peekMessages))
+	s.Handle("POST /v1/queues/{queue}/receive", s.adminOnly(s.receiveMessages))
+	s.Handle("POST /v1/queues/{queue}/ack", s.adminOnly(s.ackMessages))
+	s.Handle("POST /v1/queues/{queue}/nack", s.adminOnly(s.nackMessages))
+	s.Handle("POST /v1/queues/{queue}/redrive", s.adminOnly(s.redrive))
+	s.Handle("POST /v1/queues/{queue}/discard", s.adminOnly(s.discardMessages))
+}
+
+func (s *Server) adminOnly(h HandlerFunc) HandlerFunc {
+	return func(r *Request) (any, error) {
+		if err := r.Authorize("", ActionAdmin); err != nil {
+			return nil, err
+		}
+		return h(r)
+	}
+}
+
+func (s *Server) listQueues(r *Request) (any, error) {
+	qs, err := s.queues.ListQueues(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	if qs == nil {
+		qs = []messages.QueueInfo{}
+	}
+	return map[string]any{"queues": qs}, nil
+}
+
+type createQueueRequest struct {
+	DeadLetterQueue     string `json:"dead_letter_queue"`
+	FIFO                bool   `json:"fifo"`
+	MaxDeliveryAttempts int    `json:"max_delivery_attempts"`
+	MaxPayloadBytes     int    `json:"max_payload_bytes"`
+	Name                string `json:"name"`
+	VisibilityTimeoutMs int64  `json:"visibility_timeout_ms"`
+}
+
+func (s *Server) createQueue(r *Request) (any, error) {
+	var req createQueueRequest
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	err := s.queues.CreateQueue(r.Context(), req.Name, &messages.QueueConfig{DeadLetterQueue: req.DeadLetterQueue,
+		FIFO: req.FIFO, MaxDeliveryAttempts: req.MaxDeliveryAttempts, MaxPayloadBytes: req.MaxPayloadBytes,
+		VisibilityTimeout: time.Duration(req.VisibilityTimeoutMs) * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	q, err := s.queues.GetQueue(r.Context(), req.Name)
+	if err != nil {
+		return nil, err
+	}
+	return &Status{Code: http.StatusCreated, Value: q}, nil
+}
+
+func (s *Server) queueStats(r *Request) (any, error) {
+	q := r.PathValue("queue")
+	info, err := s.queues.GetQueue(r.Context(), q)
+	if err != nil {
+		return nil, err
+	}
+	stats, err := s.queues.Stats(r.Context(), q)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"queue": info, "stats": stats}, nil
+}
+
+func (s *Server) deleteQueue(r *Request) (any, error) {
+	if err := s.queues.DeleteQueue(r.Context(), r.PathValue("queue")); err != nil {
+		return nil, err
+	}
+	return &Status{Code: http.StatusNoContent}, nil
+}
+
+func (s *Server) purgeQueue(r *Request) (any, error) {
+	n, err := s.queues.Purge(r.Context(), r.PathValue("queue"))
+	if err != nil {
+		return nil, err
+	}
+	return map[string]int64{"purged": n}, nil
+}
+
+type messageIn struct {
+	Data                json.RawMessage   `json:"data"`
+	DeadLetterQueue     string            `json:"dead_letter_queue"`
+	DelayMs             int64             `json:"delay_ms"`
+	GroupKey            string            `json:"group_key"`
+	Headers             map[string]string `json:"headers"`
+	MaxDeliveryAttempts int               `json:"max_delivery_attempts"`
+	MessageID           string            `json:"message_id"`
+}
+
+func (s *Server) sendMessages(r *Request) (any, error) {
+	var req struct {
+		Messages []messageIn `json:"messages"`
+	}
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if len(req.Messages) == 0 {
+		return nil, fmt.Errorf("%w: no messages", ErrBadRequest)
+	}
+	out := make([]messages.OutgoingMessage, len(req.Messages))
+	for i, m := range req.Messages {
+		if m.DelayMs < 0 {
+			return nil, fmt.Errorf("%w: message %d: delay_ms %d is negative", ErrBadRequest, i, m.DelayMs)
+		}
+		out[i] = messages.OutgoingMessage{Data: m.Data, DeadLetterQueue: m.DeadLetterQueue,
+			Delay: time.Duration(m.DelayMs) * time.Millisecond, GroupKey: m.GroupKey, Headers: m.Headers,
+			MaxDeliveryAttempts: m.MaxDeliveryAttempts, MessageID: m.MessageID}
+	}
+	res, err := s.queues.Send(r.Context(), r.PathValue("queue"), out...)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"results": res}, nil
+}
+
+func (s *Server) peekMessages(r *Request) (any, error) {
+	q := r.URL.Query()
+	after, err := intParam(r, "after", q.Get("after"), 0)
+	if err != nil {
+		return nil, err
+	}
+	limit, err := intParam(r, "limit", q.Get("limit"), 100)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := s.queues.Peek(r.Context(), r.PathValue("queue"), &messages.PeekOpts{AfterOffset: after, Limit: int(limit)})
+	if err != nil {
+		return nil, err
+	}
+	if msgs == nil {
+		msgs = []*messages.Message{}
+	}
+	return map[string]any{"messages": msgs}, nil
+}
+
+type receiveRequest struct {
+	Max                 int   `json:"max"`
+	VisibilityTimeoutMs int64 `json:"visibility_timeout_ms"`
+	WaitMs              int64 `json:"wait_ms"`
+}
+
+func (s *Server) receiveMessages(r *Request) (any, error) {
+	var req receiveRequest
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if req.WaitMs < 0 || req.WaitMs > 30000 || req.VisibilityTimeoutMs < 0 {
+		return nil, fmt.Errorf("%w: wait_ms must be in [0, 30000] and visibility_timeout_ms not negative", ErrBadRequest)
+	}
+	msgs, err := s.queues.Receive(r.Context(), r.PathValue("queue"), &messages.ReceiveOpts{Max: req.Max,
+		VisibilityTimeout: time.Duration(req.VisibilityTimeoutMs) * time.Millisecond,
+		Wait:              time.Duration(req.WaitMs) * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	if msgs == nil {
+		msgs = []*messages.Message{}
+	}
+	return map[string]any{"messages": msgs}, nil
+}
+
+type settleRequest struct {
+	DelayMs  int64              `json:"delay_ms"`
+	Error    string             `json:"error"`
+	Receipts []messages.Receipt `json:"receipts"`
+}
+
+func (s *Server) settleRequest(r *Request) (*settleRequest, error) {
+	var req settleRequest
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if len(req.Receipts) == 0 {
+		return nil, fmt.Errorf("%w: no receipts", ErrBadRequest)
+	}
+	q := r.PathValue("queue")
+	for i := range req.Receipts {
+		if req.Receipts[i].Queue == "" {
+			req.Receipts[i].Queue = q
+		}
+		if req.Receipts[i].Queue != q {
+			return nil, fmt.Errorf("%w: receipt %d is of queue %q, not %q", ErrBadRequest, i, req.Receipts[i].Queue, q)
+		}
+	}
+	if req.DelayMs < 0 {
+		return nil, fmt.Errorf("%w: delay_ms %d is negative", ErrBadRequest, req.DelayMs)
+	}
+	return &req, nil
+}
+
+func (s *Server) ackMessages(r *Request) (any, error) {
+	req, err := s.settleRequest(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.queues.Ack(r.Context(), req.Receipts...); err != nil {
+		return nil, err
+	}
+	return &Status{Code: http.StatusNoContent}, nil
+}
+
+func (s *Server) nackMessages(r *Request) (any, error) {
+	req, err := s.settleRequest(r)
+	if err != nil {
+		return nil, err
+	}
+	err = s.queues.Nack(r.Context(), &messages.NackOpts{Delay: time.Duration(req.DelayMs) * time.Millisecond, Error: req.Error}, req.Receipts...)
+	if err != nil {
+		return nil, err
+	}
+	return &Status{Code: http.StatusNoContent}, nil
+}
+
+type redriveRequest struct {
+	Limit int     `json:"limit"`
+	Rate  float64 `json:"rate"`
+}
+
+func (s *Server) redrive(r *Request) (any, error) {
+	var req redriveRequest
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if req.Limit < 0 || req.Rate < 0 {
+		return nil, fmt.Errorf("%w: limit and rate must not be negative", ErrBadRequest)
+	}
+	n, err := s.queues.Redrive(r.Context(), r.PathValue("queue"), &messages.RedriveOpts{Limit: req.Limit, Rate: req.Rate})
+	if err != nil {
+		return nil, err
+	}
+	return map[string]int{"moved": n}, nil
+}
+
+func (s *Server) discardMessages(r *Request) (any, error) {
+	var req struct {
+		Offsets []int64 `json:"offsets"`
+	}
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if len(req.Offsets) == 0 {
+		return nil, fmt.Errorf("%w: no offsets", ErrBadRequest)
+	}
+	done, err := s.queues.Discard(r.Context(), r.PathValue("queue"), req.Offsets...)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"discarded": done}, nil
+}
