@@ -1,0 +1,208 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/streamd/streamd/retention"
+	"github.com/streamd/streamd/streamconfig"
+)
+
+// newRetentionCmd is `streamd retention apply [--dry-run] [--force] [--stream S]...`.
+func newRetentionCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "retention",
+		Short: "Apply retention policies",
+	}
+	var (
+		dryRun bool
+		force  bool
+		names  []string
+		batch  int
+	)
+	apply := &cobra.Command{
+		Use:   "apply",
+		Short: "Apply the retention policies now (every enabled one, or --stream)",
+		Long: `Applies retention now: deletes each partition's records below its new log start
+(by age, count or size) in bounded batches, and compacts streams whose cleanup policy
+says so. With --dry-run, reports per partition what would be deleted and deletes
+nothing. --force ignores protectConsumers. A stream another streamd instance is
+processing is reported as busy.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			pool, err := g.pool(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			r, err := retention.New(pool, &retention.Config{BatchSize: batch, Logger: g.logger})
+			if err != nil {
+				return err
+			}
+			if len(names) == 0 {
+				rows, err := pool.Query(ctx, `SELECT stream_name FROM streamd.retention_policies WHERE enabled ORDER BY stream_name`)
+				if err != nil {
+					return fmt.Errorf("list retention policies: %w", err)
+				}
+				if names, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+					return fmt.Errorf("list retention policies: %w", err)
+				}
+			}
+			results := []*retention.StreamResult{}
+			for _, name := range names {
+				res, err := r.Apply(ctx, name, &retention.ApplyOpts{DryRun: dryRun, Force: force})
+				if err != nil {
+					return err
+				}
+				results = append(results, res)
+			}
+			return g.print(cmd.OutOrStdout(), results, func(tw *tabwriter.Writer) {
+				row(tw, "STREAM", "PARTITION", "LOG START", "NEW LOG START", "LOG END", "DELETED", "COMPACTED", "LIMITED BY")
+				for _, s := range results {
+					for _, p := range s.Partitions {
+						row(tw, s.Stream, p.Partition, p.LogStartOffset, p.NewLogStartOffset, p.NextOffset, p.Deleted, p.Compacted, p.LimitedBy)
+					}
+				}
+			})
+		},
+	}
+	apply.Flags().BoolVar(&dryRun, "dry-run", false, "report what would be deleted; delete nothing")
+	apply.Flags().BoolVar(&force, "force", false, "ignore protectConsumers (delete below live groups' committed offsets)")
+	apply.Flags().StringSliceVar(&names, "stream", nil, "apply only to these streams (repeatable; default every enabled policy)")
+	apply.Flags().IntVar(&batch, "batch-size", 10000, "most rows deleted per transaction")
+	cmd.AddCommand(apply)
+	return cmd
+}
+
+// newStreamConfigCmd is `streamd stream config get|set`, wired under `stream`.
+func newStreamConfigCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Get or set a stream's configuration (retention, dead letter, lifecycle, performance, access control, tags)",
+	}
+	get := &cobra.Command{
+		Use:   "get STREAM",
+		Short: "Print a stream's configuration as JSON",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pool, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			cfg, err := streamconfig.NewStore(pool).Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), cfg)
+		},
+	}
+	var (
+		file    string
+		replace bool
+	)
+	set := &cobra.Command{
+		Use:   "set STREAM [JSON]",
+		Short: "Set sections of a stream's configuration from JSON (argument, --file, or stdin with --file -)",
+		Long: `Sets a stream's configuration from a JSON object whose keys are the sections:
+retention_config, dead_letter_config, lifecycle_config, performance_config,
+access_control_config, tags. Sections not given are kept (unless --replace).
+Durations take the seed's TimeSpan form ("90.00:00:00"), Go's ("720h") or seconds:
+
+  streamd stream config set orders '{"retention_config": {"maxAge": "90.00:00:00", "maxSizeBytes": 10737418240}}'
+
+A bad field is refused with its name, and nothing is written.`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var raw []byte
+			switch {
+			case len(args) == 2 && file != "":
+				return fmt.Errorf("give the JSON as an argument or with --file, not both")
+			case len(args) == 2:
+				raw = []byte(args[1])
+			case file == "-":
+				b, err := io.ReadAll(cmd.InOrStdin())
+				if err != nil {
+					return err
+				}
+				raw = b
+			case file != "":
+				b, err := os.ReadFile(file)
+				if err != nil {
+					return err
+				}
+				raw = b
+			default:
+				return fmt.Errorf("give the configuration JSON as an argument or with --file")
+			}
+			var sections map[string]json.RawMessage
+			if err := json.Unmarshal(raw, &sections); err != nil {
+				return fmt.Errorf("configuration: %w", err)
+			}
+			known := map[string]bool{"retention_config": true, "dead_letter_config": true, "lifecycle_config": true,
+				"performance_config": true, "access_control_config": true, "tags": true}
+			for k := range sections {
+				if !known[k] {
+					return fmt.Errorf("configuration: unknown section %q", k)
+				}
+			}
+			pool, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			store := streamconfig.NewStore(pool)
+			cfg := &streamconfig.Config{}
+			if !replace {
+				if cfg, err = store.Get(cmd.Context(), args[0]); err != nil {
+					return err
+				}
+			}
+			// Decoding over the current configuration replaces exactly the sections given.
+			for k, v := range sections {
+				switch k { // replace, not merge into, the current section
+				case "retention_config":
+					cfg.Retention = nil
+				case "dead_letter_config":
+					cfg.DeadLetter = nil
+				case "lifecycle_config":
+					cfg.Lifecycle = nil
+				case "performance_config":
+					cfg.Performance = nil
+				case "access_control_config":
+					cfg.AccessControl = nil
+				case "tags":
+					cfg.Tags = nil
+				}
+				one, _ := json.Marshal(map[string]json.RawMessage{k: v})
+				if err := json.Unmarshal(one, cfg); err != nil {
+					return fmt.Errorf("configuration: %s: %w", k, err)
+				}
+			}
+			if err := store.Set(cmd.Context(), args[0], cfg); err != nil {
+				return err
+			}
+			if cfg, err = store.Get(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), cfg)
+		},
+	}
+	set.Flags().StringVarP(&file, "file", "f", "", "read the JSON from this file (- for stdin)")
+	set.Flags().BoolVar(&replace, "replace", false, "replace the whole configuration (sections not given become empty)")
+	cmd.AddCommand(get, set)
+	return cmd
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
