@@ -20,9 +20,13 @@ type BroadcasterConfig struct {
 	// ConnString is the PostgreSQL connection string of the database to tail and
 	// notify. Required.
 	ConnString string
-	// FlushInterval is the coalescing window: the first wake-up after a quiet spell
-	// is sent at once, and wake-ups arriving within FlushInterval of a send go out
-	// together at its end, one line per stream or queue. Defaults to 2ms.
+	// FlushInterval is the least time between two notifications. Wake-ups always
+	// coalesce: at most one notification is in flight, and what arrives meanwhile
+	// goes out together in the next one, one line per stream or queue, so the
+	// notification rate is bounded by the notifying round trip; a positive interval
+	// bounds it further, at the cost of up to that much latency. The first wake-up
+	// after a quiet spell is always sent at once. Defaults to 0: coalescing by round
+	// trip only (measured: 2ms added about 1ms to the p50 at 1,000 commits/s).
 	FlushInterval time.Duration
 	// Hub, when set, is woken directly too (a worker running the tailer in-process).
 	// Defaults to nil.
@@ -50,9 +54,6 @@ func (c *BroadcasterConfig) withDefaults() (BroadcasterConfig, error) {
 	out := BroadcasterConfig{}
 	if c != nil {
 		out = *c
-	}
-	if out.FlushInterval == 0 {
-		out.FlushInterval = 2 * time.Millisecond
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()

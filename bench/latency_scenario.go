@@ -1,0 +1,293 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/streamd/streamd/streams"
+	"github.com/streamd/streamd/wakeup"
+)
+
+// latencyScenario measures end-to-end delivery latency at a steady ~1,000 events/s
+// (one event per transaction), three ways in the same run:
+//
+//   - tailer: the WAL tailer and Broadcaster (coalesced pg_notify from its own
+//     transactions) and a Listener; the reader fetches on each wake-up;
+//   - tailer-inprocess: the reader's process runs the tailer and is woken directly
+//     (no pg_notify hop), as a worker may;
+//   - listen: LISTEN/NOTIFY without the tailer: the producer calls pg_notify in its
+//     own transaction (what the tailer spares producers), the same Listener wakes
+//     the reader;
+//   - poll: no wake-ups; the reader long-polls with streams.FetchOpts.MaxWait (5ms
+//     doubling to 100ms), the safety net's behaviour.
+//
+// Latency is from the producer's commit returning to the reader's fetch returning the
+// event, both clocks in this process. A reader may see an event before the producer
+// sees its commit acknowledged; such samples count as 0 and are reported in the note.
+type latencyScenario struct{}
+
+func (latencyScenario) Name() string { return "latency" }
+
+const (
+	latencyRate      = 1000 // events per second
+	latencyProducers = 4
+)
+
+var latencyPayload = []byte(`{"k":1}`)
+
+func (s latencyScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
+	d := 5 * env.Suite.CaseDuration
+	var out []Result
+	for _, mode := range []string{"tailer", "tailer-inprocess", "listen", "poll"} {
+		r, err := s.run(ctx, env, mode, d)
+		if err != nil {
+			return nil, fmt.Errorf("latency %s: %w", mode, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.Duration) (Result, error) {
+	res := Result{Scenario: "latency", System: mode, Baseline: mode == "listen" || mode == "poll",
+		Case: fmt.Sprintf("latency %s %d/s", mode, latencyRate), Params: Params{Partitions: latencyProducers, BatchSize: 1, Conns: latencyProducers, Mode: mode}}
+	stream := env.StreamName("latency", mode)
+	if err := env.Client.CreateStream(ctx, stream, latencyProducers); err != nil {
+		return res, err
+	}
+	defer func() { _ = env.Client.DeleteStream(context.WithoutCancel(ctx), stream) }()
+	url := env.Pool.Config().ConnString()
+
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	start := func(name string, run func(context.Context) error) {
+		wg.Add(1)
+		go func() { // owner: this run; exits when it returns (stop)
+			defer wg.Done()
+			if err := run(rctx); err != nil {
+				env.Logger.Warn("latency helper failed", "helper", name, "error", err)
+			}
+		}()
+	}
+
+	var hub *wakeup.Hub
+	if mode == "tailer-inprocess" {
+		hub = wakeup.NewHub()
+		b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Hub: hub, Logger: env.Logger, NoNotify: true})
+		if err != nil {
+			return res, err
+		}
+		start("broadcaster", b.Run)
+		deadline := time.Now().Add(30 * time.Second)
+		for !b.Streaming() {
+			if time.Now().After(deadline) {
+				return res, fmt.Errorf("tailer not streaming within 30s")
+			}
+			time.Sleep(10 * time.Millisecond) // polling interval
+		}
+	} else if mode != "poll" {
+		l, err := wakeup.NewListener(&wakeup.ListenerConfig{ConnString: url, Logger: env.Logger})
+		if err != nil {
+			return res, err
+		}
+		start("listener", l.Run)
+		hub = l.Hub
+		ready := func() bool { return l.Connected() }
+		if mode == "tailer" {
+			b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Logger: env.Logger})
+			if err != nil {
+				return res, err
+			}
+			start("broadcaster", b.Run)
+			ready = func() bool { return l.Connected() && b.Streaming() }
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for !ready() {
+			if time.Now().After(deadline) {
+				return res, fmt.Errorf("wake-up path not ready within 30s")
+			}
+			time.Sleep(10 * time.Millisecond) // polling interval
+		}
+	}
+
+	// One lane per partition: a producer (one event per transaction, paced at its
+	// share of latencyRate; a commit that waits for its WAL flush takes longer than
+	// 1ms, and appends to one partition serialise) and a reader.
+	n := int(d/time.Second*latencyRate/latencyProducers) + latencyRate
+	lanes := make([]*latencyLane, latencyProducers)
+	for i := range lanes {
+		lanes[i] = &latencyLane{partition: int32(i), acked: make([]atomic.Int64, n), seen: make([]atomic.Int64, n)}
+	}
+	readersDone := make(chan error, len(lanes))
+	for _, ln := range lanes {
+		go func() { // owner: this run; exits when rctx ends or its lane is all seen
+			readersDone <- s.read(rctx, env, hub, stream, mode, ln)
+		}()
+	}
+	t0 := time.Now()
+	end := t0.Add(d)
+	var pwg sync.WaitGroup
+	perr := make(chan error, len(lanes))
+	for _, ln := range lanes {
+		pwg.Add(1)
+		go func() { // owner: this run; exits at end, or on ctx or an error
+			defer pwg.Done()
+			defer ln.finished.Store(true)
+			tick := time.NewTicker(time.Second * latencyProducers / latencyRate)
+			defer tick.Stop()
+			for time.Now().Before(end) && int(ln.produced.Load()) < n {
+				select {
+				case <-ctx.Done():
+					perr <- ctx.Err()
+					return
+				case <-tick.C:
+				}
+				off, err := s.produce(ctx, env, stream, ln.partition, mode)
+				if err != nil {
+					perr <- err
+					return
+				}
+				if off < int64(n) {
+					ln.acked[off].Store(time.Now().UnixNano())
+				}
+				ln.produced.Add(1)
+			}
+		}()
+	}
+	pwg.Wait()
+	close(perr)
+	if err := <-perr; err != nil {
+		return res, err
+	}
+	elapsed := time.Since(t0)
+
+	// Wait for the readers to see everything (or give up after 10s).
+	giveUp := time.After(10 * time.Second)
+	for range lanes {
+		select {
+		case err := <-readersDone:
+			if err != nil {
+				return res, err
+			}
+		case <-giveUp:
+			stop()
+			<-readersDone
+		}
+	}
+
+	var samples []time.Duration
+	var total int64
+	early, missing := 0, 0
+	for _, ln := range lanes {
+		produced := ln.produced.Load()
+		total += produced
+		for i := int64(0); i < produced && i < int64(n); i++ {
+			a, r := ln.acked[i].Load(), ln.seen[i].Load()
+			if a == 0 || r == 0 {
+				missing++
+				continue
+			}
+			lat := time.Duration(r - a)
+			if lat < 0 {
+				early++
+				lat = 0
+			}
+			samples = append(samples, lat)
+		}
+	}
+	res.Records = total
+	res.Bytes = total * int64(len(latencyPayload))
+	res.Seconds = elapsed.Seconds()
+	res.Latency = summarize(samples)
+	res.Note = fmt.Sprintf("commit→fetch latency; %d of %d seen before the producer's commit returned (counted as 0); %d not seen", early, total, missing)
+	res.finish()
+	if missing > 0 {
+		return res, fmt.Errorf("%d of %d events not delivered within 10s", missing, total)
+	}
+	return res, nil
+}
+
+// latencyLane is one partition's producer and reader.
+type latencyLane struct {
+	partition int32
+	acked     []atomic.Int64 // unix ns when the producer's commit returned, by offset
+	seen      []atomic.Int64 // unix ns when the reader's fetch returned it, by offset
+	produced  atomic.Int64
+	finished  atomic.Bool // the producer stopped; produced is final
+}
+
+// produce appends one event in its own transaction and returns its offset. In listen
+// mode the transaction also notifies, as an application without the tailer would.
+func (latencyScenario) produce(ctx context.Context, env *Env, stream string, partition int32, mode string) (int64, error) {
+	rec := streams.Record{Stream: stream, Partition: streams.PartitionOf(partition), Data: latencyPayload}
+	if mode != "listen" {
+		pos, err := env.Client.Produce(ctx, rec)
+		if err != nil {
+			return 0, err
+		}
+		return pos[0].Offset, nil
+	}
+	tx, err := env.Pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	pos, err := streams.ProduceTx(ctx, tx, rec)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", wakeup.Channel, "s "+stream); err != nil {
+		return 0, err
+	}
+	return pos[0].Offset, tx.Commit(ctx)
+}
+
+// read follows the lane's partition from offset 0, stamping each event when its fetch
+// returns, until the lane's producer stopped and every event it produced was
+// fetched, or ctx ends.
+func (latencyScenario) read(ctx context.Context, env *Env, hub *wakeup.Hub, stream, mode string, ln *latencyLane) error {
+	var w *wakeup.Waiter
+	if hub != nil {
+		sub := hub.Subscribe(wakeup.KindStream, stream)
+		defer sub.Close()
+		var err error
+		if w, err = wakeup.NewWaiter(sub, &wakeup.WaiterOpts{MinInterval: 100 * time.Millisecond, MaxInterval: time.Second}); err != nil {
+			return err
+		}
+	}
+	opts := &streams.FetchOpts{MaxRecords: 1000}
+	if mode == "poll" {
+		opts.MaxWait = time.Second
+	}
+	var off int64
+	for ctx.Err() == nil {
+		r, err := streams.FetchTx(ctx, env.Pool, stream, ln.partition, off, opts)
+		now := time.Now().UnixNano()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, e := range r.Events {
+			if e.Offset < int64(len(ln.seen)) {
+				ln.seen[e.Offset].Store(now)
+			}
+		}
+		off = r.NextOffset
+		if len(r.Events) > 0 {
+			continue
+		}
+		if ln.finished.Load() && off >= ln.produced.Load() {
+			return nil
+		}
+		if w != nil {
+			w.Wait(ctx)
+		}
+	}
+	return nil
+}

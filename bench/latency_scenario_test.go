@@ -1,0 +1,49 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// TestLatencyScenario runs the latency scenario alone (tiny durations; set
+// STREAMD_BENCH_LATENCY to a duration such as 10s for real figures) and checks that
+// every mode delivered every event and reported a distribution.
+func TestLatencyScenario(t *testing.T) {
+	// testdb pools commit asynchronously; the WAL sender only sends flushed WAL, so
+	// the tailer would see commits only at the WAL writer's next flush
+	// (wal_writer_delay). Measure with the default synchronous_commit=on.
+	cfg := testdb.Config(t)
+	delete(cfg.ConnConfig.RuntimeParams, "synchronous_commit")
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	suite := TinySuite()
+	if v := os.Getenv("STREAMD_BENCH_LATENCY"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err)
+		suite.CaseDuration = d / 5
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	env := &Env{Pool: pool, Client: streams.NewClient(pool, nil), Suite: suite, RunID: randomID(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	res, err := latencyScenario{}.Run(ctx, env)
+	require.NoError(t, err)
+	require.Len(t, res, 4)
+	for _, r := range res {
+		require.Positive(t, r.Records, r.Case)
+		require.NotNil(t, r.Latency, r.Case)
+		require.EqualValues(t, r.Records, r.Latency.Count, "%s: every event delivered", r.Case)
+		t.Logf("%-24s %6d events %7.0f/s  p50 %6.3f ms  p99 %6.3f ms  max %7.3f ms  (%s)",
+			r.Case, r.Records, r.RecordsPerSec, r.Latency.P50, r.Latency.P99, r.Latency.Max, r.Note)
+	}
+}
