@@ -25,12 +25,17 @@ type cpuSample struct {
 	server map[int]time.Duration
 }
 
-func sampleCPU(ctx context.Context, env *Env) cpuSample {
-	s := cpuSample{server: map[int]time.Duration{}}
+// selfCPU returns the user plus system time of this process.
+func selfCPU() time.Duration {
 	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
-		s.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
 	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func sampleCPU(ctx context.Context, env *Env) cpuSample {
+	s := cpuSample{server: map[int]time.Duration{}, client: selfCPU()}
 	rows, err := env.Pool.Query(ctx, `SELECT pid FROM pg_stat_activity
 		WHERE application_name <> '' AND application_name = current_setting('application_name')`)
 	if err != nil {

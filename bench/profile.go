@@ -130,6 +130,10 @@ type stageTimes struct {
 	// whole cluster's WAL: concurrent work inflates some samples, so the minimum is
 	// reported.
 	wal []int64
+	// clientCPU and serverCPU add up the CPU time of this process and of the
+	// connection's backend over the stage's transactions: unlike wall time, hardly
+	// affected by other work on the machine.
+	clientCPU, serverCPU time.Duration
 }
 
 func (s profileScenario) runSize(ctx context.Context, env *Env, size int) ([]Result, error) {
@@ -147,6 +151,7 @@ func (s profileScenario) runSize(ctx context.Context, env *Env, size int) ([]Res
 		return nil, err
 	}
 	defer conn.Release()
+	pid := conn.Conn().PgConn().PID()
 
 	stages := profileStages(stream, su.ProfileBatch)
 	times := map[string]*stageTimes{}
@@ -163,6 +168,8 @@ func (s profileScenario) runSize(ctx context.Context, env *Env, size int) ([]Res
 			if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn0); err != nil {
 				return nil, err
 			}
+			srv0, _ := procCPU(int(pid))
+			cli0 := selfCPU()
 			tx, err := conn.Begin(ctx)
 			if err != nil {
 				return nil, err
@@ -178,6 +185,8 @@ func (s profileScenario) runSize(ctx context.Context, env *Env, size int) ([]Res
 				return nil, fmt.Errorf("profile %s commit: %w", st.name, err)
 			}
 			t2 := time.Now()
+			srv1, _ := procCPU(int(pid))
+			cli1 := selfCPU()
 			var wal int64
 			if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn0).Scan(&lsn1, &wal); err != nil {
 				return nil, err
@@ -187,18 +196,22 @@ func (s profileScenario) runSize(ctx context.Context, env *Env, size int) ([]Res
 			t.stmt = append(t.stmt, t1.Sub(t0))
 			t.commit = append(t.commit, t2.Sub(t1))
 			t.wal = append(t.wal, wal)
+			t.clientCPU += cli1 - cli0
+			t.serverCPU += srv1 - srv0
 		}
 	}
 
 	var out []Result
 	var tbl strings.Builder
 	fmt.Fprintf(&tbl, "%d batches of %d records of %s, one partition, one connection (mean ms per batch):\n\n", su.ProfileIterations, su.ProfileBatch, sizeLabel(size))
-	tbl.WriteString("| stage | what | statement ms | commit ms | total ms | µs per record | WAL bytes per record (min) |\n|---|---|---:|---:|---:|---:|---:|\n")
+	tbl.WriteString("| stage | what | statement ms | commit ms | total ms | µs per record | client CPU µs/rec | server CPU µs/rec | WAL bytes per record (min) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, st := range stages {
 		t := times[st.name]
 		stmt, commit := meanMs(t.stmt), meanMs(t.commit)
-		fmt.Fprintf(&tbl, "| %s | %s | %.2f | %.2f | %.2f | %.1f | %d |\n", st.name, st.desc, stmt, commit, stmt+commit,
-			(stmt+commit)*1000/float64(su.ProfileBatch), slices.Min(t.wal)/int64(su.ProfileBatch))
+		nrec := float64(len(t.stmt) * su.ProfileBatch)
+		cliUs, srvUs := round3(float64(t.clientCPU.Microseconds())/nrec), round3(float64(t.serverCPU.Microseconds())/nrec)
+		fmt.Fprintf(&tbl, "| %s | %s | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %d |\n", st.name, st.desc, stmt, commit, stmt+commit,
+			(stmt+commit)*1000/float64(su.ProfileBatch), cliUs, srvUs, slices.Min(t.wal)/int64(su.ProfileBatch))
 		total := make([]time.Duration, len(t.stmt))
 		var sum time.Duration
 		for i := range t.stmt {
@@ -211,6 +224,7 @@ func (s profileScenario) runSize(ctx context.Context, env *Env, size int) ([]Res
 			Params:  Params{PayloadBytes: size, BatchSize: su.ProfileBatch, Conns: 1, Partitions: 1},
 			Records: int64(len(total) * su.ProfileBatch), Bytes: int64(len(total) * bytesPerBatch),
 			Seconds: sum.Seconds(), Latency: summarize(total),
+			ClientCPUPerRecord: cliUs, ServerCPUPerRecord: srvUs,
 		}
 		r.finish()
 		out = append(out, r)
