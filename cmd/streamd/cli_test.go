@@ -6,12 +6,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
@@ -101,7 +103,8 @@ func TestServeHealthMetricsAndCleanStop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := run(t, ctx, "", "serve", "--http-addr", addr, "--auth-token", "test-token-0123456789")
+		_, err := run(t, ctx, "", "serve", "--http-addr", addr, "--auth-token", "test-token-0123456789",
+			"--coordinator-name", testdb.Name("serve-test"), "--metrics-interval", "100ms")
 		done <- err
 	}()
 	var resp *http.Response
@@ -112,13 +115,37 @@ func TestServeHealthMetricsAndCleanStop(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	resp.Body.Close()
 
-	resp, err = http.Get("http://" + addr + "/metrics")
-	require.NoError(t, err)
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bufio.NewReader(resp.Body))
-	resp.Body.Close()
-	require.NoError(t, err)
+	// The only instance becomes leader and refreshes the fleet gauges.
+	var families map[string]*dto.MetricFamily
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err = parser.TextToMetricFamilies(bufio.NewReader(resp.Body))
+		require.NoError(t, err)
+		leader := families["streamd_coordinator_is_leader"]
+		return leader != nil && leader.Metric[0].GetGauge().GetValue() == 1 &&
+			families["streamd_coordinator_gauges_updated_timestamp_seconds"].Metric[0].GetGauge().GetValue() > 0
+	}, 30*time.Second, 50*time.Millisecond)
 	require.Contains(t, families, "streamd_up")
+	for name := range families {
+		if !strings.HasPrefix(name, "go_") && !strings.HasPrefix(name, "process_") && !strings.HasPrefix(name, "promhttp_") {
+			require.True(t, strings.HasPrefix(name, "streamd_"), "metric %s", name)
+		}
+	}
+
+	resp, err = http.Get("http://" + addr + "/readyz")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "ready leader\n", string(body))
+
+	resp, err = http.Get("http://" + addr + "/v1/streams")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 
 	cancel()
 	select {

@@ -31,6 +31,7 @@ type serveConfig struct {
 	httpAddr        string
 	leaseTTL        time.Duration
 	maxRequestBytes int64
+	metricsInterval time.Duration
 	reaperInterval  time.Duration
 	shutdownTimeout time.Duration
 	tlsCert         string
@@ -74,6 +75,7 @@ help); flags win.`,
 	f.Int64Var(&c.maxRequestBytes, "max-request-bytes", envInt64("STREAMD_MAX_REQUEST_BYTES", 8<<20), "largest /v1/ request body ($STREAMD_MAX_REQUEST_BYTES)")
 	f.StringVar(&c.coordinatorName, "coordinator-name", envOr("STREAMD_COORDINATOR_NAME", "streamd-coordinator"), "name of the coordinator lease; instances with the same name elect one leader ($STREAMD_COORDINATOR_NAME)")
 	f.DurationVar(&c.leaseTTL, "lease-ttl", envDuration("STREAMD_LEASE_TTL", 5*time.Second), "coordinator lease TTL: the longest a dead leader delays its successor ($STREAMD_LEASE_TTL)")
+	f.DurationVar(&c.metricsInterval, "metrics-interval", envDuration("STREAMD_METRICS_INTERVAL", 15*time.Second), "how often the leader refreshes the lag and queue gauges ($STREAMD_METRICS_INTERVAL)")
 	f.DurationVar(&c.reaperInterval, "reaper-interval", envDuration("STREAMD_REAPER_INTERVAL", time.Second), "how often the leader expires stale group members ($STREAMD_REAPER_INTERVAL)")
 	f.DurationVar(&c.shutdownTimeout, "shutdown-timeout", envDuration("STREAMD_SHUTDOWN_TIMEOUT", 15*time.Second), "bound on finishing in-flight requests at shutdown ($STREAMD_SHUTDOWN_TIMEOUT)")
 	return cmd
@@ -128,6 +130,9 @@ func (c *serveConfig) validate() error {
 	}
 	if c.coordinatorName == "" {
 		return errors.New("--coordinator-name must not be empty")
+	}
+	if c.metricsInterval <= 0 {
+		return fmt.Errorf("--metrics-interval %v must be positive", c.metricsInterval)
 	}
 	if c.reaperInterval <= 0 {
 		return fmt.Errorf("--reaper-interval %v must be positive", c.reaperInterval)
@@ -201,7 +206,9 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err != nil {
 		return err
 	}
-	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(pool, c), nil)
+	fleet := newGauges(pool, reg)
+	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(pool, c),
+		[]coordinator.Continuous{{Name: "gauges", Run: fleet.run(c.metricsInterval)}})
 	if err != nil {
 		return err
 	}
