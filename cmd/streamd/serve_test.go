@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+)
+
+// selfSigned writes a certificate and key for 127.0.0.1 and returns their paths.
+func selfSigned(t *testing.T) (string, string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "streamd-test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	certPath, keyPath := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	require.NoError(t, os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	kb, err := x509.MarshalECPrivateKey(key)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600))
+	return certPath, keyPath
+}
+
+// TestServeTLSAndTokenFile: with a certificate, serve speaks HTTPS only; tokens from
+// a token file map to their principals.
+func TestServeTLSAndTokenFile(t *testing.T) {
+	t.Parallel()
+	certPath, keyPath := selfSigned(t)
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(tokens, []byte("# principal token\nadmin admin-file-token-0123456789\nalice alice-file-token-0123456789\n"), 0o600))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := run(t, ctx, "", "serve", "--http-addr", addr, "--tls-cert", certPath, "--tls-key", keyPath,
+			"--auth-token-file", tokens, "--coordinator-name", testdb.Name("tls-test"))
+		done <- err
+	}()
+	pool := x509.NewCertPool()
+	pemBytes, err := os.ReadFile(certPath)
+	require.NoError(t, err)
+	require.True(t, pool.AppendCertsFromPEM(pemBytes))
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	get := func(token string) int {
+		req, _ := http.NewRequest("GET", "https://"+addr+"/v1/streams", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Eventually(t, func() bool { return get("admin-file-token-0123456789") == http.StatusOK }, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, http.StatusForbidden, get("alice-file-token-0123456789"))
+	require.Equal(t, http.StatusUnauthorized, get("nobody-token-0123456789"))
+	_, err = http.Get("http://" + addr + "/healthz")
+	require.NoError(t, err, "a plain HTTP request gets an answer (400), not a hang")
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestServeConfigErrorsNameTheSetting: bad settings fail at start, naming the flag.
+func TestServeConfigErrorsNameTheSetting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve"}, "--auth-token"},
+		{[]string{"serve", "--auth-disabled", "--auth-token", "x-token-0123456789abc"}, "--auth-disabled"},
+		{[]string{"serve", "--auth-disabled", "--tls-cert", "c.pem"}, "--tls-key"},
+		{[]string{"serve", "--auth-disabled", "--http-addr", "nonsense"}, "--http-addr"},
+		{[]string{"serve", "--auth-disabled", "--lease-ttl", "10ms"}, "--lease-ttl"},
+		{[]string{"serve", "--auth-disabled", "--max-request-bytes", "0"}, "--max-request-bytes"},
+		{[]string{"serve", "--auth-token-file", "/nonexistent/tokens"}, "--auth-token-file"},
+		{[]string{"serve", "--auth-token", "short"}, "shorter than 16"},
+		{[]string{"--log-format", "xml", "stream", "list"}, "--log-format"},
+	} {
+		_, err := run(t, ctx, "", tc.args...)
+		require.ErrorContains(t, err, tc.want, "%v", tc.args)
+	}
+}
