@@ -163,6 +163,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Report, error)
 		Suite: opts.Suite.Name,
 	}
 	rep.Machine = machineInfo()
+	if rep.Machine.LoadAvgStart > float64(rep.Machine.Cores)/2 {
+		logger.Warn("the machine is busy: figures will be noisy", "load_avg", rep.Machine.LoadAvgStart, "cores", rep.Machine.Cores)
+	}
 	pg, err := postgresInfo(ctx, pool)
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -127,4 +128,30 @@ func gitInfo(ctx context.Context) Git {
 		}
 	}
 	return g
+}
+
+// WaitQuiet waits until the 1-minute load average is below load, for at most d (or
+// until ctx ends), so that a run starts on a quiet machine when it can. It logs
+// what it waited for.
+func WaitQuiet(ctx context.Context, logger *slog.Logger, load float64, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for {
+		l := loadAvg()
+		if l < load {
+			logger.Info("machine quiet", "load_avg", l)
+			return
+		}
+		if time.Now().After(deadline) {
+			logger.Warn("machine still busy; running anyway", "load_avg", l, "waited", d)
+			return
+		}
+		logger.Info("waiting for a quiet machine", "load_avg", l, "want_below", load)
+		t := time.NewTimer(15 * time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }

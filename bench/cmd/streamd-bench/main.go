@@ -41,6 +41,8 @@ func run() error {
 	resultsMD := flag.String("results-md", "bench/RESULTS.md", "markdown file whose generated section is rewritten ('' to skip)")
 	duration := flag.Duration("duration", 0, "override the suite's duration per case")
 	noWrite := flag.Bool("no-write", false, "print the table only; write no files")
+	waitQuiet := flag.Duration("wait-quiet", 0, "wait up to this long for the 1-minute load average to drop below -quiet-load before starting")
+	quietLoad := flag.Float64("quiet-load", 1.0, "the load average -wait-quiet waits for")
 	flag.Parse()
 
 	suite, err := bench.SuiteByName(*suiteName)
@@ -87,6 +89,9 @@ func run() error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 
+	if *waitQuiet > 0 {
+		bench.WaitQuiet(ctx, logger, *quietLoad, *waitQuiet)
+	}
 	t0 := time.Now()
 	rep, err := bench.Run(ctx, pool, bench.Options{Suite: suite, Scenarios: names, Logger: logger})
 	if err != nil {
