@@ -12,9 +12,17 @@
 //     streamd_wakeup. Run owns the connection and reconnects with backoff.
 //   - Broadcaster: what streamd runs. It tails the WAL (logical replication, see
 //     internal/tailer) and re-sends the committed transactions' stream and queue names
-//     with pg_notify from its own short transactions, coalesced over FlushInterval, so
-//     producers never pay NOTIFY's global commit lock. It can also feed a Hub directly,
-//     which is how a worker runs a tailer in-process.
+//     with pg_notify from its own short transactions, coalesced (one notification in
+//     flight; what arrives meanwhile goes out together, one line per name), so
+//     producers never pay NOTIFY's global commit lock. It can also feed a Hub directly
+//     (BroadcasterConfig.Hub, NoNotify), which is how a worker runs a tailer
+//     in-process.
+//   - Waiter: a reader's wait between reads, ending at a wake-up or at its poll
+//     interval (backing off), so delivery goes on by polling when wake-ups stop.
+//
+// Goroutines: Listener.Run and Broadcaster.Run block in the caller's goroutine;
+// Broadcaster.Run starts the tailer's goroutine and waits for it before returning.
+// Hub, Subscription and Source start none.
 package wakeup
 
 import (

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/messages"
 )
 
 // TestHubCoalescesAndSeparatesKinds: many notifications before a read are one
@@ -71,3 +73,6 @@ func TestWaiterBacksOffAndResets(t *testing.T) {
 	_, err = NewWaiter(s, &WaiterOpts{MinInterval: time.Second, MaxInterval: time.Millisecond})
 	require.ErrorContains(t, err, "MaxInterval")
 }
+
+// The hub's queue view is what messages.Client takes as its WakeupSource.
+var _ messages.WakeupSource = NewHub().Queues()
