@@ -40,7 +40,10 @@ func (s appendPathScenario) Run(ctx context.Context, env *Env) ([]Result, error)
 			if err != nil {
 				return nil, err
 			}
-			r.RatioTo, r.Target = ref, produceTarget
+			r.RatioTo = ref
+			if system == "streamd" {
+				r.Target = produceTarget
+			}
 			out = append(out, r)
 		}
 	}
