@@ -7,7 +7,8 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 20m
 STREAMD   := $(GO) run ./cmd/streamd
 
-.PHONY: run test test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-queue soak soak-groups soak-queue
+# (test-prometheus installs Debian's prometheus package when missing.)
+.PHONY: run test test-prometheus test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-queue soak soak-groups soak-queue
 
 run:
 	$(STREAMD) serve
@@ -64,3 +65,9 @@ soak-queue: db-start
 # Queue send+receive+ack against a raw SKIP LOCKED drain and a pgmq-style loop.
 bench-queue: db-start
 	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkQueue' -benchtime 5x ./messages/
+
+# A real Prometheus scrapes streamd serve's /metrics (installs Debian's prometheus when
+# missing and apt-get is usable).
+test-prometheus: db-start
+	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null; } || { echo "need Debian's prometheus package"; exit 1; }
+	STREAMD_PROMETHEUS_TEST=1 $(GO) test -count=1 -run TestPrometheusScrapes -v ./cmd/streamd/
