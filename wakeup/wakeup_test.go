@@ -3,9 +3,7 @@ package wakeup_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/streamd/streamd/internal/localpg"
+	"github.com/streamd/streamd/internal/tailer/tailertest"
 	"github.com/streamd/streamd/internal/testdb"
-	schema "github.com/streamd/streamd/sql"
 	"github.com/streamd/streamd/streams"
 	"github.com/streamd/streamd/wakeup"
 )
@@ -100,8 +97,7 @@ func requireWoken(t *testing.T, c <-chan struct{}, what string) {
 func TestBroadcastWakesListenersForEveryPartitionAndQueue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	url := testdb.URL(t)
+	pool, url := sharedPool(t)
 	const parts = 6
 	stream := testdb.Name("wk")
 	c := streams.NewClient(pool, nil)
@@ -112,7 +108,7 @@ func TestBroadcastWakesListenersForEveryPartitionAndQueue(t *testing.T) {
 	sub := l.Subscribe(wakeup.KindStream, stream)
 	defer sub.Close()
 	b := fastBroadcaster(t, url, nil)
-	waitFor(t, 30*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
+	waitFor(t, 90*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
 
 	for p := int32(0); p < parts; p++ {
 		drain(sub.C)
@@ -135,8 +131,7 @@ func TestBroadcastWakesListenersForEveryPartitionAndQueue(t *testing.T) {
 func TestBroadcastCoalesces(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	url := testdb.URL(t)
+	pool, url := sharedPool(t)
 	c := streams.NewClient(pool, nil)
 	names := []string{testdb.Name("wc"), testdb.Name("wc"), testdb.Name("wc")}
 	for _, n := range names {
@@ -148,7 +143,7 @@ func TestBroadcastCoalesces(t *testing.T) {
 		c.FlushInterval = 50 * time.Millisecond
 		c.Registerer = reg
 	})
-	waitFor(t, 30*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
+	waitFor(t, 90*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
 	before := counter(t, reg, "streamd_wakeup_notifies_total")
 
 	const commits = 300
@@ -215,39 +210,22 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, label, value string) fl
 	return 0
 }
 
-// privateCluster starts a PostgreSQL cluster of the test's own (tests that restart
-// the server or change wal_level must not disturb the shared one), migrates database
-// streamd in it, and returns the cluster and the database URL.
-func privateCluster(t *testing.T, settings map[string]string) (*localpg.Cluster, string) {
+// TestMain stops the package's private cluster after the tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	tailertest.StopShared()
+	os.Exit(code)
+}
+
+// sharedPool returns a pool on the package's private cluster (see tailertest for
+// why not the shared test cluster) and its URL.
+func sharedPool(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
-	if os.Getenv(localpg.EnvDatabaseURL) != "" {
-		t.Fatalf("this test needs local PostgreSQL binaries for a private cluster; unset %s", localpg.EnvDatabaseURL)
-	}
-	dir := t.TempDir()
-	require.NoError(t, os.Chmod(dir, 0o755))
-	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o755))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	url := tailertest.Shared(t)
+	pool, err := pgxpool.New(context.Background(), url)
 	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	all := map[string]string{"shared_buffers": "32MB", "max_connections": "40", "fsync": "off"}
-	for k, v := range settings {
-		all[k] = v
-	}
-	cfg := &localpg.Config{StateDir: filepath.Join(dir, "state"), Port: port, Settings: all}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := localpg.Ensure(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = localpg.Stop(context.Background(), cfg) })
-	require.NoError(t, c.CreateDatabase(ctx, "streamd"))
-	url := c.URL("streamd")
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	_, err = schema.Migrate(ctx, pool)
-	pool.Close()
-	require.NoError(t, err)
-	return c, url
+	t.Cleanup(pool.Close)
+	return pool, url
 }
 
 // reader is a consumer's read loop in miniature: read the partition's head through
@@ -336,7 +314,7 @@ func deliveredByWake(t *testing.T, r *reader, c *streams.Client, stream string, 
 // the tailer is down, and by wake-ups again once it has reconnected by itself.
 func TestRestartDeliversByPollingThenByTailer(t *testing.T) {
 	t.Parallel()
-	cl, url := privateCluster(t, nil)
+	cl, url := tailertest.Cluster(t, nil)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
@@ -380,7 +358,7 @@ func TestRestartDeliversByPollingThenByTailer(t *testing.T) {
 // polling alone.
 func TestWalLevelReplicaPollsOnly(t *testing.T) {
 	t.Parallel()
-	_, url := privateCluster(t, map[string]string{"wal_level": "replica"})
+	_, url := tailertest.Cluster(t, map[string]string{"wal_level": "replica"})
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)

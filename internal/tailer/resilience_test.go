@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/tailer"
+	"github.com/streamd/streamd/internal/tailer/tailertest"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
 )
@@ -29,7 +30,9 @@ func TestMain(m *testing.M) {
 	if url := os.Getenv(envChildURL); url != "" {
 		os.Exit(runChild(url, os.Getenv(envChildApp)))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	tailertest.StopShared()
+	os.Exit(code)
 }
 
 // runChild streams until killed, printing "streaming" once it is.
@@ -61,10 +64,10 @@ func runChild(url, app string) int {
 // nothing pins WAL.
 func TestKill9LeavesNoSlot(t *testing.T) {
 	t.Parallel()
-	pool := testdb.Pool(t)
+	pool := testPool(t)
 	app := testdb.Name("tailer-kill9")
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChildURL+"="+testdb.URL(t), envChildApp+"="+app)
+	cmd.Env = append(os.Environ(), envChildURL+"="+tailertest.Shared(t), envChildApp+"="+app)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -93,8 +96,8 @@ func TestKill9LeavesNoSlot(t *testing.T) {
 	select {
 	case ok := <-ready:
 		require.True(t, ok, "the child exited before streaming")
-	case <-time.After(30 * time.Second):
-		t.Fatal("the child did not start streaming within 30s")
+	case <-time.After(90 * time.Second):
+		t.Fatal("the child did not start streaming within 90s")
 	}
 	slot, temporary, _ := slotOf(t, pool, app)
 	require.NotEmpty(t, slot, "the child's slot exists while it runs")
@@ -118,11 +121,11 @@ func TestKill9LeavesNoSlot(t *testing.T) {
 func TestWalsenderTerminatedReconnects(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
+	pool := testPool(t)
 	stream := createStream(t, pool, 2)
 	rec := newRecorder(stream)
 	app := testdb.Name("tailer-cut")
-	tl := startTailer(t, testdb.URL(t), rec, func(c *tailer.Config) { c.ApplicationName = app })
+	tl := startTailer(t, tailertest.Shared(t), rec, func(c *tailer.Config) { c.ApplicationName = app })
 	require.EqualValues(t, 1, tl.Sessions())
 	require.Equal(t, 1, rec.allCount(), "streaming start wakes everyone")
 	c := streams.NewClient(pool, nil)
@@ -134,7 +137,7 @@ func TestWalsenderTerminatedReconnects(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx,
 			"SELECT pg_terminate_backend(pid) FROM pg_stat_replication WHERE application_name = $1", app).Scan(&terminated))
 		require.True(t, terminated)
-		waitFor(t, 30*time.Second, "a new session", func() bool {
+		waitFor(t, 90*time.Second, "a new session", func() bool {
 			return tl.Sessions() == int64(cut+1) && tl.State() == tailer.StateStreaming
 		})
 		require.Equal(t, cut+1, rec.allCount(), "each new session wakes everyone")

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/tailer"
+	"github.com/streamd/streamd/internal/tailer/tailertest"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
 )
@@ -82,6 +83,15 @@ func (r *recorder) allCount() int {
 	return r.alls
 }
 
+// testPool returns a pool on the package's private cluster, closed when the test ends.
+func testPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), tailertest.Shared(t))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // startTailer runs a tailer on url until the test ends.
 func startTailer(t *testing.T, url string, rec *recorder, mod func(*tailer.Config)) *tailer.Tailer {
 	t.Helper()
@@ -110,7 +120,7 @@ func startTailer(t *testing.T, url string, rec *recorder, mod func(*tailer.Confi
 			t.Error("tailer did not stop within 10s of cancel")
 		}
 	})
-	waitFor(t, 30*time.Second, "tailer streaming", func() bool { return tl.State() == tailer.StateStreaming })
+	waitFor(t, 90*time.Second, "tailer streaming", func() bool { return tl.State() == tailer.StateStreaming })
 	return tl
 }
 
@@ -147,13 +157,13 @@ func insertMessage(t *testing.T, pool *pgxpool.Pool, queue string) {
 func TestWakeupsForEveryPartitionAndQueue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
+	pool := testPool(t)
 	const parts = 8
 	stream := createStream(t, pool, parts)
 	rolledBack := createStream(t, pool, 1)
 	queues := []string{testdb.Name("tq"), testdb.Name("tq"), testdb.Name("tq")}
 	rec := newRecorder(append([]string{stream, rolledBack}, queues...)...)
-	startTailer(t, testdb.URL(t), rec, nil)
+	startTailer(t, tailertest.Shared(t), rec, nil)
 
 	c := streams.NewClient(pool, nil)
 	// The rolled-back transaction goes first: when later commits have been seen, it
@@ -235,13 +245,13 @@ func slotOf(t *testing.T, pool *pgxpool.Pool, app string) (name string, temporar
 func TestConfirmsOnlyHandledPositions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
+	pool := testPool(t)
 	stream := createStream(t, pool, 1)
 	rec := newRecorder(stream)
 	rec.gate = make(chan struct{})
 	rec.inGate = make(chan tailer.Event, 1)
 	app := testdb.Name("tailer-confirm")
-	startTailer(t, testdb.URL(t), rec, func(c *tailer.Config) { c.ApplicationName = app; c.StatusInterval = 20 * time.Millisecond })
+	startTailer(t, tailertest.Shared(t), rec, func(c *tailer.Config) { c.ApplicationName = app; c.StatusInterval = 20 * time.Millisecond })
 
 	slot, temporary, _ := slotOf(t, pool, app)
 	require.NotEmpty(t, slot)
