@@ -104,7 +104,7 @@ func TestServeHealthMetricsAndCleanStop(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		_, err := run(t, ctx, "", "serve", "--http-addr", addr, "--auth-token", "test-token-0123456789",
-			"--coordinator-name", testdb.Name("serve-test"), "--metrics-interval", "100ms")
+			"--retention-streams", "none-in-this-test", "--coordinator-name", testdb.Name("serve-test"), "--metrics-interval", "100ms")
 		done <- err
 	}()
 	var resp *http.Response

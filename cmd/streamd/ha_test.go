@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/streamd/streamd/internal/localpg"
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
 )
 
 // TestMain lets a test start this binary as a real streamd process: with
@@ -64,8 +66,20 @@ func TestTwoInstancesOneLeaderTakeoverOncePerCycle(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	name := testdb.Name("ha")
-	job := name + "/stale-member-reaper"
-	args := []string{"--lease-ttl", "1s", "--reaper-interval", "1500ms"}
+	job := name + "/retention"
+	args := []string{"--lease-ttl", "1s", "--reaper-interval", "1500ms", "--retention-interval", "1500ms"}
+	// A stream with a count policy: the retention job must enforce it.
+	s := testdb.Name("ha-retained")
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, s, 1))
+	for i := 0; i < 20; i++ {
+		_, err := sc.Produce(ctx, streams.Record{Stream: s, Data: json.RawMessage(`{}`)})
+		require.NoError(t, err)
+	}
+	_, err := pool.Exec(ctx, "INSERT INTO streamd.retention_policies (stream_name, max_event_count) VALUES ($1, 5)", s)
+	require.NoError(t, err)
+	// Only this test's stream: other packages' tests keep policies in the same database.
+	args = append(args, "--retention-streams", s)
 	procs := map[int]*exec.Cmd{}
 	for i := 0; i < 2; i++ {
 		c := startStreamd(t, name, args...)
@@ -117,4 +131,12 @@ func TestTwoInstancesOneLeaderTakeoverOncePerCycle(t *testing.T) {
 		require.Equal(t, slots[i-1]+1, slots[i], "every slot ran, once (slots %v)", slots)
 	}
 	require.Len(t, holders, 2, "both processes led")
+
+	var kept int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.events WHERE stream_name = $1", s).Scan(&kept))
+	require.Equal(t, 5, kept, "the leader's retention job enforced the policy")
+	var reaped int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.coordinator_runs WHERE job = $1 AND finished_at IS NOT NULL",
+		name+"/stale-member-reaper").Scan(&reaped))
+	require.Positive(t, reaped, "the reaper ran too")
 }

@@ -40,7 +40,7 @@ func TestPrometheusScrapes(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		_, err := run(t, ctx, "", "serve", "--http-addr", streamdAddr, "--auth-token", "prom-test-token-0123456789",
-			"--coordinator-name", testdb.Name("prom-test"), "--metrics-interval", "200ms")
+			"--retention-streams", "none-in-this-test", "--coordinator-name", testdb.Name("prom-test"), "--metrics-interval", "200ms")
 		done <- err
 	}()
 	defer func() { cancel(); <-done }()

@@ -60,6 +60,7 @@ cluster that streamd starts (or reuses) in the project's .state folder.`,
 		newConsumeCmd(g),
 		newQueueCmd(g),
 		newDLQCmd(g),
+		newRetentionCmd(g),
 	)
 	return root
 }

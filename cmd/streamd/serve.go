@@ -19,6 +19,7 @@ import (
 
 	"github.com/streamd/streamd/internal/api"
 	"github.com/streamd/streamd/internal/coordinator"
+	"github.com/streamd/streamd/retention"
 	schema "github.com/streamd/streamd/sql"
 )
 
@@ -33,6 +34,8 @@ type serveConfig struct {
 	maxRequestBytes int64
 	metricsInterval time.Duration
 	reaperInterval  time.Duration
+	retentionEvery  time.Duration
+	retentionOnly   []string
 	shutdownTimeout time.Duration
 	tlsCert         string
 	tlsKey          string
@@ -51,8 +54,10 @@ for the coordinator lease, and serves until SIGINT or SIGTERM:
   /metrics   Prometheus metrics (streamd_*)
   /v1/...    the JSON admin and data API (bearer token required)
 
-Exactly one instance (the leader) runs the coordinator jobs: the stale-member reaper,
-retention, and the other jobs as they are configured. A second instance takes over
+Exactly one instance (the leader) runs the coordinator jobs: retention policies
+(--retention-interval), the stale-member reaper (--reaper-interval), and the
+consumer-lag and queue gauges (--metrics-interval). Each job runs once per interval
+slot across all instances. A second instance takes over
 within the lease TTL of the leader dying, at once when the leader stops cleanly.
 
 Every setting is a flag, and also an environment variable (named in each flag's
@@ -77,6 +82,8 @@ help); flags win.`,
 	f.DurationVar(&c.leaseTTL, "lease-ttl", envDuration("STREAMD_LEASE_TTL", 5*time.Second), "coordinator lease TTL: the longest a dead leader delays its successor ($STREAMD_LEASE_TTL)")
 	f.DurationVar(&c.metricsInterval, "metrics-interval", envDuration("STREAMD_METRICS_INTERVAL", 15*time.Second), "how often the leader refreshes the lag and queue gauges ($STREAMD_METRICS_INTERVAL)")
 	f.DurationVar(&c.reaperInterval, "reaper-interval", envDuration("STREAMD_REAPER_INTERVAL", time.Second), "how often the leader expires stale group members ($STREAMD_REAPER_INTERVAL)")
+	f.DurationVar(&c.retentionEvery, "retention-interval", envDuration("STREAMD_RETENTION_INTERVAL", time.Minute), "how often the leader applies retention policies ($STREAMD_RETENTION_INTERVAL)")
+	f.StringSliceVar(&c.retentionOnly, "retention-streams", splitEnv("STREAMD_RETENTION_STREAMS"), "apply retention to these streams only (default: every stream with an enabled policy) ($STREAMD_RETENTION_STREAMS, comma-separated)")
 	f.DurationVar(&c.shutdownTimeout, "shutdown-timeout", envDuration("STREAMD_SHUTDOWN_TIMEOUT", 15*time.Second), "bound on finishing in-flight requests at shutdown ($STREAMD_SHUTDOWN_TIMEOUT)")
 	return cmd
 }
@@ -101,6 +108,14 @@ func envDuration(name string, def time.Duration) time.Duration {
 		envErrors = append(envErrors, fmt.Errorf("$%s=%q is not a duration (e.g. 5s)", name, s))
 	}
 	return def
+}
+
+func splitEnv(name string) []string {
+	v := os.Getenv(name)
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
 }
 
 // envErrors collects environment values that did not parse; validate reports them.
@@ -136,6 +151,9 @@ func (c *serveConfig) validate() error {
 	}
 	if c.reaperInterval <= 0 {
 		return fmt.Errorf("--reaper-interval %v must be positive", c.reaperInterval)
+	}
+	if c.retentionEvery <= 0 {
+		return fmt.Errorf("--retention-interval %v must be positive", c.retentionEvery)
 	}
 	if c.shutdownTimeout <= 0 {
 		return fmt.Errorf("--shutdown-timeout %v must be positive", c.shutdownTimeout)
@@ -207,7 +225,11 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		return err
 	}
 	fleet := newGauges(pool, reg)
-	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(pool, c),
+	retainer, err := retention.New(pool, &retention.Config{Logger: g.logger, Registerer: reg, Streams: c.retentionOnly})
+	if err != nil {
+		return err
+	}
+	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(pool, c, retainer),
 		[]coordinator.Continuous{{Name: "gauges", Run: fleet.run(c.metricsInterval)}})
 	if err != nil {
 		return err
@@ -285,8 +307,15 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 }
 
 // coordinatorJobs are the jobs the leader runs.
-func coordinatorJobs(pool *pgxpool.Pool, c *serveConfig) []coordinator.Job {
+func coordinatorJobs(pool *pgxpool.Pool, c *serveConfig, retainer *retention.Runner) []coordinator.Job {
 	return []coordinator.Job{{
+		Name:     c.coordinatorName + "/retention",
+		Interval: c.retentionEvery,
+		Run: func(ctx context.Context) error {
+			_, err := retainer.RunOnce(ctx)
+			return err
+		},
+	}, {
 		Name:     c.coordinatorName + "/stale-member-reaper",
 		Interval: c.reaperInterval,
 		Run: func(ctx context.Context) error {

@@ -60,7 +60,7 @@ func TestServeTLSAndTokenFile(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		_, err := run(t, ctx, "", "serve", "--http-addr", addr, "--tls-cert", certPath, "--tls-key", keyPath,
-			"--auth-token-file", tokens, "--coordinator-name", testdb.Name("tls-test"))
+			"--auth-token-file", tokens, "--retention-streams", "none-in-this-test", "--coordinator-name", testdb.Name("tls-test"))
 		done <- err
 	}()
 	pool := x509.NewCertPool()

@@ -99,7 +99,7 @@ func newStreamCmd(g *globals) *cobra.Command {
 			return streams.NewClient(pool, nil).DeleteStream(cmd.Context(), args[0])
 		},
 	}
-	cmd.AddCommand(create, list, describe, del)
+	cmd.AddCommand(create, list, describe, del, newStreamConfigCmd(g))
 	return cmd
 }
 
