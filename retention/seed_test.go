@@ -104,7 +104,7 @@ WHERE is_stale = true`)
 	// Everything below the group's offset but above the log start: the group is now
 	// behind the log start, and the progress view says so.
 	var reason *string
-	require.NoError(t, tx.QueryRow(ctx, `SELECT reason FROM consumer_group_progress WHERE stream_name = 'orders'`).Scan(&reason))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT reason FROM consumer_group_status WHERE stream_name = 'orders'`).Scan(&reason))
 	require.NotNil(t, reason)
 	require.Equal(t, "behind_log_start", *reason)
 

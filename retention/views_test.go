@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// consumer_group_progress says why each partition of a group is not progressing, and
+// consumer_group_status says why each partition of a group is not progressing, and
 // nothing for one that is.
 func TestConsumerGroupProgressReasons(t *testing.T) {
 	t.Parallel()
@@ -28,7 +28,7 @@ func TestConsumerGroupProgressReasons(t *testing.T) {
 	exec(`SELECT streamd.retention_advance($1, 5, 6)`)
 	exec(`SELECT streamd.retention_delete_batch($1, 5, 100)`)
 
-	rows, err := f.pool.Query(f.ctx, `SELECT partition, coalesce(reason, ''), lag, is_stale FROM streamd.consumer_group_progress
+	rows, err := f.pool.Query(f.ctx, `SELECT partition, coalesce(reason, ''), lag, is_stale FROM streamd.consumer_group_status
 		WHERE stream_name = $1 ORDER BY partition`, f.stream)
 	require.NoError(t, err)
 	defer rows.Close()

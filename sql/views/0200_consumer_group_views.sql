@@ -1,7 +1,16 @@
 -- Seed 003's consumer_group_status, per partition (offsets are per partition since
 -- handover moves them between members): the committed offset, the log end, the lag
 -- (log end - committed, G5; the whole retained log when nothing is committed), and the
--- owner's heartbeat. From head rows and keys only: no scan of events.
+-- owner's heartbeat, and the reason a partition is not progressing (NULL when it is):
+--   paused            the group paused the partition
+--   unowned           no member owns it
+--   owner_stale       its owner is gone or missed its session timeout
+--   fenced            its owner's registration has another member epoch than the
+--                     ownership, so the owner's commits are refused (G1)
+--   behind_log_start  the committed offset is below the log start: retention deleted
+--                     records the group had not read; the next fetch applies the
+--                     group's offset reset policy
+-- From head rows and keys only: no scan of events.
 CREATE OR REPLACE VIEW streamd.consumer_group_status AS
 SELECT cp.stream_name,
        cp.group_id,
@@ -15,7 +24,15 @@ SELECT cp.stream_name,
        h.next_offset                                            AS stream_head,
        h.next_offset - greatest(coalesce(co."offset", h.log_start_offset), h.log_start_offset) AS lag,
        cr.last_heartbeat,
-       coalesce(cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now(), false) AS is_stale
+       coalesce(cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now(), false) AS is_stale,
+       CASE
+           WHEN cp.paused THEN 'paused'
+           WHEN cp.owner_id IS NULL THEN 'unowned'
+           WHEN cr.consumer_id IS NULL
+             OR cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now() THEN 'owner_stale'
+           WHEN cr.member_epoch <> cp.owner_epoch THEN 'fenced'
+           WHEN co."offset" < h.log_start_offset THEN 'behind_log_start'
+       END                                                      AS reason
   FROM streamd.consumer_partitions cp
   JOIN streamd.stream_partitions h ON h.stream_name = cp.stream_name AND h.partition = cp.partition
   LEFT JOIN streamd.consumer_offsets co
