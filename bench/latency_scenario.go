@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/streamd/streamd/internal/tailer"
 	"github.com/streamd/streamd/streams"
 	"github.com/streamd/streamd/wakeup"
 )
@@ -45,6 +46,13 @@ func (s latencyScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 		r, err := s.run(ctx, env, mode, d)
 		if err != nil {
 			return nil, fmt.Errorf("latency %s: %w", mode, err)
+		}
+		out = append(out, r)
+	}
+	for _, batch := range []int{100, 1000} {
+		r, err := s.keepUp(ctx, env, d, batch)
+		if err != nil {
+			return nil, fmt.Errorf("latency keep-up b=%d: %w", batch, err)
 		}
 		out = append(out, r)
 	}
@@ -290,4 +298,95 @@ func (latencyScenario) read(ctx context.Context, env *Env, hub *wakeup.Hub, stre
 		}
 	}
 	return nil
+}
+
+// keepUp measures the append rate the tailer keeps up with: producers append
+// batches of batchSize records as fast as they can for d while an
+// in-process tailer counts the transactions it hands on; the rate is the records
+// appended divided by the time from the first append until the tailer handed on the
+// last transaction. Lag at the end says how far behind the tailer fell.
+func (s latencyScenario) keepUp(ctx context.Context, env *Env, d time.Duration, batchSize int) (Result, error) {
+	res := Result{Scenario: "latency", System: "tailer-keepup", Case: fmt.Sprintf("tailer keep-up b=%d c=%d", batchSize, latencyProducers),
+		Params: Params{Partitions: latencyProducers, BatchSize: batchSize, Conns: latencyProducers, Mode: "keepup"}}
+	stream := env.StreamName("keepup", fmt.Sprint(batchSize))
+	if err := env.Client.CreateStream(ctx, stream, latencyProducers); err != nil {
+		return res, err
+	}
+	defer func() { _ = env.Client.DeleteStream(context.WithoutCancel(ctx), stream) }()
+
+	var handled atomic.Int64     // transactions of this stream handed on
+	var lastHandled atomic.Int64 // unix ns of the last one
+	tl, err := tailer.New(&tailer.Config{
+		ConnString: env.Pool.Config().ConnString(),
+		Logger:     env.Logger,
+		Handler: func(_ context.Context, ev tailer.Event) {
+			for _, t := range ev.Targets {
+				if t.Name == stream {
+					handled.Add(1)
+					lastHandled.Store(time.Now().UnixNano())
+					return
+				}
+			}
+		},
+	})
+	if err != nil {
+		return res, err
+	}
+	rctx, stop := context.WithCancel(ctx)
+	tdone := make(chan error, 1)
+	go func() { tdone <- tl.Run(rctx) }() // owner: keepUp; exits at stop
+	defer func() { stop(); <-tdone }()
+	deadline := time.Now().Add(60 * time.Second)
+	for tl.State() != tailer.StateStreaming {
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("tailer not streaming within 60s")
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+
+	t0 := time.Now()
+	end := t0.Add(d)
+	var commits, records atomic.Int64
+	var pwg sync.WaitGroup
+	perr := make(chan error, latencyProducers)
+	for p := range latencyProducers {
+		pwg.Add(1)
+		go func() { // owner: keepUp; exits at end or on an error
+			defer pwg.Done()
+			batch := make([]streams.Record, batchSize)
+			for i := range batch {
+				batch[i] = streams.Record{Stream: stream, Partition: streams.PartitionOf(int32(p)), Data: latencyPayload}
+			}
+			for time.Now().Before(end) {
+				if _, err := env.Client.Produce(ctx, batch...); err != nil {
+					perr <- err
+					return
+				}
+				commits.Add(1)
+				records.Add(int64(len(batch)))
+			}
+		}()
+	}
+	pwg.Wait()
+	close(perr)
+	if err := <-perr; err != nil {
+		return res, err
+	}
+	produceSecs := time.Since(t0).Seconds()
+	// Wait for the tailer to hand on every transaction.
+	deadline = time.Now().Add(60 * time.Second)
+	for handled.Load() < commits.Load() {
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("tailer handed on %d of %d transactions within 60s", handled.Load(), commits.Load())
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval
+	}
+	last := time.Unix(0, lastHandled.Load())
+	res.Records = records.Load()
+	res.Bytes = res.Records * int64(len(latencyPayload))
+	res.Seconds = last.Sub(t0).Seconds()
+	res.finish()
+	res.Note = fmt.Sprintf("%d transactions of %d records appended in %.2fs (%.0f records/s); the tailer handed on the last %.0f ms after the producers stopped",
+		commits.Load(), batchSize, produceSecs, float64(res.Records)/produceSecs, (res.Seconds-produceSecs)*1000)
+	return res, nil
 }
