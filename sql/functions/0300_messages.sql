@@ -141,7 +141,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_send(
     p_dlqs         text[],
     p_now          timestamptz
 ) RETURNS TABLE (ord integer, "offset" bigint, message_id text, duplicate boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_now  timestamptz := coalesce(p_now, now());
@@ -218,25 +218,38 @@ BEGIN
 
     WITH ins AS (
         INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                           max_delivery_attempts, dead_letter_stream, group_key)
-        SELECT p_queue, v_ids[i], p_data[i]::jsonb, p_metadata[i]::jsonb, v_now,
-               coalesce(p_deliver_at[i], v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)),
+                                           not_before, max_delivery_attempts, dead_letter_stream, group_key)
+        SELECT p_queue, v_ids[i], p_data[i]::jsonb, p_metadata[i]::jsonb, v_now, s.at, s.at,
                coalesce(p_max_attempts[i], v_q.max_delivery_attempts),
                coalesce(p_dlqs[i], v_q.dead_letter_queue),
                p_groups[i]
-        FROM generate_subscripts(p_data, 1) i ORDER BY i
+        FROM generate_subscripts(p_data, 1) i
+        CROSS JOIN LATERAL (SELECT coalesce(p_deliver_at[i],
+                                            v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) AS at) s
+        ORDER BY i
         ON CONFLICT (stream_name, message_id) DO NOTHING
         RETURNING m.message_id, m."offset")
     SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
 
+    IF cardinality(v_new) = v_n THEN
+        -- No duplicates (the usual case): nothing to look up.
+        RETURN QUERY
+        SELECT i::integer, n.o, v_ids[i], false
+        FROM generate_subscripts(p_data, 1) i
+        JOIN unnest(v_new, v_offs) n(id, o) ON n.id = v_ids[i]
+        ORDER BY i;
+        RETURN;
+    END IF;
     -- A new statement: it sees duplicates' originals even when they committed while
-    -- the insert waited for them.
+    -- the insert waited for them. Each original is one probe of the unique index.
     RETURN QUERY
-    SELECT i::integer, coalesce(n.o, e."offset"), v_ids[i],
+    SELECT i::integer,
+           coalesce(n.o, (SELECT e."offset" FROM streamd.messages e
+                          WHERE e.message_id = v_ids[i] AND e.stream_name = p_queue)),
+           v_ids[i],
            n.o IS NULL OR i <> min(i) OVER (PARTITION BY v_ids[i])
     FROM generate_subscripts(p_data, 1) i
     LEFT JOIN unnest(v_new, v_offs) n(id, o) ON n.id = v_ids[i]
-    LEFT JOIN streamd.messages e ON n.o IS NULL AND e.stream_name = p_queue AND e.message_id = v_ids[i]
     ORDER BY i;
 END;
 $$;
@@ -262,13 +275,13 @@ BEGIN
         RETURNING m.*
     ), ins AS (
         INSERT INTO streamd.messages (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                      max_delivery_attempts, dead_letter_stream, group_key, last_error,
+                                      not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error,
                                       origin_stream, origin_offset, origin_attempts, dead_lettered_at)
         SELECT d.dead_letter_stream,
                CASE WHEN EXISTS (SELECT 1 FROM streamd.messages x
                                  WHERE x.stream_name = d.dead_letter_stream AND x.message_id = d.message_id)
                     THEN d.message_id || '@' || p_queue || ':' || d."offset" ELSE d.message_id END,
-               d.data, d.metadata, d.enqueued_at, v_now,
+               d.data, d.metadata, d.enqueued_at, v_now, v_now,
                coalesce(dq.max_delivery_attempts, 5), dq.dead_letter_queue, d.group_key,
                coalesce(e.err, d.last_error), p_queue, d."offset", d.delivery_attempts, v_now
         FROM d
@@ -333,13 +346,14 @@ RETURNS TABLE ("offset" bigint, message_id text, data jsonb, metadata jsonb, enq
                visibility_timeout timestamptz, delivery_attempts integer, max_delivery_attempts integer,
                lease_token uuid, group_key text, last_error text, origin_stream text, origin_offset bigint,
                origin_attempts integer, dead_lettered_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := coalesce(p_now, now());
     v_q      streamd.queues;
     v_vt     interval;
     v_offs   bigint[];
+    v_ctids  tid[];
     v_dead   bigint[];
     v_groups text[];
 BEGIN
@@ -355,13 +369,17 @@ BEGIN
     v_vt := make_interval(secs => coalesce(p_vt_ms, v_q.visibility_timeout_ms) / 1000.0);
 
     IF NOT v_q.fifo THEN
-        SELECT array_agg(c.o) FILTER (WHERE NOT c.exhausted), array_agg(c.o) FILTER (WHERE c.exhausted)
-        INTO v_offs, v_dead
-        FROM (SELECT m."offset" AS o,
+        -- messages_ready lists in-flight messages among the ready ones (a receive does
+        -- not touch not_before, so that it is a HOT update): the filter on
+        -- visibility_timeout skips them. The rows are then updated by ctid: we hold
+        -- their locks, so they cannot have moved.
+        SELECT array_agg(c.ctid) FILTER (WHERE NOT c.exhausted), array_agg(c.o) FILTER (WHERE c.exhausted)
+        INTO v_ctids, v_dead
+        FROM (SELECT m.ctid, m."offset" AS o,
                      (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts) AS exhausted
               FROM streamd.messages m
-              WHERE m.stream_name = p_queue AND m.visibility_timeout <= v_now
-              ORDER BY m.visibility_timeout, m."offset"
+              WHERE m.stream_name = p_queue AND m.not_before <= v_now AND m.visibility_timeout <= v_now
+              ORDER BY m.not_before, m."offset"
               LIMIT p_max
               FOR UPDATE SKIP LOCKED) c;
     ELSE
@@ -391,7 +409,16 @@ BEGIN
     IF v_dead IS NOT NULL THEN
         PERFORM streamd.queue_dead_letter(p_queue, v_dead, NULL, false, v_now);
     END IF;
-    IF v_offs IS NOT NULL THEN
+    IF v_ctids IS NOT NULL THEN
+        RETURN QUERY
+        UPDATE streamd.messages m
+        SET delivery_attempts = m.delivery_attempts + 1, lease_token = gen_random_uuid(),
+            visibility_timeout = v_now + v_vt
+        WHERE m.ctid = ANY(v_ctids)
+        RETURNING m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
+                  m.delivery_attempts, m.max_delivery_attempts, m.lease_token, m.group_key, m.last_error,
+                  m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at;
+    ELSIF v_offs IS NOT NULL THEN
         RETURN QUERY
         UPDATE streamd.messages m
         SET delivery_attempts = m.delivery_attempts + 1, lease_token = gen_random_uuid(),
@@ -411,7 +438,7 @@ $$;
 -- settled; a receipt missing from the result was stale.
 CREATE OR REPLACE FUNCTION streamd.queue_ack(p_queue text, p_offsets bigint[], p_tokens uuid[], p_now timestamptz)
 RETURNS TABLE ("offset" bigint, lease_token uuid)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_q      streamd.queues;
@@ -421,10 +448,14 @@ BEGIN
     IF v_q.fifo THEN
         v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
     END IF;
+    -- Primary-key probes for the offsets; the token check is a filter (as a join, the
+    -- planner could scan the whole queue to hash it). A token is a random UUID made
+    -- for one delivery of one message, so a row whose token is among p_tokens is named
+    -- by that receipt (p_offsets may repeat, with a stale and a current token).
     RETURN QUERY
-    DELETE FROM streamd.messages m USING unnest(p_offsets, p_tokens) r(o, t)
-    WHERE m.stream_name = p_queue AND m."offset" = r.o AND m.lease_token = r.t
-    RETURNING m."offset", r.t;
+    DELETE FROM streamd.messages m
+    WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
+    RETURNING m."offset", m.lease_token;
     IF v_q.fifo THEN
         PERFORM streamd.queue_groups_advance(p_queue, v_groups, p_now);
     END IF;
@@ -473,6 +504,7 @@ BEGIN
     IF v_retry IS NOT NULL THEN
         UPDATE streamd.messages m
         SET visibility_timeout = v_now + make_interval(secs => coalesce(r.d, 0) / 1000.0),
+            not_before = v_now + make_interval(secs => coalesce(r.d, 0) / 1000.0),
             lease_token = NULL, last_error = coalesce(r.e, m.last_error)
         FROM unnest(p_offsets, p_delays_ms, p_errors) r(o, d, e)
         WHERE m.stream_name = p_queue AND m."offset" = r.o AND r.o = ANY(v_retry);
@@ -586,12 +618,12 @@ BEGIN
         DELETE FROM streamd.messages m WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs) RETURNING m.*
     ), ins AS (
         INSERT INTO streamd.messages (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                      max_delivery_attempts, dead_letter_stream, group_key, last_error)
+                                      not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error)
         SELECT d.origin_stream,
                CASE WHEN EXISTS (SELECT 1 FROM streamd.messages x
                                  WHERE x.stream_name = d.origin_stream AND x.message_id = d.message_id)
                     THEN d.message_id || '~' || p_dlq || ':' || d."offset" ELSE d.message_id END,
-               d.data, d.metadata, d.enqueued_at, v_now, oq.max_delivery_attempts, oq.dead_letter_queue,
+               d.data, d.metadata, d.enqueued_at, v_now, v_now, oq.max_delivery_attempts, oq.dead_letter_queue,
                CASE WHEN oq.fifo THEN coalesce(d.group_key, '') END, d.last_error
         FROM d JOIN streamd.queues oq ON oq.queue_name = d.origin_stream
         ORDER BY d."offset"
