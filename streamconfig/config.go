@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 )
 
@@ -96,12 +97,36 @@ type Performance struct {
 	EnableCompression bool `json:"enableCompression,omitempty"`
 }
 
-// AccessControl is the access_control_config section: PostgreSQL role names.
+// AccessControl is the access_control_config section: the principals (API token
+// principals, see streamd serve's --auth-token-file) allowed each action on the
+// stream; "*" allows every authenticated principal. The principal "admin" may do
+// everything on every stream. streamd serve's /v1/ API enforces it.
 type AccessControl struct {
-	// Readers may fetch and join groups. Defaults to none listed.
+	// Admins may administer the stream (delete it, reset or delete its groups, replay
+	// dead letters), and also read and write. Defaults to none listed.
+	Admins []string `json:"admins,omitempty"`
+	// Readers may fetch, describe the stream and its groups. Defaults to none listed.
 	Readers []string `json:"readers,omitempty"`
 	// Writers may append. Defaults to none listed.
 	Writers []string `json:"writers,omitempty"`
+}
+
+// Allows reports whether principal may do action ("read", "write" or "admin").
+func (a *AccessControl) Allows(principal, action string) bool {
+	if a == nil {
+		return false
+	}
+	has := func(list []string) bool { return slices.Contains(list, principal) || slices.Contains(list, "*") }
+	if has(a.Admins) {
+		return true
+	}
+	switch action {
+	case "read":
+		return has(a.Readers)
+	case "write":
+		return has(a.Writers)
+	}
+	return false
 }
 
 // ErrInvalidConfig: a configuration value that is not valid. The error is a
@@ -181,14 +206,14 @@ func (c *Config) Validate() error {
 		return fieldErr("performance_config.batchSize", "%d must be between 1 and 100000", p.BatchSize)
 	}
 	if a := c.AccessControl; a != nil {
-		for i, r := range a.Readers {
-			if !roleName.MatchString(r) {
-				return fieldErr(fmt.Sprintf("access_control_config.readers[%d]", i), "%q is not a role name", r)
-			}
-		}
-		for i, r := range a.Writers {
-			if !roleName.MatchString(r) {
-				return fieldErr(fmt.Sprintf("access_control_config.writers[%d]", i), "%q is not a role name", r)
+		for _, l := range []struct {
+			name string
+			list []string
+		}{{"admins", a.Admins}, {"readers", a.Readers}, {"writers", a.Writers}} {
+			for i, r := range l.list {
+				if !roleName.MatchString(r) {
+					return fieldErr(fmt.Sprintf("access_control_config.%s[%d]", l.name, i), "%q is not a principal name", r)
+				}
 			}
 		}
 	}

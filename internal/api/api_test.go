@@ -90,7 +90,7 @@ func TestAuthAndAccessControl(t *testing.T) {
 
 	// Grant alice produce, bob consume.
 	_, err := sc.Pool().Exec(context.Background(), `INSERT INTO streamd.stream_configurations (stream_name, access_control_config)
-		VALUES ($1, '{"produce":["alice"],"consume":["bob"]}')`, s)
+		VALUES ($1, '{"writers":["alice"],"readers":["bob"]}')`, s)
 	require.NoError(t, err)
 	code, body = c.do("POST", "/v1/streams/"+s+"/records", aliceToken, rec)
 	require.Equal(t, http.StatusOK, code, "%v", body)
