@@ -149,9 +149,9 @@ func (l *Listener) Run(ctx context.Context) error {
 		}
 		if err == nil {
 			backoff = l.cfg.MinBackoff
+			l.NotifyAll() // before Connected: who subscribes after it needs no wake-up
 			l.connected.Store(true)
 			l.mConn.Set(1)
-			l.NotifyAll()
 			for err == nil {
 				var n *pgconn.Notification
 				n, err = conn.WaitForNotification(ctx)

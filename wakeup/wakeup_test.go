@@ -375,7 +375,7 @@ func TestWalLevelReplicaPollsOnly(t *testing.T) {
 		c.Logger = logs.logger()
 		c.UnsupportedRetry = 30 * time.Millisecond
 	})
-	waitFor(t, 30*time.Second, "tailer gives up", b.Unsupported)
+	waitFor(t, 30*time.Second, "tailer gives up, listener connected", func() bool { return b.Unsupported() && l.Connected() })
 	r := startReader(t, pool, l.Hub, stream, 50*time.Millisecond)
 	for i := 0; i < 5; i++ {
 		produce(t, c, stream)
