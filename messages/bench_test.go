@@ -23,9 +23,14 @@ import (
 // database in the same run:
 //   - streamd: Send, then Receive (Max benchBatch) + Ack of the batch;
 //   - raw: a plain table drained with DELETE ... WHERE id IN (SELECT ... FOR UPDATE
-//     SKIP LOCKED LIMIT benchBatch) RETURNING, the floor any queue pays;
+//     SKIP LOCKED LIMIT benchBatch) RETURNING id, payload, the floor any queue pays;
 //   - pgmq-style: a table with a vt column, read one row (UPDATE ... SKIP LOCKED
-//     LIMIT 1) then delete it, a round trip each.
+//     LIMIT 1 RETURNING the message) then delete it, a round trip each.
+//
+// Every system is sent the same payloads in the same batches, drained by the same
+// number of goroutines on one pool, and hands each message's payload to its consumer
+// (the raw drain used to return nothing). The three run in a rotating order, so that
+// none always runs first (after the others' dead rows) or last.
 //
 // It reports each system's messages/s and streamd's ratio to the other two.
 const (
@@ -94,7 +99,7 @@ func BenchmarkQueueThroughput(b *testing.B) {
 	}
 
 	var streamdTime, rawTime, pgmqTime time.Duration
-	for b.Loop() {
+	runStreamd := func() {
 		start := time.Now()
 		for range benchMessages / benchBatch {
 			msgs := make([]messages.OutgoingMessage, benchBatch)
@@ -116,22 +121,39 @@ func BenchmarkQueueThroughput(b *testing.B) {
 			return len(got), c.Ack(ctx, rs...)
 		}))
 		streamdTime += time.Since(start)
-
-		start = time.Now()
+	}
+	runRaw := func() {
+		start := time.Now()
 		require.NoError(b, sendSQL(raw, "payload")())
 		require.NoError(b, drain(func() (int, error) {
-			tag, err := pool.Exec(ctx, `DELETE FROM `+raw+` WHERE id IN (SELECT id FROM `+raw+` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)`, benchBatch)
-			return int(tag.RowsAffected()), err
+			rows, err := pool.Query(ctx, `DELETE FROM `+raw+` WHERE id IN (SELECT id FROM `+raw+` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+				RETURNING id, payload`, benchBatch)
+			if err != nil {
+				return 0, err
+			}
+			n := 0
+			for rows.Next() {
+				var id int64
+				var payload json.RawMessage
+				if err := rows.Scan(&id, &payload); err != nil {
+					rows.Close()
+					return 0, err
+				}
+				n++
+			}
+			return n, rows.Err()
 		}))
 		rawTime += time.Since(start)
-
-		start = time.Now()
+	}
+	runPgmq := func() {
+		start := time.Now()
 		require.NoError(b, sendSQL(pgmq, "message")())
 		require.NoError(b, drain(func() (int, error) {
 			var id int64
+			var msg json.RawMessage
 			err := pool.QueryRow(ctx, `UPDATE `+pgmq+` SET vt = now() + interval '30 seconds', read_ct = read_ct + 1
 				WHERE msg_id = (SELECT msg_id FROM `+pgmq+` WHERE vt <= now() ORDER BY msg_id LIMIT 1 FOR UPDATE SKIP LOCKED)
-				RETURNING msg_id`).Scan(&id)
+				RETURNING msg_id, message`).Scan(&id, &msg)
 			if err == pgx.ErrNoRows {
 				return 0, nil
 			}
@@ -142,6 +164,12 @@ func BenchmarkQueueThroughput(b *testing.B) {
 			return 1, err
 		}))
 		pgmqTime += time.Since(start)
+	}
+	systems := []func(){runStreamd, runRaw, runPgmq}
+	for i := 0; b.Loop(); i++ {
+		for j := range systems {
+			systems[(i+j)%len(systems)]()
+		}
 	}
 	total := float64(b.N * benchMessages)
 	s, r, p := total/streamdTime.Seconds(), total/rawTime.Seconds(), total/pgmqTime.Seconds()
