@@ -61,7 +61,7 @@ func runChild(url, app string) int {
 
 // TestKill9LeavesNoSlot: a process running a tailer is killed with SIGKILL (no
 // cleanup code runs); its replication slot was temporary, so the server drops it and
-// nothing pins WAL.
+// nothing pins WAL; a tailer started in its place delivers again.
 func TestKill9LeavesNoSlot(t *testing.T) {
 	t.Parallel()
 	pool := testPool(t)
@@ -111,6 +111,16 @@ func TestKill9LeavesNoSlot(t *testing.T) {
 		require.NoError(t, pool.QueryRow(context.Background(),
 			"SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&n))
 		return n == 0
+	})
+
+	// A tailer started in its place (a restarted process) delivers again.
+	stream := createStream(t, pool, 1)
+	rec := newRecorder(stream)
+	startTailer(t, tailertest.Shared(t), rec, nil)
+	_, err = streams.NewClient(pool, nil).Produce(context.Background(), streams.Record{Stream: stream, Data: []byte(`{}`)})
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "a commit handed on by the new tailer", func() bool {
+		return rec.targets()[tailer.Target{Kind: tailer.KindStream, Name: stream}] == 1
 	})
 }
 

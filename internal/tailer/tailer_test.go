@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/tailer"
@@ -163,7 +164,9 @@ func TestWakeupsForEveryPartitionAndQueue(t *testing.T) {
 	rolledBack := createStream(t, pool, 1)
 	queues := []string{testdb.Name("tq"), testdb.Name("tq"), testdb.Name("tq")}
 	rec := newRecorder(append([]string{stream, rolledBack}, queues...)...)
-	startTailer(t, tailertest.Shared(t), rec, nil)
+	reg := prometheus.NewRegistry()
+	startTailer(t, tailertest.Shared(t), rec, func(c *tailer.Config) { c.Registerer = reg })
+	require.Equal(t, 1.0, gaugeValue(t, reg, "streamd_tailer_connected", ""))
 
 	c := streams.NewClient(pool, nil)
 	// The rolled-back transaction goes first: when later commits have been seen, it
@@ -214,6 +217,25 @@ func TestWakeupsForEveryPartitionAndQueue(t *testing.T) {
 	}, last.Targets, "one event per transaction, each target once")
 	require.NotZero(t, last.EndLSN)
 	require.WithinDuration(t, time.Now(), last.CommitTime, time.Minute)
+
+	// The metrics saw them: transactions handed on, their delay, the lag gauge.
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	byName := map[string]float64{}
+	for _, mf := range mfs {
+		m := mf.GetMetric()[0]
+		switch {
+		case m.Counter != nil:
+			byName[mf.GetName()] = m.Counter.GetValue()
+		case m.Histogram != nil:
+			byName[mf.GetName()] = float64(m.Histogram.GetSampleCount())
+		case m.Gauge != nil:
+			byName[mf.GetName()] = m.Gauge.GetValue()
+		}
+	}
+	require.GreaterOrEqual(t, byName["streamd_tailer_transactions_total"], float64(parts+len(queues)+1))
+	require.GreaterOrEqual(t, byName["streamd_tailer_delay_seconds"], float64(parts+len(queues)+1))
+	require.Contains(t, byName, "streamd_tailer_lag_bytes")
 }
 
 func sum(m map[tailer.Target]int) int {
