@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/streamd/streamd/internal/tailer"
@@ -192,10 +193,12 @@ func (b *Broadcaster) putBack(p map[key]struct{}, all bool) {
 // tailer's goroutine (owned by Run, which waits for it before returning) and sends
 // the notifications itself.
 func (b *Broadcaster) Run(ctx context.Context) error {
-	connCfg, err := pgx.ParseConfig(b.cfg.ConnString)
+	// Parsed as a pool's string so that pool_* settings are accepted and dropped.
+	poolCfg, err := pgxpool.ParseConfig(b.cfg.ConnString)
 	if err != nil {
 		return fmt.Errorf("wakeup: parse BroadcasterConfig.ConnString: %w", err)
 	}
+	connCfg := poolCfg.ConnConfig
 	tctx, stopTailer := context.WithCancel(ctx)
 	tailerDone := make(chan error, 1)
 	go func() { tailerDone <- b.tailer.Run(tctx) }() // owner: Run; exits when Run returns (stopTailer)

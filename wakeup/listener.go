@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -135,10 +136,12 @@ func (l *Listener) Connected() bool { return l.connected.Load() }
 // notifications sent meanwhile were missed. It returns an error only for a bad
 // connection string.
 func (l *Listener) Run(ctx context.Context) error {
-	connCfg, err := pgx.ParseConfig(l.cfg.ConnString)
+	// Parsed as a pool's string so that pool_* settings are accepted and dropped.
+	poolCfg, err := pgxpool.ParseConfig(l.cfg.ConnString)
 	if err != nil {
 		return fmt.Errorf("wakeup: parse ListenerConfig.ConnString: %w", err)
 	}
+	connCfg := poolCfg.ConnConfig
 	l.cfg.Logger.Info("wakeup listener started")
 	defer l.cfg.Logger.Info("wakeup listener stopped")
 	backoff := l.cfg.MinBackoff

@@ -104,10 +104,11 @@ func TestBroadcastWakesListenersForEveryPartitionAndQueue(t *testing.T) {
 	require.NoError(t, c.CreateStream(ctx, stream, parts))
 	queues := []string{testdb.Name("wq"), testdb.Name("wq")}
 
-	l := fastListener(t, url)
+	// A pool's connection string (pool_* settings) is accepted.
+	l := fastListener(t, url+" pool_max_conns=3")
 	sub := l.Subscribe(wakeup.KindStream, stream)
 	defer sub.Close()
-	b := fastBroadcaster(t, url, nil)
+	b := fastBroadcaster(t, url+" pool_max_conns=3", nil)
 	waitFor(t, 90*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
 
 	for p := int32(0); p < parts; p++ {

@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // State is what the tailer is doing.
@@ -91,10 +92,12 @@ func (e *unsupportedError) Unwrap() error { return e.err }
 // Run streams until ctx ends, reconnecting with backoff after every failure, and
 // returns nil then. It returns an error only for a bad connection string.
 func (t *Tailer) Run(ctx context.Context) error {
-	connCfg, err := pgconn.ParseConfig(t.cfg.ConnString)
+	// Parsed as a pool's string so that pool_* settings are accepted and dropped.
+	poolCfg, err := pgxpool.ParseConfig(t.cfg.ConnString)
 	if err != nil {
 		return fmt.Errorf("tailer: parse Config.ConnString: %w", err)
 	}
+	connCfg := poolCfg.ConnConfig.Config.Copy()
 	connCfg.RuntimeParams["replication"] = "database"
 	connCfg.RuntimeParams["application_name"] = t.cfg.ApplicationName
 	t.log.Info("tailer started", "publication", t.cfg.Publication)
