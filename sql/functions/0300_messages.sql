@@ -202,7 +202,11 @@ BEGIN
         END IF;
     END LOOP;
 
-    v_ids := ARRAY(SELECT coalesce(p_ids[i], gen_random_uuid()::text) FROM generate_subscripts(p_data, 1) i ORDER BY i);
+    IF p_ids IS NOT NULL AND array_position(p_ids, NULL) IS NULL THEN
+        v_ids := p_ids;
+    ELSE
+        v_ids := ARRAY(SELECT coalesce(p_ids[i], gen_random_uuid()::text) FROM generate_subscripts(p_data, 1) i ORDER BY i);
+    END IF;
 
     IF v_q.fifo THEN
         -- Lock (or create) the groups in key order before inserting, so that sends to
