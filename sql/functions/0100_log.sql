@@ -124,6 +124,16 @@ BEGIN
         END IF;
         RAISE EXCEPTION USING ERRCODE = 'SD001', MESSAGE = format('stream %L does not exist', p_stream_name);
     END IF;
+    -- A stream that keeps per-key versions or enforces event types takes the event
+    -- sourcing path (sql/functions/1000_eventstore.sql); every other stream pays only
+    -- this test of two columns of the row read above.
+    IF v_stream.key_versions OR v_stream.enforce_event_types THEN
+        RETURN QUERY SELECT a.ord, a.partition, a."offset", a."timestamp", a.duplicate
+          FROM streamd.append_versioned(p_stream_name, p_partitions, p_event_ids, p_event_types, p_keys, p_data,
+                                        p_data_bytes, p_metadata, p_correlation_ids, p_causation_ids, p_versions,
+                                        NULL, NULL, NULL) a;
+        RETURN;
+    END IF;
     IF v_n = 0 THEN
         RETURN;
     END IF;

@@ -13,6 +13,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_stream streamd.streams%ROWTYPE;
     v_size   integer;
+    v_kv     bigint;
+    v_sid    text;
+    v_exp    timestamptz;
 BEGIN
     SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = NEW.stream_name;
     IF NOT FOUND THEN
@@ -44,6 +47,17 @@ BEGIN
     IF NEW.version IS NULL THEN
         NEW.version := 1;
     END IF;
+    IF v_stream.enforce_event_types
+       AND NOT EXISTS (SELECT 1 FROM streamd.event_types et WHERE et.name = NEW.event_type) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD406',
+            MESSAGE = format('event type %L is not registered, and stream %L accepts registered types only', NEW.event_type, NEW.stream_name);
+    END IF;
+    IF v_stream.key_versions AND NEW.key IS NOT NULL
+       AND NEW.partition <> streamd.partition_for_key(NEW.key, v_stream.partitions) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005',
+            MESSAGE = format('stream %L keeps key versions, so key %L must go to its own partition %s, not %s',
+                             NEW.stream_name, NEW.key, streamd.partition_for_key(NEW.key, v_stream.partitions), NEW.partition);
+    END IF;
     UPDATE streamd.stream_partitions h
        SET next_offset = h.next_offset + 1,
            last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
@@ -52,6 +66,27 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'SD002',
             MESSAGE = format('stream %L has no partition %s', NEW.stream_name, NEW.partition);
+    END IF;
+    -- Per-key versions (issue 9), under the head-row lock just taken. A key_version
+    -- given by the INSERT is the version the writer expects this event to get
+    -- (optimistic concurrency from plain SQL); it is checked, never trusted.
+    IF v_stream.key_versions AND NEW.key IS NOT NULL THEN
+        INSERT INTO streamd.key_heads AS h (stream_name, key, last_version, updated_at)
+        VALUES (NEW.stream_name, NEW.key, 1, NEW."timestamp")
+        ON CONFLICT (stream_name, key) DO UPDATE SET last_version = h.last_version + 1, updated_at = excluded.updated_at
+        RETURNING h.last_version, h.session_id, h.session_expires_at INTO v_kv, v_sid, v_exp;
+        IF v_sid IS NOT NULL AND v_exp > clock_timestamp() THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD404',
+                MESSAGE = format('key %L of stream %L is held by session %L until %s', NEW.key, NEW.stream_name, v_sid, v_exp);
+        END IF;
+        IF NEW.key_version IS NOT NULL AND NEW.key_version <> v_kv THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD401',
+                MESSAGE = format('version mismatch: key %L of stream %L is at version %s, the insert expected to write version %s',
+                                 NEW.key, NEW.stream_name, v_kv - 1, NEW.key_version);
+        END IF;
+        NEW.key_version := v_kv;
+    ELSE
+        NEW.key_version := NULL;
     END IF;
     RETURN NEW;
 END;

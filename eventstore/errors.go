@@ -1,0 +1,53 @@
+package eventstore
+
+import (
+	"errors"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// SQLSTATEs raised by sql/functions/1000_eventstore.sql (class SD4xx, event sourcing).
+const (
+	codeVersionMismatch  = "SD401"
+	codeNotOpen          = "SD402"
+	codeSessionExpired   = "SD403"
+	codeSessionHeld      = "SD404"
+	codeNotVersioned     = "SD405"
+	codeUnknownEventType = "SD406"
+)
+
+// Conditions the event store reports, matched with errors.Is. Errors raised by SQL
+// also unwrap to the *pgconn.PgError, whose message names the stream, key and
+// versions involved. Bad input in general (an empty key, a negative expected version)
+// is streams.ErrInvalidArgument, as everywhere in streamd.
+var (
+	// ErrVersionMismatch: the key was not at the expected version; another writer got
+	// there first. Nothing was written.
+	ErrVersionMismatch = errors.New("version mismatch")
+	// ErrNotOpen: the session does not hold the key (never opened, closed, or taken
+	// over by another session after it expired).
+	ErrNotOpen = errors.New("key not open in this session")
+	// ErrSessionExpired: the session held the key but its timeout has passed.
+	ErrSessionExpired = errors.New("session expired")
+	// ErrSessionHeld: another live session holds the key.
+	ErrSessionHeld = errors.New("key held by another session")
+	// ErrOpenTimeout: Open could not take the key within its open timeout, because
+	// another session held it all along.
+	ErrOpenTimeout = errors.New("open timed out")
+	// ErrNotVersioned: the stream does not keep key versions (see EnableStream).
+	ErrNotVersioned = errors.New("stream does not keep key versions")
+	// ErrUnknownEventType: the stream accepts registered event types only, and this
+	// one is not registered.
+	ErrUnknownEventType = errors.New("unknown event type")
+	// ErrSessionClosed: an operation on a Session after Close.
+	ErrSessionClosed = errors.New("session closed")
+)
+
+func init() {
+	sqlerr.Register(codeVersionMismatch, ErrVersionMismatch)
+	sqlerr.Register(codeNotOpen, ErrNotOpen)
+	sqlerr.Register(codeSessionExpired, ErrSessionExpired)
+	sqlerr.Register(codeSessionHeld, ErrSessionHeld)
+	sqlerr.Register(codeNotVersioned, ErrNotVersioned)
+	sqlerr.Register(codeUnknownEventType, ErrUnknownEventType)
+}
