@@ -1,0 +1,198 @@
+package eventstore_test
+
+import (
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/eventstore"
+	"github.com/streamd/streamd/streams"
+)
+
+// clock is a settable time for session expiry.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// A session that expired cannot append (nor snapshot); renewing it before anyone
+// else took the key lets it append again.
+func TestExpiredSessionCannotAppend(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f := setup(t, &eventstore.Config{Clock: clk.now, SessionTimeout: time.Minute})
+	sess, err := f.store.Open(f.ctx, f.stream, "k", nil)
+	require.NoError(t, err)
+	require.Equal(t, clk.now().Add(time.Minute), sess.ExpiresAt().UTC())
+	_, err = sess.Append(f.ctx, eventstore.NoVersion, ev("x", 1))
+	require.NoError(t, err)
+
+	clk.add(61 * time.Second)
+	_, err = sess.Append(f.ctx, eventstore.ExactVersion(1), ev("x", 2))
+	require.ErrorIs(t, err, eventstore.ErrSessionExpired)
+	err = sess.SaveSnapshot(f.ctx, 1, eventstore.SnapshotData{Data: json.RawMessage(`{}`)})
+	require.ErrorIs(t, err, eventstore.ErrSessionExpired)
+	require.Equal(t, 1, f.count(t))
+
+	require.NoError(t, sess.Renew(f.ctx))
+	_, err = sess.Append(f.ctx, eventstore.ExactVersion(1), ev("x", 2))
+	require.NoError(t, err)
+	require.NoError(t, sess.Close(f.ctx))
+	_, err = sess.Append(f.ctx, eventstore.ExactVersion(2), ev("x", 3))
+	require.ErrorIs(t, err, eventstore.ErrSessionClosed)
+}
+
+// Only one session holds a key: a second Open waits for the open timeout and fails;
+// appends outside the session are refused; after expiry another session takes the key
+// over and the first one's appends fail with ErrNotOpen.
+func TestSessionIsExclusive(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f := setup(t, &eventstore.Config{Clock: clk.now, OpenTimeout: 50 * time.Millisecond, SessionTimeout: time.Minute})
+	first, err := f.store.Open(f.ctx, f.stream, "k", nil)
+	require.NoError(t, err)
+
+	_, err = f.store.Open(f.ctx, f.stream, "k", nil)
+	require.ErrorIs(t, err, eventstore.ErrOpenTimeout)
+	require.ErrorIs(t, err, eventstore.ErrSessionHeld)
+	_, err = f.store.Append(f.ctx, f.stream, "k", eventstore.AnyVersion, ev("x", 1))
+	require.ErrorIs(t, err, eventstore.ErrSessionHeld)
+	_, err = f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, key, data) VALUES ($1, 'k', '1')`, f.stream)
+	require.ErrorIs(t, wrap(err), eventstore.ErrSessionHeld)
+	// Other keys are not held.
+	_, err = f.store.Append(f.ctx, f.stream, "other", eventstore.AnyVersion, ev("x", 1))
+	require.NoError(t, err)
+
+	clk.add(2 * time.Minute)
+	second, err := f.store.Open(f.ctx, f.stream, "k", nil)
+	require.NoError(t, err)
+	_, err = first.Append(f.ctx, eventstore.AnyVersion, ev("x", 1))
+	require.ErrorIs(t, err, eventstore.ErrSessionHeld)
+	_, err = second.Append(f.ctx, eventstore.NoVersion, ev("x", 1))
+	require.NoError(t, err)
+	require.NoError(t, first.Close(f.ctx)) // no longer holds it: does not release second's hold
+	_, err = f.store.Append(f.ctx, f.stream, "k", eventstore.AnyVersion, ev("x", 2))
+	require.ErrorIs(t, err, eventstore.ErrSessionHeld)
+	require.NoError(t, second.Close(f.ctx))
+	_, err = second.Append(f.ctx, eventstore.AnyVersion, ev("x", 2))
+	require.ErrorIs(t, err, eventstore.ErrSessionClosed)
+	// Closed: the key is free at once, to plain appends and to new sessions.
+	_, err = f.store.Append(f.ctx, f.stream, "k", eventstore.ExactVersion(1), ev("x", 2))
+	require.NoError(t, err)
+	third, err := f.store.Open(f.ctx, f.stream, "k", nil)
+	require.NoError(t, err)
+	require.NoError(t, third.Close(f.ctx))
+}
+
+// An append in a session whose hold was released behind its back (here by SQL) fails
+// with ErrNotOpen and writes nothing: the check is in SQL, not in the Session object.
+func TestSessionNotOpen(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	stale, err := f.store.Open(f.ctx, f.stream, "k", &eventstore.OpenOpts{SessionID: "s-3"})
+	require.NoError(t, err)
+	_, err = f.pool.Exec(f.ctx, "SELECT streamd.close_key_session($1, 'k', 's-3')", f.stream)
+	require.NoError(t, err)
+	_, err = stale.Append(f.ctx, eventstore.AnyVersion, ev("x", 1))
+	require.ErrorIs(t, err, eventstore.ErrNotOpen)
+	require.Equal(t, 0, f.count(t))
+}
+
+// A waiting Open gets the key as soon as its holder closes.
+func TestOpenWaitsForClose(t *testing.T) {
+	t.Parallel()
+	f := setup(t, &eventstore.Config{OpenTimeout: 20 * time.Second})
+	first, err := f.store.Open(f.ctx, f.stream, "k", nil)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { // owner: this test; exits when Open returns
+		s, err := f.store.Open(f.ctx, f.stream, "k", nil)
+		if err == nil {
+			_, err = s.Append(f.ctx, eventstore.NoVersion, ev("x", 1))
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("second Open returned while the key was held: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	require.NoError(t, first.Close(f.ctx))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("second Open did not get the key after Close")
+	}
+}
+
+// Snapshots: Load returns the newest snapshot and only the events after it.
+func TestSnapshotLoad(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	snap, events, err := f.store.Load(f.ctx, f.stream, "k")
+	require.NoError(t, err)
+	require.Nil(t, snap)
+	require.Empty(t, events)
+	for i := 1; i <= 5; i++ {
+		_, err := f.store.Append(f.ctx, f.stream, "k", eventstore.ExactVersion(int64(i-1)), ev("x", i))
+		require.NoError(t, err)
+	}
+	require.NoError(t, f.store.SaveSnapshot(f.ctx, f.stream, "k", 2, eventstore.SnapshotData{Data: json.RawMessage(`{"sum":3}`)}))
+	require.NoError(t, f.store.SaveSnapshot(f.ctx, f.stream, "k", 4, eventstore.SnapshotData{Bytes: []byte("ten")}))
+	snap, events, err = f.store.Load(f.ctx, f.stream, "k")
+	require.NoError(t, err)
+	require.NotNil(t, snap)
+	require.Equal(t, int64(4), snap.Version)
+	require.Equal(t, []byte("ten"), snap.Bytes)
+	require.Len(t, events, 1)
+	require.Equal(t, int64(5), events[0].KeyVersion)
+
+	err = f.store.SaveSnapshot(f.ctx, f.stream, "k", 5, eventstore.SnapshotData{})
+	require.ErrorIs(t, err, streams.ErrInvalidArgument)
+}
+
+// With enforcement on, every append path accepts registered event types only.
+func TestEventTypeRegistryEnforced(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	typ := "Registered-" + f.stream
+	require.NoError(t, f.store.RegisterEventType(f.ctx, eventstore.EventType{Name: typ, Description: "a test type"}))
+	err := f.store.RegisterEventType(f.ctx, eventstore.EventType{Name: "t-" + f.stream, ReferenceTable: "streamd.no_such_table"})
+	require.ErrorIs(t, err, streams.ErrInvalidArgument)
+	require.NoError(t, f.store.ConfigureStream(f.ctx, f.stream, eventstore.StreamOpts{KeyVersions: true, EnforceEventTypes: true}))
+
+	_, err = f.store.Append(f.ctx, f.stream, "k", eventstore.AnyVersion, ev(typ, 1), ev("Unregistered", 2))
+	require.ErrorIs(t, err, eventstore.ErrUnknownEventType)
+	require.ErrorContains(t, err, "Unregistered")
+	_, err = f.client.Produce(f.ctx, streams.Record{Stream: f.stream, EventType: "Unregistered", Data: json.RawMessage(`1`)})
+	require.ErrorIs(t, err, eventstore.ErrUnknownEventType)
+	_, err = f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, event_type, data) VALUES ($1, 'Unregistered', '1')`, f.stream)
+	require.ErrorIs(t, wrap(err), eventstore.ErrUnknownEventType)
+	require.Equal(t, 0, f.count(t))
+
+	_, err = f.store.Append(f.ctx, f.stream, "k", eventstore.AnyVersion, ev(typ, 1))
+	require.NoError(t, err)
+	_, err = f.client.Produce(f.ctx, streams.Record{Stream: f.stream, EventType: typ, Data: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	types, err := f.store.EventTypes(f.ctx)
+	require.NoError(t, err)
+	var found bool
+	for _, et := range types {
+		found = found || (et.Name == typ && et.Description == "a test type")
+	}
+	require.True(t, found)
+	ok, err := f.store.DeleteEventType(f.ctx, typ)
+	require.NoError(t, err)
+	require.True(t, ok)
+}
