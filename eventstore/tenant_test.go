@@ -1,0 +1,122 @@
+package eventstore_test
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// tenantRole creates a login role bound to tenant and drops it when the test ends
+// (roles are cluster-wide, so the name is unique). It returns a connection as that role.
+func tenantRole(t *testing.T, admin *pgx.Conn, tenant string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	role := strings.ReplaceAll(testdb.Name("streamd_tenant"), "-", "_")
+	ident := pgx.Identifier{role}.Sanitize()
+	_, err := admin.Exec(ctx, "CREATE ROLE "+ident+" LOGIN NOSUPERUSER NOBYPASSRLS")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, testdb.URL(t))
+		if err == nil {
+			_, _ = c.Exec(ctx, "DELETE FROM streamd.tenant_roles WHERE role_name = $1", role)
+			_, _ = c.Exec(ctx, "DROP OWNED BY "+ident)
+			_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+ident)
+			_ = c.Close(ctx)
+		}
+	})
+	_, err = admin.Exec(ctx, "SELECT streamd.bind_tenant_role($1, $2)", role, tenant)
+	require.NoError(t, err)
+	base := testdb.URL(t)
+	var connStr string
+	if strings.HasPrefix(base, "postgres://") || strings.HasPrefix(base, "postgresql://") {
+		u, err := url.Parse(base)
+		require.NoError(t, err)
+		u.User = url.User(role)
+		connStr = u.String()
+	} else {
+		connStr = base + " user=" + role
+	}
+	conn, err := pgx.Connect(ctx, connStr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if err != nil && asPg(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// A tenant role cannot read or write another tenant's rows, by plain SQL or through
+// streamd.append, in events and in messages; its own rows are stamped with its tenant
+// without naming it; the owner still sees everything.
+func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, testdb.URL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	stream := testdb.Name("tenants")
+	queue := testdb.Name("tenantq")
+	_, err = admin.Exec(ctx, "SELECT streamd.create_stream($1, 2)", stream)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "SELECT streamd.queue_create($1, false, 30000, 5, NULL, 1048576)", queue)
+	require.NoError(t, err)
+	acme := tenantRole(t, admin, "acme-"+stream)
+	globex := tenantRole(t, admin, "globex-"+stream)
+
+	// Each tenant appends by plain INSERT and by streamd.append, naming no tenant.
+	for _, c := range []*pgx.Conn{acme, globex} {
+		_, err = c.Exec(ctx, `INSERT INTO streamd.events (stream_name, key, data) VALUES ($1, 'k', '1')`, stream)
+		require.NoError(t, err)
+		_, err = c.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, NULL, ARRAY['k','j'], ARRAY['2','3'], NULL, NULL, NULL, NULL, NULL)`, stream)
+		require.NoError(t, err)
+		_, err = c.Exec(ctx, `SELECT * FROM streamd.queue_send($1, NULL, ARRAY['{}'], NULL, NULL, NULL, NULL, NULL, NULL, NULL)`, queue)
+		require.NoError(t, err)
+	}
+	count := func(c *pgx.Conn, table, name, tenant string) int {
+		var n int
+		require.NoError(t, c.QueryRow(ctx, "SELECT count(*) FROM streamd."+table+" WHERE stream_name = $1 AND tenant_id IS NOT DISTINCT FROM $2", name, tenant).Scan(&n))
+		return n
+	}
+	for _, tc := range []struct {
+		conn        *pgx.Conn
+		own, others string
+	}{{acme, "acme-" + stream, "globex-" + stream}, {globex, "globex-" + stream, "acme-" + stream}} {
+		require.Equal(t, 3, count(tc.conn, "events", stream, tc.own))
+		require.Equal(t, 0, count(tc.conn, "events", stream, tc.others))
+		require.Equal(t, 1, count(tc.conn, "messages", queue, tc.own))
+		require.Equal(t, 0, count(tc.conn, "messages", queue, tc.others))
+		// Fetch through the log's read path sees only its own rows too.
+		res, err := streams.FetchTx(ctx, tc.conn, stream, 0, 0, nil)
+		require.NoError(t, err)
+		res1, err := streams.FetchTx(ctx, tc.conn, stream, 1, 0, nil)
+		require.NoError(t, err)
+		require.Len(t, append(res.Events, res1.Events...), 3)
+
+		// Writing a row of the other tenant is refused, by either path.
+		_, err = tc.conn.Exec(ctx, `INSERT INTO streamd.events (stream_name, key, data, tenant_id) VALUES ($1, 'k', '9', $2)`, stream, tc.others)
+		require.Equal(t, "42501", pgCode(err), "%v", err)
+		_, err = tc.conn.Exec(ctx, `INSERT INTO streamd.messages (stream_name, message_id, data, tenant_id) VALUES ($1, 'x', '{}', $2)`, queue, tc.others)
+		require.Equal(t, "42501", pgCode(err), "%v", err)
+		// Updating or deleting the other tenant's messages finds nothing to change.
+		tag, err := tc.conn.Exec(ctx, `DELETE FROM streamd.messages WHERE stream_name = $1`, queue)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), tag.RowsAffected()) // its own message only
+	}
+	// The owner bypasses the policies and sees both tenants' rows.
+	require.Equal(t, 3, count(admin, "events", stream, "acme-"+stream))
+	require.Equal(t, 3, count(admin, "events", stream, "globex-"+stream))
+	require.Equal(t, 0, count(admin, "messages", queue, "acme-"+stream))
+}
