@@ -34,7 +34,7 @@ func (latencyScenario) Name() string { return "latency" }
 
 const (
 	latencyRate      = 1000 // events per second
-	latencyProducers = 4
+	latencyProducers = 8
 )
 
 var latencyPayload = []byte(`{"k":1}`)
@@ -248,7 +248,7 @@ func (latencyScenario) produce(ctx context.Context, env *Env, stream string, par
 	if err != nil {
 		return 0, err
 	}
-	if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", wakeup.Channel, "s "+stream); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", wakeup.Channel, fmt.Sprintf("s %d %s", partition, stream)); err != nil {
 		return 0, err
 	}
 	return pos[0].Offset, tx.Commit(ctx)
@@ -260,7 +260,7 @@ func (latencyScenario) produce(ctx context.Context, env *Env, stream string, par
 func (latencyScenario) read(ctx context.Context, env *Env, hub *wakeup.Hub, stream, mode string, ln *latencyLane) error {
 	var w *wakeup.Waiter
 	if hub != nil {
-		sub := hub.Subscribe(wakeup.KindStream, stream)
+		sub := hub.SubscribePartition(stream, ln.partition)
 		defer sub.Close()
 		var err error
 		if w, err = wakeup.NewWaiter(sub, &wakeup.WaiterOpts{MinInterval: 100 * time.Millisecond, MaxInterval: time.Second}); err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/internal/tailer/tailertest"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -19,12 +19,12 @@ import (
 // STREAMD_BENCH_LATENCY to a duration such as 10s for real figures) and checks that
 // every mode delivered every event and reported a distribution.
 func TestLatencyScenario(t *testing.T) {
-	// testdb pools commit asynchronously; the WAL sender only sends flushed WAL, so
-	// the tailer would see commits only at the WAL writer's next flush
-	// (wal_writer_delay). Measure with the default synchronous_commit=on.
-	cfg := testdb.Config(t)
-	delete(cfg.ConnConfig.RuntimeParams, "synchronous_commit")
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	// A private cluster: creating a logical slot waits for other tests' open
+	// transactions (see tailertest). Commits are synchronous (fsync on, the default
+	// synchronous_commit): the WAL sender sends only flushed WAL, so with
+	// asynchronous commits the tailer would wait for the WAL writer.
+	_, url := tailertest.Cluster(t, map[string]string{"fsync": "on"})
+	pool, err := pgxpool.New(context.Background(), url)
 	require.NoError(t, err)
 	defer pool.Close()
 	suite := TinySuite()

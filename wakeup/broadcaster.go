@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -88,7 +89,7 @@ type Broadcaster struct {
 	tailer *tailer.Tailer
 
 	mu      sync.Mutex
-	pending map[key]struct{}
+	pending map[key]map[int32]struct{} // streams: partitions; queues: empty
 	all     bool
 	kick    chan struct{} // cap 1: something is pending
 
@@ -104,7 +105,7 @@ func NewBroadcaster(cfg *BroadcasterConfig) (*Broadcaster, error) {
 	}
 	b := &Broadcaster{
 		cfg:     c,
-		pending: map[key]struct{}{},
+		pending: map[key]map[int32]struct{}{},
 		kick:    make(chan struct{}, 1),
 		mNotifies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "streamd_wakeup_notifies_total",
@@ -154,7 +155,14 @@ func (b *Broadcaster) handle(_ context.Context, ev tailer.Event) {
 		if t.Kind == tailer.KindQueue {
 			k.kind = KindQueue
 		}
-		b.pending[k] = struct{}{}
+		parts := b.pending[k]
+		if parts == nil {
+			parts = map[int32]struct{}{}
+			b.pending[k] = parts
+		}
+		if k.kind == KindStream {
+			parts[t.Partition] = struct{}{}
+		}
 	}
 	b.mu.Unlock()
 	select {
@@ -164,22 +172,29 @@ func (b *Broadcaster) handle(_ context.Context, ev tailer.Event) {
 }
 
 // take returns and clears what is pending.
-func (b *Broadcaster) take() (map[key]struct{}, bool) {
+func (b *Broadcaster) take() (map[key]map[int32]struct{}, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	p, all := b.pending, b.all
 	if len(p) > 0 {
-		b.pending = map[key]struct{}{}
+		b.pending = map[key]map[int32]struct{}{}
 	}
 	b.all = false
 	return p, all
 }
 
 // putBack merges what could not be sent into what is pending.
-func (b *Broadcaster) putBack(p map[key]struct{}, all bool) {
+func (b *Broadcaster) putBack(p map[key]map[int32]struct{}, all bool) {
 	b.mu.Lock()
-	for k := range p {
-		b.pending[k] = struct{}{}
+	for k, parts := range p {
+		cur := b.pending[k]
+		if cur == nil {
+			b.pending[k] = parts
+			continue
+		}
+		for q := range parts {
+			cur[q] = struct{}{}
+		}
 	}
 	b.all = b.all || all
 	b.mu.Unlock()
@@ -187,6 +202,15 @@ func (b *Broadcaster) putBack(p map[key]struct{}, all bool) {
 	case b.kick <- struct{}{}:
 	default:
 	}
+}
+
+func sortedPartitions(parts map[int32]struct{}) []int32 {
+	out := make([]int32, 0, len(parts))
+	for p := range parts {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Run tails and broadcasts until ctx ends, and returns nil then. It starts the
@@ -239,8 +263,12 @@ func (b *Broadcaster) flushLoop(ctx context.Context, connCfg *pgx.ConnConfig) {
 			if all {
 				b.cfg.Hub.NotifyAll()
 			}
-			for k := range p {
-				b.cfg.Hub.Notify(k.kind, k.name)
+			for k, parts := range p {
+				if k.kind == KindQueue {
+					b.cfg.Hub.Notify(KindQueue, k.name)
+				} else {
+					b.cfg.Hub.NotifyPartitions(k.name, sortedPartitions(parts)...)
+				}
 			}
 		}
 		if b.cfg.NoNotify {
@@ -290,14 +318,13 @@ func (b *Broadcaster) flushLoop(ctx context.Context, connCfg *pgx.ConnConfig) {
 
 // notify sends the pending wake-ups in as few notifications as fit, in one
 // autocommit statement: its own short transaction.
-func (b *Broadcaster) notify(ctx context.Context, conn *pgx.Conn, p map[key]struct{}, all bool) error {
+func (b *Broadcaster) notify(ctx context.Context, conn *pgx.Conn, p map[key]map[int32]struct{}, all bool) error {
 	var payloads []string
 	if all {
 		payloads = []string{payloadAll}
 	} else {
 		var sb strings.Builder
-		for k := range p {
-			line := encodeLine(k.kind, k.name)
+		add := func(line string) {
 			if sb.Len() > 0 && sb.Len()+1+len(line) > maxPayload {
 				payloads = append(payloads, sb.String())
 				sb.Reset()
@@ -306,6 +333,15 @@ func (b *Broadcaster) notify(ctx context.Context, conn *pgx.Conn, p map[key]stru
 				sb.WriteByte('\n')
 			}
 			sb.WriteString(line)
+		}
+		for k, parts := range p {
+			if k.kind == KindQueue {
+				add(encodeQueue(k.name))
+				continue
+			}
+			for _, line := range encodeStream(k.name, sortedPartitions(parts)) {
+				add(line)
+			}
 		}
 		if sb.Len() > 0 {
 			payloads = append(payloads, sb.String())

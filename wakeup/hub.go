@@ -61,40 +61,61 @@ type key struct {
 	name string
 }
 
+// AnyPartition subscribes to every partition of a stream (and is the only
+// "partition" of a queue).
+const AnyPartition int32 = -1
+
 // Hub fans wake-ups out to subscribers in the process. The zero value is not usable;
 // call NewHub. All methods are safe for concurrent use.
 type Hub struct {
 	mu   sync.Mutex
-	subs map[key]map[*Subscription]struct{}
+	subs map[key]map[int32]map[*Subscription]struct{} // by name, then partition
 }
 
 // NewHub returns an empty Hub.
-func NewHub() *Hub { return &Hub{subs: map[key]map[*Subscription]struct{}{}} }
+func NewHub() *Hub { return &Hub{subs: map[key]map[int32]map[*Subscription]struct{}{}} }
 
-// Subscription receives the wake-ups of one stream or queue. C holds at most one
-// pending wake-up: several notifications before the reader looks coalesce into one.
+// Subscription receives the wake-ups of one stream (or one of its partitions) or
+// queue. C holds at most one pending wake-up: several notifications before the
+// reader looks coalesce into one.
 type Subscription struct {
 	// C receives a value when something may have been committed for the name.
-	C    <-chan struct{}
-	c    chan struct{}
-	hub  *Hub
-	key  key
-	once sync.Once
+	C         <-chan struct{}
+	c         chan struct{}
+	hub       *Hub
+	key       key
+	partition int32
+	once      sync.Once
 }
 
-// Subscribe starts receiving wake-ups for (kind, name). Subscribe before the read
-// that may find nothing, so a commit between that read and the wait still wakes the
-// wait. Close the subscription when done.
+// Subscribe starts receiving wake-ups for (kind, name), any partition. Subscribe
+// before the read that may find nothing, so a commit between that read and the wait
+// still wakes the wait. Close the subscription when done.
 func (h *Hub) Subscribe(kind Kind, name string) *Subscription {
+	return h.subscribe(key{kind, name}, AnyPartition)
+}
+
+// SubscribePartition starts receiving wake-ups for one partition of a stream only,
+// so that a consumer that owns a few partitions is not woken by the others.
+func (h *Hub) SubscribePartition(stream string, partition int32) *Subscription {
+	return h.subscribe(key{KindStream, stream}, partition)
+}
+
+func (h *Hub) subscribe(k key, partition int32) *Subscription {
 	c := make(chan struct{}, 1)
-	s := &Subscription{C: c, c: c, hub: h, key: key{kind, name}}
+	s := &Subscription{C: c, c: c, hub: h, key: k, partition: partition}
 	h.mu.Lock()
-	m := h.subs[s.key]
-	if m == nil {
-		m = map[*Subscription]struct{}{}
-		h.subs[s.key] = m
+	byPart := h.subs[k]
+	if byPart == nil {
+		byPart = map[int32]map[*Subscription]struct{}{}
+		h.subs[k] = byPart
 	}
-	m[s] = struct{}{}
+	set := byPart[partition]
+	if set == nil {
+		set = map[*Subscription]struct{}{}
+		byPart[partition] = set
+	}
+	set[s] = struct{}{}
 	h.mu.Unlock()
 	return s
 }
@@ -104,9 +125,12 @@ func (s *Subscription) Close() {
 	s.once.Do(func() {
 		h := s.hub
 		h.mu.Lock()
-		if m := h.subs[s.key]; m != nil {
-			delete(m, s)
-			if len(m) == 0 {
+		if byPart := h.subs[s.key]; byPart != nil {
+			delete(byPart[s.partition], s)
+			if len(byPart[s.partition]) == 0 {
+				delete(byPart, s.partition)
+			}
+			if len(byPart) == 0 {
 				delete(h.subs, s.key)
 			}
 		}
@@ -141,11 +165,34 @@ func (s *Subscription) wake() {
 	}
 }
 
-// Notify wakes every subscriber of (kind, name). It never blocks.
+// Notify wakes every subscriber of (kind, name), whatever partition they watch. It
+// never blocks.
 func (h *Hub) Notify(kind Kind, name string) {
 	h.mu.Lock()
-	for s := range h.subs[key{kind, name}] {
-		s.wake()
+	for _, set := range h.subs[key{kind, name}] {
+		for s := range set {
+			s.wake()
+		}
+	}
+	h.mu.Unlock()
+}
+
+// NotifyPartitions wakes the subscribers of the given partitions of stream and those
+// of the whole stream. It never blocks.
+func (h *Hub) NotifyPartitions(stream string, partitions ...int32) {
+	h.mu.Lock()
+	if byPart := h.subs[key{KindStream, stream}]; byPart != nil {
+		for s := range byPart[AnyPartition] {
+			s.wake()
+		}
+		for _, p := range partitions {
+			if p == AnyPartition {
+				continue
+			}
+			for s := range byPart[p] {
+				s.wake()
+			}
+		}
 	}
 	h.mu.Unlock()
 }
@@ -153,9 +200,11 @@ func (h *Hub) Notify(kind Kind, name string) {
 // NotifyAll wakes every subscriber: wake-ups may have been missed (a reconnect).
 func (h *Hub) NotifyAll() {
 	h.mu.Lock()
-	for _, m := range h.subs {
-		for s := range m {
-			s.wake()
+	for _, byPart := range h.subs {
+		for _, set := range byPart {
+			for s := range set {
+				s.wake()
+			}
 		}
 	}
 	h.mu.Unlock()

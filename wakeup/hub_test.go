@@ -39,15 +39,70 @@ func TestHubCoalescesAndSeparatesKinds(t *testing.T) {
 }
 
 // TestPayloadRoundTrip: what the broadcaster encodes, the listener decodes to the
-// same kinds and names; "*" means everyone; junk lines are ignored.
+// same streams, partitions and queues; a stream with more partitions than fit in one
+// line is split; "*" means everyone; junk lines are ignored.
 func TestPayloadRoundTrip(t *testing.T) {
 	t.Parallel()
-	payload := encodeLine(KindStream, "orders.v1") + "\n" + encodeLine(KindQueue, "orders.v1") + "\nbogus\n" + encodeLine(KindStream, "a b")
-	var got []key
-	all := decodePayload(payload, func(k Kind, n string) { got = append(got, key{k, n}) })
+	lines := encodeStream("orders.v1", []int32{0, 5, 7})
+	require.Equal(t, []string{"s 0,5,7 orders.v1"}, lines)
+	payload := lines[0] + "\n" + encodeQueue("orders.v1") + "\nbogus\ns x\ns 1,y orders.v2"
+	type got struct {
+		kind  Kind
+		name  string
+		parts []int32
+	}
+	var gots []got
+	all := decodePayload(payload,
+		func(s string, ps ...int32) { gots = append(gots, got{KindStream, s, append([]int32(nil), ps...)}) },
+		func(q string) { gots = append(gots, got{KindQueue, q, nil}) })
 	require.False(t, all)
-	require.Equal(t, []key{{KindStream, "orders.v1"}, {KindQueue, "orders.v1"}, {KindStream, "a b"}}, got)
-	require.True(t, decodePayload(payloadAll, func(Kind, string) { t.Fatal("no names for *") }))
+	require.Equal(t, []got{
+		{KindStream, "orders.v1", []int32{0, 5, 7}},
+		{KindQueue, "orders.v1", nil},
+		{KindStream, "orders.v2", []int32{1}},
+	}, gots)
+	require.True(t, decodePayload(payloadAll, func(string, ...int32) { t.Fatal("no names for *") }, func(string) { t.Fatal("no names for *") }))
+
+	many := make([]int32, 10000)
+	for i := range many {
+		many[i] = int32(i)
+	}
+	lines = encodeStream("big", many)
+	require.Greater(t, len(lines), 1, "split")
+	var back []int32
+	for _, l := range lines {
+		require.LessOrEqual(t, len(l), maxPayload)
+		decodePayload(l, func(_ string, ps ...int32) { back = append(back, ps...) }, nil)
+	}
+	require.Equal(t, many, back)
+}
+
+// TestHubPartitions: a partition subscriber is woken by its partition and by
+// whole-stream notifications, not by other partitions; a whole-stream subscriber is
+// woken by any partition.
+func TestHubPartitions(t *testing.T) {
+	t.Parallel()
+	h := NewHub()
+	p1 := h.SubscribePartition("s", 1)
+	p2 := h.SubscribePartition("s", 2)
+	any := h.Subscribe(KindStream, "s")
+	defer p1.Close()
+	defer p2.Close()
+	defer any.Close()
+	h.NotifyPartitions("s", 2, 3)
+	require.Len(t, p1.C, 0, "partition 1 not woken by 2 and 3")
+	require.Len(t, p2.C, 1)
+	require.Len(t, any.C, 1)
+	<-p2.C
+	<-any.C
+	h.Notify(KindStream, "s")
+	require.Len(t, p1.C, 1, "a whole-stream notification wakes every partition")
+	require.Len(t, p2.C, 1)
+	require.Len(t, any.C, 1)
+	h.NotifyPartitions("other", 1)
+	<-p1.C
+	h.NotifyPartitions("s")
+	require.Len(t, p1.C, 0)
 }
 
 // TestWaiterBacksOffAndResets: without wake-ups the waits double up to the maximum;

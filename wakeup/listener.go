@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -16,35 +17,67 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Payload format of a notification on Channel: lines of "s <name>" (a stream) or
-// "q <name>" (a queue), or a single "*" (wake everyone: wake-ups may have been
-// missed). Stream and queue names never contain a newline.
+// Payload format of a notification on Channel: lines of "s <partitions> <name>" (a
+// stream; partitions comma-separated) or "q <name>" (a queue), or a single "*"
+// (wake everyone: wake-ups may have been missed). Names never contain a newline (nor
+// a space: [A-Za-z0-9._-]).
 const (
 	payloadAll = "*"
 	maxPayload = 7900 // NOTIFY payloads must stay under 8000 bytes
 )
 
-func encodeLine(kind Kind, name string) string {
-	if kind == KindQueue {
-		return "q " + name
+// encodeStream returns the lines for partitions of stream, split so that each line
+// fits in a payload.
+func encodeStream(stream string, partitions []int32) []string {
+	var lines []string
+	var b strings.Builder
+	for _, p := range partitions {
+		ps := strconv.FormatInt(int64(p), 10)
+		if b.Len() > 0 && b.Len()+1+len(ps)+1+len(stream) > maxPayload {
+			lines = append(lines, "s "+b.String()+" "+stream)
+			b.Reset()
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(ps)
 	}
-	return "s " + name
+	if b.Len() > 0 {
+		lines = append(lines, "s "+b.String()+" "+stream)
+	}
+	return lines
 }
 
-// decodePayload calls fn for each (kind, name) in payload; all is true for "*".
-func decodePayload(payload string, fn func(Kind, string)) (all bool) {
+func encodeQueue(queue string) string { return "q " + queue }
+
+// decodePayload calls onStream and onQueue for each line of payload; all is true for
+// "*". Malformed lines are skipped.
+func decodePayload(payload string, onStream func(stream string, partitions ...int32), onQueue func(queue string)) (all bool) {
 	if payload == payloadAll {
 		return true
 	}
+	var parts []int32
 	for line := range strings.SplitSeq(payload, "\n") {
 		if len(line) < 3 || line[1] != ' ' {
 			continue
 		}
 		switch line[0] {
 		case 's':
-			fn(KindStream, line[2:])
+			csv, name, ok := strings.Cut(line[2:], " ")
+			if !ok || name == "" {
+				continue
+			}
+			parts = parts[:0]
+			for f := range strings.SplitSeq(csv, ",") {
+				if p, err := strconv.ParseInt(f, 10, 32); err == nil && p >= 0 {
+					parts = append(parts, int32(p))
+				}
+			}
+			if len(parts) > 0 {
+				onStream(name, parts...)
+			}
 		case 'q':
-			fn(KindQueue, line[2:])
+			onQueue(line[2:])
 		}
 	}
 	return false
@@ -128,6 +161,8 @@ func NewListener(cfg *ListenerConfig) (*Listener, error) {
 	return l, nil
 }
 
+func (l *Listener) notifyQueue(queue string) { l.Notify(KindQueue, queue) }
+
 // Connected reports whether the LISTEN connection is up. Safe from any goroutine.
 func (l *Listener) Connected() bool { return l.connected.Load() }
 
@@ -160,7 +195,7 @@ func (l *Listener) Run(ctx context.Context) error {
 				n, err = conn.WaitForNotification(ctx)
 				if err == nil {
 					l.mReceived.Inc()
-					if decodePayload(n.Payload, l.Notify) {
+					if decodePayload(n.Payload, l.NotifyPartitions, l.notifyQueue) {
 						l.NotifyAll()
 					}
 				}

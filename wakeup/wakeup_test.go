@@ -92,8 +92,8 @@ func requireWoken(t *testing.T, c <-chan struct{}, what string) {
 
 // TestBroadcastWakesListenersForEveryPartitionAndQueue: through the whole path
 // (commit, WAL, tailer, pg_notify from the broadcaster, the shared LISTEN connection,
-// the hub), a commit on each partition of a stream wakes the stream's subscribers,
-// and a message to each queue wakes that queue's.
+// the hub), a commit on each partition of a stream wakes the stream's subscribers
+// and that partition's, and a message to each queue wakes that queue's.
 func TestBroadcastWakesListenersForEveryPartitionAndQueue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -111,11 +111,18 @@ func TestBroadcastWakesListenersForEveryPartitionAndQueue(t *testing.T) {
 	b := fastBroadcaster(t, url+" pool_max_conns=3", nil)
 	waitFor(t, 90*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
 
+	partSubs := make([]*wakeup.Subscription, parts)
+	for p := range partSubs {
+		partSubs[p] = l.SubscribePartition(stream, int32(p))
+		defer partSubs[p].Close()
+	}
 	for p := int32(0); p < parts; p++ {
 		drain(sub.C)
+		drain(partSubs[p].C)
 		_, err := c.Produce(ctx, streams.Record{Stream: stream, Partition: streams.PartitionOf(p), Data: []byte(`{}`)})
 		require.NoError(t, err)
-		requireWoken(t, sub.C, fmt.Sprintf("partition %d", p))
+		requireWoken(t, sub.C, fmt.Sprintf("stream, partition %d", p))
+		requireWoken(t, partSubs[p].C, fmt.Sprintf("partition %d's subscriber", p))
 	}
 	for _, q := range queues {
 		ch, cancel := l.Queues().Subscribe(q)
