@@ -132,7 +132,9 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 	}
 	readersDone := make(chan error, len(lanes))
 	for _, ln := range lanes {
-		go func() { // owner: this run; exits when rctx ends or its lane is all seen
+		wg.Add(1)
+		go func() { // owner: this run (waited for with wg); exits when rctx ends or its lane is all seen
+			defer wg.Done()
 			readersDone <- s.read(rctx, env, hub, stream, mode, ln)
 		}()
 	}
