@@ -539,8 +539,13 @@ BEGIN
     IF v_q.fifo THEN
         v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
     END IF;
+    -- not_before moves too (not a HOT update, unlike a receive's): a receive skips
+    -- in-flight rows that messages_ready lists among the ready ones, one by one, and a
+    -- lease that needs extending is one that stays in flight long; it now waits at its
+    -- lease's end instead of at the head of the queue.
     RETURN QUERY
-    UPDATE streamd.messages m SET visibility_timeout = v_now + make_interval(secs => p_vt_ms / 1000.0)
+    UPDATE streamd.messages m SET visibility_timeout = v_now + make_interval(secs => p_vt_ms / 1000.0),
+                                  not_before = v_now + make_interval(secs => p_vt_ms / 1000.0)
     FROM unnest(p_offsets, p_tokens) r(o, t)
     WHERE m.stream_name = p_queue AND m."offset" = r.o AND m.lease_token = r.t
     RETURNING m."offset", r.t, m.visibility_timeout;
