@@ -24,6 +24,7 @@ const (
 	KindQueue
 )
 
+// String returns "stream" or "queue".
 func (k Kind) String() string {
 	switch k {
 	case KindStream:

@@ -44,6 +44,7 @@ const (
 	StateUnsupported
 )
 
+// String returns the state's name, for logs.
 func (s State) String() string {
 	switch s {
 	case StateConnecting:
