@@ -3,10 +3,12 @@ package tailer_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -299,5 +301,27 @@ func TestConfirmsOnlyHandledPositions(t *testing.T) {
 	waitFor(t, 10*time.Second, fmt.Sprintf("confirmed_flush_lsn >= %d", ev.EndLSN), func() bool {
 		_, _, confirmed := slotOf(t, pool, app)
 		return confirmed >= ev.EndLSN
+	})
+}
+
+// TestIdleTailerDoesNotPinWAL: WAL written for tables outside the publication is
+// confirmed too (the keepalive after it says nothing of ours precedes it), so a
+// long-lived tailer on a quiet stream does not make the server keep WAL.
+func TestIdleTailerDoesNotPinWAL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testPool(t)
+	app := testdb.Name("tailer-idle")
+	startTailer(t, tailertest.Shared(t), newRecorder(), func(c *tailer.Config) { c.ApplicationName = app; c.StatusInterval = 20 * time.Millisecond })
+	table := pgx.Identifier{strings.ReplaceAll(testdb.Name("other"), "-", "_")}.Sanitize()
+	_, err := pool.Exec(ctx, "CREATE TABLE "+table+" (v int)")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "INSERT INTO "+table+" SELECT generate_series(1, 10000)")
+	require.NoError(t, err)
+	var after uint64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint").Scan(&after))
+	waitFor(t, 30*time.Second, "confirmed past the other table's WAL", func() bool {
+		_, _, confirmed := slotOf(t, pool, app)
+		return confirmed >= after
 	})
 }
