@@ -100,6 +100,7 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 		groups    = make([]*string, n)
 		attempts  = make([]*int32, n)
 		dlqs      = make([]*string, n)
+		fresh     = true // every id made here
 	)
 	for i := range msgs {
 		m := &msgs[i]
@@ -127,6 +128,7 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 		data[i] = string(m.Data)
 		if m.MessageID != "" {
 			ids[i] = &m.MessageID
+			fresh = false
 		} else {
 			// The default id is made here rather than by the SQL (which does the same
 			// for other clients): a UUID costs the database server as much as a
@@ -161,8 +163,8 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 		}
 	}
 	rows, err := db.Query(ctx, `SELECT ord, "offset", message_id, duplicate
-		FROM streamd.queue_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-		queue, ids, data, meta, delays, deliverAt, groups, attempts, dlqs, c.sqlNow())
+		FROM streamd.queue_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		queue, ids, data, meta, delays, deliverAt, groups, attempts, dlqs, c.sqlNow(), fresh)
 	if err != nil {
 		return nil, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
 	}

@@ -20,6 +20,9 @@ DROP FUNCTION IF EXISTS streamd.queue_ack(text, bigint[], uuid[], timestamptz);
 DROP FUNCTION IF EXISTS streamd.queue_nack(text, bigint[], uuid[], bigint[], text[], timestamptz);
 DROP FUNCTION IF EXISTS streamd.queue_extend(text, bigint[], uuid[], bigint, timestamptz);
 DROP FUNCTION IF EXISTS streamd.queue_term(text, bigint[], uuid[], text[], timestamptz);
+-- queue_send gained p_fresh_ids (with a default: a call with the old arguments would
+-- otherwise match both).
+DROP FUNCTION IF EXISTS streamd.queue_send(text, text[], text[], text[], bigint[], timestamptz[], text[], integer[], text[], timestamptz);
 
 -- The queue's row; raises SD202 for an invalid name and SD201 for an unknown queue.
 CREATE OR REPLACE FUNCTION streamd.queue_get(p_queue text) RETURNS streamd.queues
@@ -129,6 +132,13 @@ $$;
 -- holds is not stored again, and its row carries the original's offset. The arrays
 -- are parallel; any but p_data may be NULL. A NULL message id gets a UUID; a NULL
 -- deliver-at means now + the delay (0 when NULL).
+--
+-- p_fresh_ids says the caller made every id of the batch itself, as random UUIDs
+-- (messages/ does for messages sent without an id): none can be a duplicate, so the
+-- insert skips ON CONFLICT's check of the dedup index before every row (speculative
+-- insertion; 9% of the send + receive + ack CPU). The unique index still checks as it
+-- inserts: a repeated id then fails the send (unique_violation) instead of being
+-- taken for a duplicate. Dedup is unchanged for every id a sender names.
 CREATE OR REPLACE FUNCTION streamd.queue_send(
     p_queue        text,
     p_ids          text[],
@@ -139,7 +149,8 @@ CREATE OR REPLACE FUNCTION streamd.queue_send(
     p_groups       text[],
     p_max_attempts integer[],
     p_dlqs         text[],
-    p_now          timestamptz
+    p_now          timestamptz,
+    p_fresh_ids    boolean DEFAULT false
 ) RETURNS TABLE (ord integer, "offset" bigint, message_id text, duplicate boolean)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -220,20 +231,36 @@ BEGIN
         ON CONFLICT (stream_name, group_key) DO UPDATE SET visible_at = g.visible_at;
     END IF;
 
-    WITH ins AS (
-        INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                           not_before, max_delivery_attempts, dead_letter_stream, group_key)
-        SELECT p_queue, v_ids[i], p_data[i]::jsonb, p_metadata[i]::jsonb, v_now, s.at, s.at,
-               coalesce(p_max_attempts[i], v_q.max_delivery_attempts),
-               coalesce(p_dlqs[i], v_q.dead_letter_queue),
-               p_groups[i]
-        FROM generate_subscripts(p_data, 1) i
-        CROSS JOIN LATERAL (SELECT coalesce(p_deliver_at[i],
-                                            v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) AS at) s
-        ORDER BY i
-        ON CONFLICT (stream_name, message_id) DO NOTHING
-        RETURNING m.message_id, m."offset")
-    SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
+    IF coalesce(p_fresh_ids, false) THEN
+        WITH ins AS (
+            INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
+                                               not_before, max_delivery_attempts, dead_letter_stream, group_key)
+            SELECT p_queue, v_ids[i], p_data[i]::jsonb, p_metadata[i]::jsonb, v_now, s.at, s.at,
+                   coalesce(p_max_attempts[i], v_q.max_delivery_attempts),
+                   coalesce(p_dlqs[i], v_q.dead_letter_queue),
+                   p_groups[i]
+            FROM generate_subscripts(p_data, 1) i
+            CROSS JOIN LATERAL (SELECT coalesce(p_deliver_at[i],
+                                                v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) AS at) s
+            ORDER BY i
+            RETURNING m.message_id, m."offset")
+        SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
+    ELSE
+        WITH ins AS (
+            INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
+                                               not_before, max_delivery_attempts, dead_letter_stream, group_key)
+            SELECT p_queue, v_ids[i], p_data[i]::jsonb, p_metadata[i]::jsonb, v_now, s.at, s.at,
+                   coalesce(p_max_attempts[i], v_q.max_delivery_attempts),
+                   coalesce(p_dlqs[i], v_q.dead_letter_queue),
+                   p_groups[i]
+            FROM generate_subscripts(p_data, 1) i
+            CROSS JOIN LATERAL (SELECT coalesce(p_deliver_at[i],
+                                                v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) AS at) s
+            ORDER BY i
+            ON CONFLICT (stream_name, message_id) DO NOTHING
+            RETURNING m.message_id, m."offset")
+        SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
+    END IF;
 
     IF cardinality(v_new) = v_n THEN
         -- No duplicates (the usual case): nothing to look up.
