@@ -1,0 +1,323 @@
+// Package forward drains a stream into RabbitMQ (seed 002's enqueuer): a consumer
+// group reads the stream, each batch is published over AMQP 0.9.1 with publisher
+// confirms, and the batch's offset is committed only after the broker confirmed every
+// message of it.
+//
+// Guarantees: at-least-once (a crash between the broker's confirm and the offset
+// commit publishes the batch again on restart: consumers dedup by message id, which is
+// the event id), and in order per partition (one handler call per partition at a
+// time, one channel, and the next batch is published only after the previous one was
+// confirmed and committed). Events of different partitions interleave.
+//
+// Goroutines: Run owns the consumer group (whose goroutines it documents) and one
+// AMQP connection with one confirm-mode channel, shared by the partition handlers
+// (amqp091's Channel is safe for concurrent publishing) and re-dialled after a failure
+// by the next batch that needs it. Run returns nil after ctx is cancelled.
+package forward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/streams"
+)
+
+// Config configures a Forwarder. AMQPURL and Stream are required.
+type Config struct {
+	// AMQPURL is the broker, e.g. amqp://guest:guest@127.0.0.1:5672/. Required.
+	AMQPURL string
+	// ConfirmTimeout bounds the wait for the broker's confirms of one batch; past it
+	// the batch is published again on a new connection. Defaults to 30s.
+	ConfirmTimeout time.Duration
+	// Exchange is the exchange to publish to. Defaults to "" (the default exchange,
+	// which routes by queue name).
+	Exchange string
+	// Group is the consumer group whose offsets record progress. Defaults to
+	// "streamd-forward-" + Stream.
+	Group string
+	// Logger receives the forwarder's log lines. Defaults to slog.Default().
+	Logger *slog.Logger
+	// MaxBatchSize bounds the events published per confirm round. Defaults to 500.
+	MaxBatchSize int
+	// Queue, when set, is declared (durable) on connect, so that nothing published
+	// is dropped for want of a queue. Defaults to "" (declare nothing).
+	Queue string
+	// Registerer receives the forwarder's metrics. Defaults to nil (no metrics).
+	Registerer prometheus.Registerer
+	// RoutingKey is the routing key of every message. Defaults to Queue.
+	RoutingKey string
+	// SessionTimeout is the consumer group session timeout: how long a killed
+	// forwarder's partitions wait before another forwarder takes them. Defaults to 30s.
+	SessionTimeout time.Duration
+	// Stream is the stream to forward. Required.
+	Stream string
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.AMQPURL == "":
+		return errors.New("forward: Config.AMQPURL is required")
+	case c.Stream == "":
+		return errors.New("forward: Config.Stream is required")
+	case c.ConfirmTimeout < 0:
+		return fmt.Errorf("forward: Config.ConfirmTimeout must not be negative, got %s", c.ConfirmTimeout)
+	case c.MaxBatchSize < 0:
+		return fmt.Errorf("forward: Config.MaxBatchSize must not be negative, got %d", c.MaxBatchSize)
+	case c.SessionTimeout < 0:
+		return fmt.Errorf("forward: Config.SessionTimeout must not be negative, got %s", c.SessionTimeout)
+	case c.Exchange == "" && c.Queue == "" && c.RoutingKey == "":
+		return errors.New("forward: Config.Queue or Config.RoutingKey is required with the default exchange")
+	}
+	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
+		return fmt.Errorf("forward: Config.AMQPURL: %w", err)
+	}
+	return nil
+}
+
+// Forwarder drains one stream into RabbitMQ. Create it with New and call Run.
+type Forwarder struct {
+	pool    *pgxpool.Pool
+	cfg     Config
+	metrics *metrics
+
+	mu   sync.Mutex // guards conn and ch
+	conn *amqp.Connection
+	ch   *amqp.Channel
+	ret  map[string]bool // message ids the broker returned as unroutable
+}
+
+// New returns a Forwarder. It fails when cfg is invalid, naming the field.
+func New(pool *pgxpool.Pool, cfg Config) (*Forwarder, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ConfirmTimeout == 0 {
+		cfg.ConfirmTimeout = 30 * time.Second
+	}
+	if cfg.Group == "" {
+		cfg.Group = "streamd-forward-" + cfg.Stream
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxBatchSize == 0 {
+		cfg.MaxBatchSize = 500
+	}
+	if cfg.RoutingKey == "" {
+		cfg.RoutingKey = cfg.Queue
+	}
+	if cfg.SessionTimeout == 0 {
+		cfg.SessionTimeout = 30 * time.Second
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Forwarder{pool: pool, cfg: cfg, metrics: m}, nil
+}
+
+// Run forwards until ctx is cancelled (then it returns nil) or the consumer group
+// fails. A broker failure does not end Run: the batch is retried, forever and in
+// order, on a new connection.
+func (f *Forwarder) Run(ctx context.Context) error {
+	defer f.closeConn()
+	c, err := consumergroup.New(f.pool, consumergroup.Config{
+		Group:           f.cfg.Group,
+		Logger:          f.cfg.Logger,
+		MaxBatchSize:    f.cfg.MaxBatchSize,
+		MaxRetries:      -1, // never skip a batch: order and completeness come first
+		OnHandlerError:  consumergroup.ErrorBlock,
+		RetryBackoffMax: 5 * time.Second,
+		SessionTimeout:  f.cfg.SessionTimeout,
+		Stream:          f.cfg.Stream,
+	})
+	if err != nil {
+		return fmt.Errorf("forward %s: %w", f.cfg.Stream, err)
+	}
+	f.cfg.Logger.Info("forwarder started", "stream", f.cfg.Stream, "group", f.cfg.Group, "exchange", f.cfg.Exchange, "routing_key", f.cfg.RoutingKey)
+	err = c.Run(ctx, f.handle)
+	f.cfg.Logger.Info("forwarder stopped", "stream", f.cfg.Stream, "error", err)
+	return err
+}
+
+// handle publishes one batch and waits for every confirm; returning nil lets the
+// consumer group commit the batch's offset (CommitAuto).
+func (f *Forwarder) handle(ctx context.Context, b *consumergroup.Batch) error {
+	ch, err := f.channel()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, f.cfg.ConfirmTimeout)
+	defer cancel()
+	confirms := make([]*amqp.DeferredConfirmation, 0, len(b.Events))
+	for i := range b.Events {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(cctx, f.cfg.Exchange, f.cfg.RoutingKey, true, false, publishing(&b.Events[i]))
+		if err != nil {
+			f.fail(ch)
+			return fmt.Errorf("forward %s/%d@%d: publish: %w", b.Stream, b.Partition, b.Events[i].Offset, err)
+		}
+		confirms = append(confirms, dc)
+	}
+	for i, dc := range confirms {
+		ok, err := dc.WaitContext(cctx)
+		if err != nil || !ok {
+			f.fail(ch)
+			f.metrics.nacks.Inc()
+			return fmt.Errorf("forward %s/%d@%d: broker did not confirm (acked=%v): %v", b.Stream, b.Partition, b.Events[i].Offset, ok, err)
+		}
+	}
+	if id := f.returned(b.Events); id != "" {
+		return fmt.Errorf("forward %s/%d: message %s was unroutable (exchange %q, routing key %q)", b.Stream, b.Partition, id, f.cfg.Exchange, f.cfg.RoutingKey)
+	}
+	f.metrics.records.Add(float64(len(b.Events)))
+	f.metrics.confirm.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// publishing maps an event to an AMQP message: the event id is the message id (for
+// dedup downstream), and the position travels in headers.
+func publishing(e *streams.Event) amqp.Publishing {
+	p := amqp.Publishing{
+		MessageId:     e.EventID,
+		Type:          e.EventType,
+		CorrelationId: e.CorrelationID,
+		Timestamp:     e.Timestamp,
+		DeliveryMode:  amqp.Persistent,
+		Headers: amqp.Table{
+			"streamd-stream":    e.Stream,
+			"streamd-partition": int64(e.Partition),
+			"streamd-offset":    e.Offset,
+			"streamd-version":   int64(e.Version),
+		},
+	}
+	if e.Key != "" {
+		p.Headers["streamd-key"] = e.Key
+	}
+	if e.CausationID != "" {
+		p.Headers["streamd-causation-id"] = e.CausationID
+	}
+	for k, v := range e.Headers {
+		p.Headers["x-"+k] = v
+	}
+	if e.Bytes != nil {
+		p.ContentType, p.Body = "application/octet-stream", e.Bytes
+	} else {
+		p.ContentType, p.Body = "application/json", e.Data
+	}
+	return p
+}
+
+// channel returns the open confirm-mode channel, dialling when there is none.
+func (f *Forwarder) channel() (*amqp.Channel, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ch != nil && !f.ch.IsClosed() {
+		return f.ch, nil
+	}
+	f.closeLocked()
+	conn, err := amqp.Dial(f.cfg.AMQPURL)
+	if err != nil {
+		f.metrics.connects.WithLabelValues("error").Inc()
+		return nil, fmt.Errorf("forward: connect to broker: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err == nil && f.cfg.Queue != "" {
+		_, err = ch.QueueDeclare(f.cfg.Queue, true, false, false, false, nil)
+	}
+	if err != nil {
+		_ = conn.Close()
+		f.metrics.connects.WithLabelValues("error").Inc()
+		return nil, fmt.Errorf("forward: open confirm channel: %w", err)
+	}
+	f.metrics.connects.WithLabelValues("ok").Inc()
+	f.conn, f.ch, f.ret = conn, ch, map[string]bool{}
+	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
+	ret := f.ret
+	go func() { // owner: the channel; exits when the channel closes (closes returns)
+		for r := range returns {
+			f.mu.Lock()
+			ret[r.MessageId] = true
+			f.mu.Unlock()
+		}
+	}()
+	f.cfg.Logger.Info("forwarder connected to broker", "stream", f.cfg.Stream)
+	return ch, nil
+}
+
+// returned reports the first event of events the broker returned as unroutable.
+// The broker sends basic.return before the confirm, so after the confirms it is known.
+func (f *Forwarder) returned(events []streams.Event) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range events {
+		if f.ret[events[i].EventID] {
+			delete(f.ret, events[i].EventID)
+			return events[i].EventID
+		}
+	}
+	return ""
+}
+
+// fail drops the connection ch belongs to, so the next batch dials a new one.
+func (f *Forwarder) fail(ch *amqp.Channel) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ch == ch {
+		f.closeLocked()
+	}
+}
+
+func (f *Forwarder) closeConn() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closeLocked()
+}
+
+func (f *Forwarder) closeLocked() {
+	if f.conn != nil {
+		_ = f.conn.Close()
+	}
+	f.conn, f.ch = nil, nil
+}
+
+type metrics struct {
+	records  prometheus.Counter
+	nacks    prometheus.Counter
+	confirm  prometheus.Histogram
+	connects *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		records: prometheus.NewCounter(prometheus.CounterOpts{Name: "streamd_forward_records_total",
+			Help: "Events published to the broker and confirmed."}),
+		nacks: prometheus.NewCounter(prometheus.CounterOpts{Name: "streamd_forward_failed_batches_total",
+			Help: "Batches the broker did not confirm (nack, timeout or lost connection); they are published again."}),
+		confirm: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "streamd_forward_batch_duration_seconds",
+			Help: "Time from the first publish of a batch to its last confirm.", Buckets: prometheus.DefBuckets}),
+		connects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "streamd_forward_connects_total",
+			Help: "Connection attempts to the broker, by result (ok, error)."}, []string{"result"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.records, m.nacks, m.confirm, m.connects} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("forward: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
