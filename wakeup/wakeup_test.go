@@ -335,8 +335,8 @@ func TestRestartDeliversByPollingThenByTailer(t *testing.T) {
 	// The tailer waits seconds before reconnecting, so that the test sees a spell of
 	// polling alone; the listener reconnects fast.
 	b := fastBroadcaster(t, url, func(c *wakeup.BroadcasterConfig) {
-		c.MinBackoff = 4 * time.Second
-		c.MaxBackoff = 4 * time.Second
+		c.MinBackoff = 8 * time.Second
+		c.MaxBackoff = 8 * time.Second
 	})
 	const poll = 150 * time.Millisecond
 	r := startReader(t, pool, l.Hub, stream, poll)
