@@ -474,19 +474,33 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_q      streamd.queues;
     v_groups text[];
+    v_lo     bigint;
+    v_hi     bigint;
 BEGIN
     v_q := streamd.queue_get(p_queue);
     IF v_q.fifo THEN
         v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
     END IF;
-    -- Primary-key probes for the offsets; the token check is a filter (as a join, the
-    -- planner could scan the whole queue to hash it). A token is a random UUID made
-    -- for one delivery of one message, so a row whose token is among p_tokens is named
-    -- by that receipt (p_offsets may repeat, with a stale and a current token).
-    RETURN QUERY
-    DELETE FROM streamd.messages m
-    WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
-    RETURNING m."offset", m.lease_token;
+    -- The token check is a filter (as a join, the planner could scan the whole queue
+    -- to hash it). A token is a random UUID made for one delivery of one message, so a
+    -- row whose token is among p_tokens is named by that receipt (p_offsets may
+    -- repeat, with a stale and a current token).
+    SELECT min(o), max(o) INTO v_lo, v_hi FROM unnest(p_offsets) o;
+    IF v_hi - v_lo < 4 * cardinality(p_offsets) + 64 THEN
+        -- The receipts of one receive are close together: one walk of the primary
+        -- key over their range costs less than a descent per offset (8% of the send +
+        -- receive + ack CPU). "+ 0" keeps the list out of the index condition.
+        RETURN QUERY
+        DELETE FROM streamd.messages m
+        WHERE m.stream_name = p_queue AND m."offset" BETWEEN v_lo AND v_hi
+          AND m."offset" + 0 = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
+        RETURNING m."offset", m.lease_token;
+    ELSE
+        RETURN QUERY
+        DELETE FROM streamd.messages m
+        WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
+        RETURNING m."offset", m.lease_token;
+    END IF;
     IF v_q.fifo THEN
         PERFORM streamd.queue_groups_advance(p_queue, v_groups, p_now);
     END IF;
