@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,11 +44,11 @@ func (s latencyScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 	d := 5 * env.Suite.CaseDuration
 	var out []Result
 	for _, mode := range []string{"tailer", "tailer-inprocess", "listen", "poll"} {
-		r, err := s.run(ctx, env, mode, d)
+		rs, err := s.run(ctx, env, mode, d)
 		if err != nil {
 			return nil, fmt.Errorf("latency %s: %w", mode, err)
 		}
-		out = append(out, r)
+		out = append(out, rs...)
 	}
 	for _, batch := range []int{100, 1000} {
 		r, err := s.keepUp(ctx, env, d, batch)
@@ -59,12 +60,15 @@ func (s latencyScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 	return out, nil
 }
 
-func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.Duration) (Result, error) {
+// run measures one mode. It returns the commit→fetch result and, for the modes with
+// wake-ups, the commit→wake-up result: the time until the reader was woken after the
+// commit or already had the event, whichever came first.
+func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.Duration) ([]Result, error) {
 	res := Result{Scenario: "latency", System: mode, Baseline: mode == "listen" || mode == "poll",
 		Case: fmt.Sprintf("latency %s %d/s", mode, latencyRate), Params: Params{Partitions: latencyProducers, BatchSize: 1, Conns: latencyProducers, Mode: mode}}
 	stream := env.StreamName("latency", mode)
 	if err := env.Client.CreateStream(ctx, stream, latencyProducers); err != nil {
-		return res, err
+		return nil, err
 	}
 	defer func() { _ = env.Client.DeleteStream(context.WithoutCancel(ctx), stream) }()
 	url := env.Pool.Config().ConnString()
@@ -87,20 +91,20 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		hub = wakeup.NewHub()
 		b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Hub: hub, Logger: env.Logger, NoNotify: true})
 		if err != nil {
-			return res, err
+			return nil, err
 		}
 		start("broadcaster", b.Run)
 		deadline := time.Now().Add(30 * time.Second)
 		for !b.Streaming() {
 			if time.Now().After(deadline) {
-				return res, fmt.Errorf("tailer not streaming within 30s")
+				return nil, fmt.Errorf("tailer not streaming within 30s")
 			}
 			time.Sleep(10 * time.Millisecond) // polling interval
 		}
 	} else if mode != "poll" {
 		l, err := wakeup.NewListener(&wakeup.ListenerConfig{ConnString: url, Logger: env.Logger})
 		if err != nil {
-			return res, err
+			return nil, err
 		}
 		start("listener", l.Run)
 		hub = l.Hub
@@ -108,7 +112,7 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		if mode == "tailer" {
 			b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Logger: env.Logger})
 			if err != nil {
-				return res, err
+				return nil, err
 			}
 			start("broadcaster", b.Run)
 			ready = func() bool { return l.Connected() && b.Streaming() }
@@ -116,7 +120,7 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		deadline := time.Now().Add(30 * time.Second)
 		for !ready() {
 			if time.Now().After(deadline) {
-				return res, fmt.Errorf("wake-up path not ready within 30s")
+				return nil, fmt.Errorf("wake-up path not ready within 30s")
 			}
 			time.Sleep(10 * time.Millisecond) // polling interval
 		}
@@ -171,7 +175,7 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 	pwg.Wait()
 	close(perr)
 	if err := <-perr; err != nil {
-		return res, err
+		return nil, err
 	}
 	elapsed := time.Since(t0)
 
@@ -181,7 +185,7 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		select {
 		case err := <-readersDone:
 			if err != nil {
-				return res, err
+				return nil, err
 			}
 		case <-giveUp:
 			stop()
@@ -189,12 +193,15 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		}
 	}
 
-	var samples []time.Duration
+	var samples, wakeSamples []time.Duration
 	var total int64
 	early, missing := 0, 0
 	for _, ln := range lanes {
 		produced := ln.produced.Load()
 		total += produced
+		ln.mu.Lock()
+		wakes := ln.wakes
+		ln.mu.Unlock()
 		for i := int64(0); i < produced && i < int64(n); i++ {
 			a, r := ln.acked[i].Load(), ln.seen[i].Load()
 			if a == 0 || r == 0 {
@@ -207,18 +214,34 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 				lat = 0
 			}
 			samples = append(samples, lat)
+			// The first wake-up at or after the commit returned, if before the fetch.
+			j, _ := slices.BinarySearch(wakes, a)
+			known := r
+			if j < len(wakes) && wakes[j] < known {
+				known = wakes[j]
+			}
+			wakeSamples = append(wakeSamples, time.Duration(max(known-a, 0)))
 		}
+	}
+	if missing > 0 {
+		return nil, fmt.Errorf("%d of %d events not delivered within 10s", missing, total)
 	}
 	res.Records = total
 	res.Bytes = total * int64(len(latencyPayload))
 	res.Seconds = elapsed.Seconds()
 	res.Latency = summarize(samples)
-	res.Note = fmt.Sprintf("commit→fetch latency; %d of %d seen before the producer's commit returned (counted as 0); %d not seen", early, total, missing)
+	res.Note = fmt.Sprintf("commit→fetch latency; %d of %d seen before the producer's commit returned (counted as 0)", early, total)
 	res.finish()
-	if missing > 0 {
-		return res, fmt.Errorf("%d of %d events not delivered within 10s", missing, total)
+	out := []Result{res}
+	if hub != nil {
+		wr := res
+		wr.Case += " wake-up"
+		wr.System += "-wakeup"
+		wr.Latency = summarize(wakeSamples)
+		wr.Note = "commit→wake-up latency: until the reader was woken after the commit returned, or had fetched the event if sooner"
+		out = append(out, wr)
 	}
-	return res, nil
+	return out, nil
 }
 
 // latencyLane is one partition's producer and reader.
@@ -228,6 +251,8 @@ type latencyLane struct {
 	seen      []atomic.Int64 // unix ns when the reader's fetch returned it, by offset
 	produced  atomic.Int64
 	finished  atomic.Bool // the producer stopped; produced is final
+	mu        sync.Mutex
+	wakes     []int64 // unix ns of each wake-up the reader got, ascending
 }
 
 // produce appends one event in its own transaction and returns its offset. In listen
@@ -295,8 +320,11 @@ func (latencyScenario) read(ctx context.Context, env *Env, hub *wakeup.Hub, stre
 		if ln.finished.Load() && off >= ln.produced.Load() {
 			return nil
 		}
-		if w != nil {
-			w.Wait(ctx)
+		if w != nil && w.Wait(ctx) {
+			now := time.Now().UnixNano()
+			ln.mu.Lock()
+			ln.wakes = append(ln.wakes, now)
+			ln.mu.Unlock()
 		}
 	}
 	return nil

@@ -38,7 +38,7 @@ func TestLatencyScenario(t *testing.T) {
 	env := &Env{Pool: pool, Client: streams.NewClient(pool, nil), Suite: suite, RunID: randomID(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	res, err := latencyScenario{}.Run(ctx, env)
 	require.NoError(t, err)
-	require.Len(t, res, 6)
+	require.Len(t, res, 9) // 3 wake-up modes × 2, poll, 2 keep-up
 	for _, r := range res {
 		require.Positive(t, r.Records, r.Case)
 		if r.System == "tailer-keepup" {
