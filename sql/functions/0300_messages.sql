@@ -160,6 +160,7 @@ DECLARE
     v_n    integer := coalesce(cardinality(p_data), 0);
     v_ids  text[];
     v_bad  integer;
+    v_bad2 integer;
     v_dlq  text;
     v_new  text[];
     v_offs bigint[];
@@ -179,8 +180,17 @@ BEGIN
             MESSAGE = format('queue %L: send arrays must all have %s elements', p_queue, v_n);
     END IF;
 
-    SELECT min(i) INTO v_bad FROM generate_subscripts(p_data, 1) i
-    WHERE p_data[i] IS NULL OR octet_length(p_data[i]) + coalesce(octet_length(p_metadata[i]), 0) > v_q.max_payload_bytes;
+    -- One pass over the batch for both checks (a statement costs as much as the
+    -- check); payload errors are reported first.
+    SELECT min(i) FILTER (WHERE p_data[i] IS NULL
+                             OR octet_length(p_data[i]) + coalesce(octet_length(p_metadata[i]), 0) > v_q.max_payload_bytes),
+           min(i) FILTER (WHERE (p_ids[i] IS NOT NULL AND (p_ids[i] = '' OR length(p_ids[i]) > 512))
+                             OR p_delays_ms[i] < 0
+                             OR p_max_attempts[i] < 1
+                             OR (v_q.fifo AND (p_groups[i] IS NULL OR p_groups[i] = '' OR length(p_groups[i]) > 512))
+                             OR (NOT v_q.fifo AND p_groups[i] IS NOT NULL))
+    INTO v_bad, v_bad2
+    FROM generate_subscripts(p_data, 1) i;
     IF v_bad IS NOT NULL THEN
         IF p_data[v_bad] IS NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: message %s has no data', p_queue, v_bad);
@@ -189,12 +199,7 @@ BEGIN
             MESSAGE = format('queue %L: message %s is %s bytes with its headers; the queue allows %s', p_queue, v_bad,
                              octet_length(p_data[v_bad]) + coalesce(octet_length(p_metadata[v_bad]), 0), v_q.max_payload_bytes);
     END IF;
-    SELECT min(i) INTO v_bad FROM generate_subscripts(p_data, 1) i
-    WHERE (p_ids[i] IS NOT NULL AND (p_ids[i] = '' OR length(p_ids[i]) > 512))
-       OR p_delays_ms[i] < 0
-       OR p_max_attempts[i] < 1
-       OR (v_q.fifo AND (p_groups[i] IS NULL OR p_groups[i] = '' OR length(p_groups[i]) > 512))
-       OR (NOT v_q.fifo AND p_groups[i] IS NOT NULL);
+    v_bad := v_bad2;
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'SD204',
             MESSAGE = format('queue %L: message %s: %s', p_queue, v_bad, CASE
@@ -204,14 +209,16 @@ BEGIN
                 WHEN v_q.fifo THEN 'a FIFO queue needs a group key of 1 to 512 characters'
                 ELSE 'a group key needs a FIFO queue' END);
     END IF;
-    FOR v_dlq IN SELECT DISTINCT d FROM unnest(p_dlqs) d WHERE d IS NOT NULL LOOP
-        IF v_dlq = p_queue THEN
-            RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L cannot be its own dead-letter queue', p_queue);
-        END IF;
-        IF (streamd.queue_get(v_dlq)).fifo THEN
-            RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('dead-letter queue %L is FIFO; it must be standard', v_dlq);
-        END IF;
-    END LOOP;
+    IF p_dlqs IS NOT NULL THEN
+        FOR v_dlq IN SELECT DISTINCT d FROM unnest(p_dlqs) d WHERE d IS NOT NULL LOOP
+            IF v_dlq = p_queue THEN
+                RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L cannot be its own dead-letter queue', p_queue);
+            END IF;
+            IF (streamd.queue_get(v_dlq)).fifo THEN
+                RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('dead-letter queue %L is FIFO; it must be standard', v_dlq);
+            END IF;
+        END LOOP;
+    END IF;
 
     IF p_ids IS NOT NULL AND array_position(p_ids, NULL) IS NULL THEN
         v_ids := p_ids;
