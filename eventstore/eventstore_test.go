@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/eventstore"
@@ -93,7 +94,8 @@ func TestVersionsPerKey(t *testing.T) {
 // the events nor the key's version.
 func TestExpectedVersionMismatchWritesNothing(t *testing.T) {
 	t.Parallel()
-	f := setup(t, nil)
+	reg := prometheus.NewRegistry()
+	f := setup(t, &eventstore.Config{Registerer: reg})
 	_, err := f.store.Append(f.ctx, f.stream, "k", eventstore.NoVersion, ev("x", 1))
 	require.NoError(t, err)
 	for _, exp := range []eventstore.ExpectedVersion{eventstore.NoVersion, eventstore.ExactVersion(2), eventstore.ExactVersion(7)} {
@@ -108,6 +110,27 @@ func TestExpectedVersionMismatchWritesNothing(t *testing.T) {
 	r, err := f.store.Append(f.ctx, f.stream, "k", eventstore.ExactVersion(1), ev("x", 2))
 	require.NoError(t, err)
 	require.Equal(t, int64(2), r.Version)
+	require.Equal(t, 3.0, counter(t, reg, "version_mismatch"))
+	require.Equal(t, 2.0, counter(t, reg, "ok"))
+}
+
+// counter returns streamd_eventstore_appends_total{result} from reg.
+func counter(t *testing.T, reg *prometheus.Registry, result string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "streamd_eventstore_appends_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == result {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no streamd_eventstore_appends_total{result=%q}", result)
+	return 0
 }
 
 // Two writers race on one key with the same expected version: exactly one wins, the

@@ -50,6 +50,12 @@ type Session struct {
 // also: ErrNotVersioned (sessions need key versions), streams.ErrStreamNotFound,
 // streams.ErrInvalidArgument (empty key, negative timeouts).
 func (s *Store) Open(ctx context.Context, stream, key string, opts *OpenOpts) (*Session, error) {
+	sess, err := s.openSession(ctx, stream, key, opts)
+	s.metrics.open(err)
+	return sess, err
+}
+
+func (s *Store) openSession(ctx context.Context, stream, key string, opts *OpenOpts) (*Session, error) {
 	var o OpenOpts
 	if opts != nil {
 		o = *opts

@@ -25,6 +25,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/streams"
@@ -40,6 +41,9 @@ type Config struct {
 	// OpenTimeout is how long Open waits for a key held by another session. Defaults
 	// to 5s.
 	OpenTimeout time.Duration
+	// Registerer receives the store's metrics (streamd_eventstore_*). Defaults to
+	// nil (no metrics).
+	Registerer prometheus.Registerer
 	// SessionTimeout is how long a session holds its key after Open or Renew.
 	// Defaults to 1m.
 	SessionTimeout time.Duration
@@ -57,8 +61,9 @@ func (c *Config) validate() error {
 
 // Store reads and writes keys of streams. It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
-	cfg  Config
+	pool    *pgxpool.Pool
+	cfg     Config
+	metrics *metrics
 }
 
 // New returns a Store on pool. It fails when cfg is invalid, naming the field.
@@ -79,7 +84,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if c.SessionTimeout == 0 {
 		c.SessionTimeout = time.Minute
 	}
-	return &Store{pool: pool, cfg: c}, nil
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{pool: pool, cfg: c, metrics: m}, nil
 }
 
 // now returns the injected time, or an invalid value meaning the database's clock.
@@ -178,6 +187,12 @@ const appendSQL = `SELECT ord, partition, "offset", "timestamp", duplicate, key_
 FROM streamd.append_versioned($1, NULL, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
 
 func (s *Store) appendTo(ctx context.Context, db streams.DBTX, stream, key string, expected ExpectedVersion, session string, events []Event) (*AppendResult, error) {
+	res, err := s.appendEvents(ctx, db, stream, key, expected, session, events)
+	s.metrics.append(err)
+	return res, err
+}
+
+func (s *Store) appendEvents(ctx context.Context, db streams.DBTX, stream, key string, expected ExpectedVersion, session string, events []Event) (*AppendResult, error) {
 	if key == "" {
 		return nil, fmt.Errorf("append to %s: %w: the key must not be empty", stream, streams.ErrInvalidArgument)
 	}

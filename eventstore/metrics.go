@@ -1,0 +1,64 @@
+package eventstore
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the store's counters; nil when Config.Registerer is nil.
+type metrics struct {
+	appends *prometheus.CounterVec
+	opens   *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		appends: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "streamd_eventstore_appends_total",
+			Help: "Event store appends by result: ok, version_mismatch, session (not open, expired, held), error."}, []string{"result"}),
+		opens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "streamd_eventstore_session_opens_total",
+			Help: "Session opens by result: ok, timeout, error."}, []string{"result"}),
+	}
+	for _, c := range []prometheus.Collector{m.appends, m.opens} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("eventstore: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) append(err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrVersionMismatch):
+		result = "version_mismatch"
+	case errors.Is(err, ErrNotOpen), errors.Is(err, ErrSessionExpired), errors.Is(err, ErrSessionHeld):
+		result = "session"
+	default:
+		result = "error"
+	}
+	m.appends.WithLabelValues(result).Inc()
+}
+
+func (m *metrics) open(err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrOpenTimeout):
+		result = "timeout"
+	default:
+		result = "error"
+	}
+	m.opens.WithLabelValues(result).Inc()
+}
