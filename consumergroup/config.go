@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamd/streamd/wakeup"
+
 	"github.com/streamd/streamd/streams"
 )
 
@@ -129,6 +131,11 @@ type Config struct {
 	SessionTimeout time.Duration
 	// Stream is the stream to consume. Required.
 	Stream string
+	// Wakeups, when set, wakes an idle partition's fetch as soon as a commit to it is
+	// seen (a wakeup.Listener's Hub: one shared LISTEN connection per process, fed by
+	// streamd's tailer; or an in-process tailer's Hub). Polling stays on as the safety
+	// net. Defaults to nil: idle partitions poll with backoff up to FetchMaxWait.
+	Wakeups *wakeup.Hub
 }
 
 func (c Config) withDefaults() Config {

@@ -112,6 +112,14 @@ func (w *worker) run() {
 		pos, err = w.startPosition(ctx)
 	}
 	fetchBackoff := newBackoff(50*time.Millisecond, 2*time.Second)
+	opts := &streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait}
+	if hub := w.c.cfg.Wakeups; hub != nil {
+		// Subscribed for the worker's life, before its first fetch, so that no commit
+		// between a fetch that found nothing and the wait goes unnoticed.
+		sub := hub.SubscribePartition(w.c.cfg.Stream, w.partition)
+		defer sub.Close()
+		opts.Wakeup = sub
+	}
 	for !w.stopping() {
 		if w.isPaused() {
 			select {
@@ -120,8 +128,7 @@ func (w *worker) run() {
 			}
 			continue
 		}
-		res, err := streams.FetchTx(fetchCtx, w.c.pool, w.c.cfg.Stream, w.partition, pos,
-			&streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait})
+		res, err := streams.FetchTx(fetchCtx, w.c.pool, w.c.cfg.Stream, w.partition, pos, opts)
 		if err != nil {
 			if w.stopping() || ctx.Err() != nil {
 				return

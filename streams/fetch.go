@@ -20,8 +20,19 @@ type FetchOpts struct {
 	// are none at the offset yet (long poll). Defaults to 0: return at once.
 	MaxWait time.Duration
 	// PollInterval is the first interval between polls while waiting; it doubles up to
-	// 100ms. Defaults to 5ms.
+	// 100ms, or up to 1s when Wakeup is set. Defaults to 5ms.
 	PollInterval time.Duration
+	// Wakeup, when set, ends a wait between polls as soon as it reports a wake-up
+	// (a *wakeup.Subscription for the partition: the tailer or a LISTEN connection saw
+	// a commit). Polling stays on as the safety net. Subscribe before the Fetch, so a
+	// commit between a poll and the wait is not missed. Defaults to nil: poll only.
+	Wakeup Waker
+}
+
+// Waker is what a Fetch waits on between polls: Wait returns true on a wake-up, false
+// when timeout passed or ctx ended. *wakeup.Subscription implements it.
+type Waker interface {
+	Wait(ctx context.Context, timeout time.Duration) bool
 }
 
 // FetchResult is what a Fetch returns.
@@ -95,15 +106,26 @@ func FetchTx(ctx context.Context, db DBTX, stream string, partition int32, offse
 		if wait > interval {
 			wait = interval
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return res, nil
-		case <-t.C:
+		maxInterval := 100 * time.Millisecond
+		if o.Wakeup != nil {
+			// Woken at once on a commit: polling is only the safety net.
+			maxInterval = time.Second
+			if o.Wakeup.Wait(ctx, wait) {
+				continue
+			}
+		} else {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+			case <-t.C:
+			}
 		}
-		if interval *= 2; interval > 100*time.Millisecond {
-			interval = 100 * time.Millisecond
+		if ctx.Err() != nil {
+			return res, nil
+		}
+		if interval *= 2; interval > maxInterval {
+			interval = maxInterval
 		}
 	}
 }

@@ -1,0 +1,50 @@
+package streams_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/streams"
+	"github.com/streamd/streamd/wakeup"
+)
+
+// TestFetchWakesOnWakeup: a long-polling Fetch whose poll interval is an hour returns
+// a new event because its Wakeup reported the commit, not because it polled.
+func TestFetchWakesOnWakeup(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, s := setup(t, 2)
+	hub := wakeup.NewHub()
+	sub := hub.SubscribePartition(s, 1)
+	defer sub.Close()
+
+	type result struct {
+		res *streams.FetchResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := c.Fetch(ctx, s, 1, 0, &streams.FetchOpts{MaxWait: time.Minute, PollInterval: time.Hour, Wakeup: sub})
+		done <- result{res, err}
+	}()
+	// A commit to another partition wakes nobody watching partition 1.
+	_, err := c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(0), Data: json.RawMessage(`0`)})
+	require.NoError(t, err)
+	hub.NotifyPartitions(s, 0)
+	_, err = c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), Data: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	hub.NotifyPartitions(s, 1)
+	select {
+	case r := <-done:
+		require.NoError(t, r.err)
+		require.Len(t, r.res.Events, 1)
+		require.JSONEq(t, `1`, string(r.res.Events[0].Data))
+	case <-ctx.Done():
+		t.Fatal("the fetch was not woken by the wake-up")
+	}
+}
