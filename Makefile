@@ -8,7 +8,7 @@ TEST_TIMEOUT ?= 20m
 STREAMD   := $(GO) run ./cmd/streamd
 
 # (test-prometheus installs Debian's prometheus package when missing.)
-.PHONY: run test test-prometheus test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-queue soak soak-groups soak-queue
+.PHONY: run test test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-queue soak soak-groups soak-queue
 
 run:
 	$(STREAMD) serve
@@ -71,3 +71,9 @@ bench-queue: db-start
 test-prometheus: db-start
 	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null; } || { echo "need Debian's prometheus package"; exit 1; }
 	STREAMD_PROMETHEUS_TEST=1 $(GO) test -count=1 -run TestPrometheusScrapes -v ./cmd/streamd/
+
+# The forwarder's RabbitMQ integration test: installs Debian's rabbitmq-server when
+# missing (as root), runs a private node on 127.0.0.1:25672 (data in .state/rabbitmq),
+# stops it after. STREAMD_AMQP_URL set: uses that broker instead.
+test-rabbitmq: db-start
+	./forward/rabbitmq-test.sh

@@ -8,12 +8,12 @@ import (
 
 // SQLSTATEs raised by sql/functions/1000_eventstore.sql (class SD4xx, event sourcing).
 const (
-	codeVersionMismatch  = "SD401"
-	codeNotOpen          = "SD402"
-	codeSessionExpired   = "SD403"
-	codeSessionHeld      = "SD404"
-	codeNotVersioned     = "SD405"
-	codeUnknownEventType = "SD406"
+	codeVersionMismatch  = sqlerr.VersionMismatch
+	codeNotOpen          = sqlerr.SessionNotOpen
+	codeSessionExpired   = sqlerr.SessionExpired
+	codeSessionHeld      = sqlerr.SessionHeld
+	codeNotVersioned     = sqlerr.NotVersioned
+	codeUnknownEventType = sqlerr.UnknownEventType
 )
 
 // Conditions the event store reports, matched with errors.Is. Errors raised by SQL

@@ -61,6 +61,7 @@ cluster that streamd starts (or reuses) in the project's .state folder.`,
 		newQueueCmd(g),
 		newDLQCmd(g),
 		newRetentionCmd(g),
+		newForwardCmd(g),
 	)
 	return root
 }

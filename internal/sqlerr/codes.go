@@ -33,6 +33,14 @@ const (
 	RetentionInvalidArgument = "SD302"
 	RetentionPolicyNotFound  = "SD303"
 
+	// Event sourcing (sql/functions/1000_eventstore.sql).
+	VersionMismatch  = "SD401"
+	SessionNotOpen   = "SD402"
+	SessionExpired   = "SD403"
+	SessionHeld      = "SD404"
+	NotVersioned     = "SD405"
+	UnknownEventType = "SD406"
+
 	// JSON that does not parse (PostgreSQL's invalid_text_representation, raised by
 	// the jsonb input function).
 	InvalidJSON = "22P02"
