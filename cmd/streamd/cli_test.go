@@ -129,6 +129,7 @@ func TestServeHealthMetricsAndCleanStop(t *testing.T) {
 			families["streamd_coordinator_gauges_updated_timestamp_seconds"].Metric[0].GetGauge().GetValue() > 0
 	}, 30*time.Second, 50*time.Millisecond)
 	require.Contains(t, families, "streamd_up")
+	require.Contains(t, families, "streamd_tailer_connected", "the leader runs the wake-up tailer")
 	for name := range families {
 		if !strings.HasPrefix(name, "go_") && !strings.HasPrefix(name, "process_") && !strings.HasPrefix(name, "promhttp_") {
 			require.True(t, strings.HasPrefix(name, "streamd_"), "metric %s", name)

@@ -20,6 +20,7 @@ import (
 	"github.com/streamd/streamd/internal/api"
 	"github.com/streamd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/retention"
+	"github.com/streamd/streamd/wakeup"
 	schema "github.com/streamd/streamd/sql"
 )
 
@@ -37,6 +38,7 @@ type serveConfig struct {
 	retentionEvery  time.Duration
 	retentionOnly   []string
 	shutdownTimeout time.Duration
+	tailer          bool
 	tlsCert         string
 	tlsKey          string
 }
@@ -55,8 +57,9 @@ for the coordinator lease, and serves until SIGINT or SIGTERM:
   /v1/...    the JSON admin and data API (bearer token required)
 
 Exactly one instance (the leader) runs the coordinator jobs: retention policies
-(--retention-interval), the stale-member reaper (--reaper-interval), and the
-consumer-lag and queue gauges (--metrics-interval). Each job runs once per interval
+(--retention-interval), the stale-member reaper (--reaper-interval), the
+consumer-lag and queue gauges (--metrics-interval), and the WAL tailer that
+re-broadcasts wake-ups to consumers and queue receivers (--tailer). Each job runs once per interval
 slot across all instances. A second instance takes over
 within the lease TTL of the leader dying, at once when the leader stops cleanly.
 
@@ -84,6 +87,7 @@ help); flags win.`,
 	f.DurationVar(&c.reaperInterval, "reaper-interval", envDuration("STREAMD_REAPER_INTERVAL", time.Second), "how often the leader expires stale group members ($STREAMD_REAPER_INTERVAL)")
 	f.DurationVar(&c.retentionEvery, "retention-interval", envDuration("STREAMD_RETENTION_INTERVAL", time.Minute), "how often the leader applies retention policies ($STREAMD_RETENTION_INTERVAL)")
 	f.StringSliceVar(&c.retentionOnly, "retention-streams", splitEnv("STREAMD_RETENTION_STREAMS"), "apply retention to these streams only (default: every stream with an enabled policy) ($STREAMD_RETENTION_STREAMS, comma-separated)")
+	f.BoolVar(&c.tailer, "tailer", os.Getenv("STREAMD_TAILER") != "false", "the leader tails the WAL and re-broadcasts wake-ups with pg_notify (falls back to polling by itself without wal_level=logical or replication rights) ($STREAMD_TAILER=false disables)")
 	f.DurationVar(&c.shutdownTimeout, "shutdown-timeout", envDuration("STREAMD_SHUTDOWN_TIMEOUT", 15*time.Second), "bound on finishing in-flight requests at shutdown ($STREAMD_SHUTDOWN_TIMEOUT)")
 	return cmd
 }
@@ -229,8 +233,21 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err != nil {
 		return err
 	}
-	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(pool, c, retainer),
-		[]coordinator.Continuous{{Name: "gauges", Run: fleet.run(c.metricsInterval)}})
+	services := []coordinator.Continuous{{Name: "gauges", Run: fleet.run(c.metricsInterval)}}
+	if c.tailer {
+		// The tailer turns committed appends and sends into coalesced pg_notify wake-ups
+		// for every process's shared listener (wakeup.Listener).
+		url, err := g.url(ctx)
+		if err != nil {
+			return err
+		}
+		b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Logger: g.logger, Registerer: reg})
+		if err != nil {
+			return err
+		}
+		services = append(services, coordinator.Continuous{Name: "wakeup-broadcaster", Run: b.Run})
+	}
+	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(pool, c, retainer), services)
 	if err != nil {
 		return err
 	}
