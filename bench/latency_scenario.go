@@ -35,7 +35,7 @@ func (latencyScenario) Name() string { return "latency" }
 
 const (
 	latencyRate      = 1000 // events per second
-	latencyProducers = 8
+	latencyProducers = 4
 )
 
 var latencyPayload = []byte(`{"k":1}`)
