@@ -83,7 +83,8 @@ func (c *BroadcasterConfig) validate() error {
 
 // Broadcaster turns the tailer's committed transactions into coalesced wake-ups:
 // pg_notify on Channel (for every process's Listener) and, optionally, a local Hub.
-// Call Run once.
+// Run may be called again after it returned (once per leadership term, say), never
+// concurrently.
 type Broadcaster struct {
 	cfg    BroadcasterConfig
 	tailer *tailer.Tailer

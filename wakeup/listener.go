@@ -128,7 +128,8 @@ func (c *ListenerConfig) validate() error {
 }
 
 // Listener is the process's one LISTEN connection: a Hub fed by the Broadcaster's
-// notifications. Subscribe through the embedded Hub; call Run once.
+// notifications. Subscribe through the embedded Hub; Run may be called again
+// after it returned, never concurrently.
 type Listener struct {
 	*Hub
 	cfg       ListenerConfig

@@ -401,3 +401,33 @@ type lineCounter struct {
 }
 
 func (l *lineCounter) count(substr string) int { return strings.Count(l.buf.String(), substr) }
+
+// TestBroadcasterRunsAgain: streamd's leader runs the Broadcaster once per
+// leadership term; after Run returned, a second Run streams and wakes again.
+func TestBroadcasterRunsAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, url := sharedPool(t)
+	c := streams.NewClient(pool, nil)
+	stream := testdb.Name("terms")
+	require.NoError(t, c.CreateStream(ctx, stream, 1))
+	hub := wakeup.NewHub()
+	b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Hub: hub, NoNotify: true,
+		MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	sub := hub.SubscribePartition(stream, 0)
+	defer sub.Close()
+	for term := 1; term <= 2; term++ {
+		tctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- b.Run(tctx) }() // owner: this test; exits at cancel below
+		waitFor(t, 90*time.Second, "streaming", b.Streaming)
+		drain(sub.C)
+		_, err := c.Produce(ctx, streams.Record{Stream: stream, Data: []byte(`{}`)})
+		require.NoError(t, err)
+		requireWoken(t, sub.C, fmt.Sprintf("term %d", term))
+		cancel()
+		require.NoError(t, <-done)
+		require.False(t, b.Streaming())
+	}
+}

@@ -57,7 +57,8 @@ func (s State) String() string {
 	return fmt.Sprintf("state(%d)", int32(s))
 }
 
-// Tailer is a logical replication reader. Create it with New and call Run once.
+// Tailer is a logical replication reader. Create it with New; Run may be called again
+// after it returned, never concurrently.
 type Tailer struct {
 	cfg     Config
 	log     *slog.Logger
