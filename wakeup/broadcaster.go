@@ -179,6 +179,8 @@ func (b *Broadcaster) take() (map[key]map[int32]struct{}, bool) {
 	p, all := b.pending, b.all
 	if len(p) > 0 {
 		b.pending = map[key]map[int32]struct{}{}
+	} else {
+		p = nil // never hand out the map handle keeps writing to
 	}
 	b.all = false
 	return p, all
