@@ -13,6 +13,8 @@ package localpg
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -61,7 +63,9 @@ type Config struct {
 	Settings map[string]string
 	// StateDir is the folder that holds the data directory, the log and the lock.
 	// Defaults to $STREAMD_STATE_DIR, else .state in the project root (the nearest
-	// folder above the working directory with streamd's go.mod), else
+	// folder above the working directory with streamd's go.mod; when running as root
+	// and the postgres user cannot reach that folder, $TMPDIR/streamd-state-<hash>
+	// instead), else
 	// ~/.local/state/streamd (for root: $TMPDIR/streamd-state).
 	StateDir string
 }
@@ -103,6 +107,13 @@ func defaultStateDir() string {
 		for dir := wd; ; dir = filepath.Dir(dir) {
 			if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
 				strings.Contains(string(b), "module github.com/streamd/streamd\n") {
+				if os.Geteuid() == 0 && !searchableByOthers(dir) {
+					// The server runs as the postgres user, which cannot reach a
+					// project under a private folder (root's home): keep the state in
+					// a folder of its own, one per project path.
+					sum := sha256.Sum256([]byte(dir))
+					return filepath.Join(os.TempDir(), "streamd-state-"+hex.EncodeToString(sum[:6]))
+				}
 				return filepath.Join(dir, ".state")
 			}
 			if filepath.Dir(dir) == dir {
@@ -115,6 +126,20 @@ func defaultStateDir() string {
 		return filepath.Join(home, ".local", "state", "streamd")
 	}
 	return filepath.Join(os.TempDir(), "streamd-state")
+}
+
+// searchableByOthers reports whether every folder from dir up to / lets other users
+// pass through (the x bit for others).
+func searchableByOthers(dir string) bool {
+	for d := dir; ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil || st.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if filepath.Dir(d) == d {
+			return true
+		}
+	}
 }
 
 // Cluster is a running local cluster.
