@@ -26,6 +26,8 @@ import (
 // order) and L2; they are measurements for the design, not an API.
 type appendPathScenario struct{}
 
+func init() { register(30, appendPathScenario{}) }
+
 func (appendPathScenario) Name() string { return "appendpath" }
 
 func (s appendPathScenario) Run(ctx context.Context, env *Env) ([]Result, error) {

@@ -2,8 +2,9 @@
 // its raw-PostgreSQL baseline in the same run, on the same database, and reports the
 // ratio between them: produce against COPY, fetch against a primary-key range read.
 //
-// A scenario is one file (produce.go, fetch.go, profile.go, ...) implementing
-// Scenario; Scenarios lists them in run order. Run executes a suite (sizes and
+// A scenario is one file (produce.go, fetch.go, profile.go, ...): a type
+// implementing Scenario and an init function that calls register with the
+// scenario's place in the run order. Scenarios lists them in that order. Run executes a suite (sizes and
 // durations) and returns a Report, which report.go prints, stores as JSON, draws as
 // SVG and writes into bench/RESULTS.md.
 //
@@ -37,15 +38,30 @@ type Scenario interface {
 	Run(ctx context.Context, env *Env) ([]Result, error)
 }
 
+// registered is a scenario and its place in the run order.
+type registered struct {
+	order    int
+	scenario Scenario
+}
+
+// registry holds the scenarios; written only by init functions.
+var registry []registered
+
+// register adds s to the scenarios run by Run, at order (lower runs first; ties run
+// in file-name order). Call it from an init function of the scenario's file.
+func register(order int, s Scenario) {
+	registry = append(registry, registered{order, s})
+}
+
 // Scenarios returns every scenario, in run order.
 func Scenarios() []Scenario {
-	return []Scenario{
-		produceScenario{},
-		producerScenario{},
-		appendPathScenario{},
-		fetchScenario{},
-		profileScenario{},
+	rs := slices.Clone(registry)
+	slices.SortStableFunc(rs, func(a, b registered) int { return a.order - b.order })
+	out := make([]Scenario, len(rs))
+	for i, r := range rs {
+		out[i] = r.scenario
 	}
+	return out
 }
 
 // Env is what a scenario runs against.

@@ -16,6 +16,8 @@ import (
 // then it reads for the case duration, wrapping to offset 0 at the end.
 type fetchScenario struct{}
 
+func init() { register(40, fetchScenario{}) }
+
 func (fetchScenario) Name() string { return "fetch" }
 
 // fetchTarget is issue 2's goal: Fetch ≥ 0.7× the raw range read.

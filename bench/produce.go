@@ -24,6 +24,8 @@ import (
 // every streamd case reports its ratio to it (target 0.7 at the suite's partitions).
 type produceScenario struct{}
 
+func init() { register(10, produceScenario{}) }
+
 func (produceScenario) Name() string { return "produce" }
 
 // produceTarget is issue 2's goal: streamd produce ≥ 0.7× the 4-connection COPY.

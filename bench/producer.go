@@ -23,6 +23,8 @@ import (
 // that scenario ran in the same run.
 type producerScenario struct{}
 
+func init() { register(20, producerScenario{}) }
+
 func (producerScenario) Name() string { return "producer" }
 
 func (s producerScenario) Run(ctx context.Context, env *Env) ([]Result, error) {

@@ -29,6 +29,8 @@ import (
 // streamd.append to the client, and reports the mean time of each.
 type profileScenario struct{}
 
+func init() { register(90, profileScenario{}) }
+
 func (profileScenario) Name() string { return "profile" }
 
 const insertUnnestSQL = `INSERT INTO %s
