@@ -20,8 +20,8 @@ import (
 	"github.com/streamd/streamd/internal/api"
 	"github.com/streamd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/retention"
-	"github.com/streamd/streamd/wakeup"
 	schema "github.com/streamd/streamd/sql"
+	"github.com/streamd/streamd/wakeup"
 )
 
 // serveConfig is streamd serve's configuration, from flags and environment.
@@ -58,7 +58,8 @@ for the coordinator lease, and serves until SIGINT or SIGTERM:
 
 Exactly one instance (the leader) runs the coordinator jobs: retention policies
 (--retention-interval), the stale-member reaper (--reaper-interval), the
-consumer-lag and queue gauges (--metrics-interval), and the WAL tailer that
+consumer-lag and queue gauges (--metrics-interval), background dead-letter redrive
+tasks (POST /v1/queues/{dlq}/redrive-tasks), and the WAL tailer that
 re-broadcasts wake-ups to consumers and queue receivers (--tailer). Each job runs once per interval
 slot across all instances. A second instance takes over
 within the lease TTL of the leader dying, at once when the leader stops cleanly.
@@ -233,7 +234,8 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err != nil {
 		return err
 	}
-	services := []coordinator.Continuous{{Name: "gauges", Run: fleet.run(c.metricsInterval)}}
+	services := []coordinator.Continuous{{Name: "gauges", Run: fleet.run(c.metricsInterval)},
+		coordinator.Redrive(pool, g.logger, 200*time.Millisecond)}
 	if c.tailer {
 		// The tailer turns committed appends and sends into coalesced pg_notify wake-ups
 		// for every process's shared listener (wakeup.Listener).

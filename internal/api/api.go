@@ -94,6 +94,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	s.routes()
 	s.groupRoutes()
 	s.queueRoutes()
+	s.redriveRoutes()
 	return s, nil
 }
 

@@ -1,0 +1,76 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/coordinator"
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
+)
+
+// TestRedriveTask: a redrive task created through the API is run by the leader's
+// redrive service, moves exactly max_messages dead letters back, and finishes.
+func TestRedriveTask(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, sc := newServer(t)
+	pool := sc.Pool()
+	mc, err := messages.NewClient(pool, nil)
+	require.NoError(t, err)
+	q, dlq := testdb.Name("rq"), testdb.Name("rq-dlq")
+	require.NoError(t, mc.CreateQueue(ctx, dlq, nil))
+	require.NoError(t, mc.CreateQueue(ctx, q, &messages.QueueConfig{DeadLetterQueue: dlq}))
+	for i := 0; i < 5; i++ {
+		_, err := mc.Send(ctx, q, messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprint(i))})
+		require.NoError(t, err)
+	}
+	got, err := mc.Receive(ctx, q, &messages.ReceiveOpts{Max: 5})
+	require.NoError(t, err)
+	require.Len(t, got, 5)
+	for _, m := range got {
+		require.NoError(t, mc.Term(ctx, "poison", m.Receipt))
+	}
+	depth := func(name string) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.messages WHERE stream_name = $1", name).Scan(&n))
+		return n
+	}
+	require.Equal(t, 5, depth(dlq))
+
+	code, body := c.do("POST", "/v1/queues/"+dlq+"/redrive-tasks", adminToken, `{"rate":-1}`)
+	require.Equal(t, http.StatusBadRequest, code, "%v", body)
+	code, body = c.do("POST", "/v1/queues/no-such-"+dlq+"/redrive-tasks", adminToken, `{}`)
+	require.Equal(t, http.StatusNotFound, code, "%v", body)
+	code, body = c.do("POST", "/v1/queues/"+dlq+"/redrive-tasks", adminToken, `{"rate":200,"max_messages":3}`)
+	require.Equal(t, http.StatusAccepted, code, "%v", body)
+	id := int64(body["id"].(float64))
+
+	svc := coordinator.Redrive(pool, nil, 20*time.Millisecond)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(rctx) }()
+	require.Eventually(t, func() bool {
+		var status string
+		require.NoError(t, pool.QueryRow(ctx, "SELECT status FROM streamd.redrive_tasks WHERE dlq = $1 AND id = $2", dlq, id).Scan(&status))
+		return status == "done"
+	}, 20*time.Second, 20*time.Millisecond)
+	stop()
+	require.NoError(t, <-done)
+	require.Equal(t, 3, depth(q), "exactly max_messages moved back")
+	require.Equal(t, 2, depth(dlq))
+
+	code, body = c.do("GET", "/v1/redrive-tasks?status=done", adminToken, "")
+	require.Equal(t, http.StatusOK, code)
+	raw, _ := json.Marshal(body)
+	require.Contains(t, string(raw), `"moved":3`)
+	code, _ = c.do("DELETE", fmt.Sprintf("/v1/queues/%s/redrive-tasks/%d", dlq, id), adminToken, "")
+	require.Equal(t, http.StatusNotFound, code, "a finished task cannot be canceled")
+}
