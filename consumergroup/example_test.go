@@ -11,7 +11,9 @@ import (
 
 	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/streams"
+	"github.com/streamd/streamd/wakeup"
 )
 
 // The README's consumer group quickstart: every worker process runs the same code;
@@ -61,4 +63,37 @@ func Example() {
 	// partition 0 offset 0: {"amount": 10}
 	// partition 0 offset 1: {"amount": 20}
 	// partition 0 offset 2: {"amount": 30}
+}
+
+// Low latency: one LISTEN connection per process, fed by streamd serve's WAL tailer,
+// wakes every consumer (and queue receiver) of the process as soon as a commit lands.
+// Polling stays on as the safety net, so nothing depends on it for correctness.
+func Example_wakeups() {
+	ctx := context.Background()
+	databaseURL := testdb.MustURL()
+	pool, err := pgxpool.New(ctx, databaseURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	listener, err := wakeup.NewListener(&wakeup.ListenerConfig{ConnString: databaseURL})
+	if err != nil {
+		log.Fatal(err)
+	}
+	go listener.Run(ctx) // returns when ctx ends
+
+	consumer, err := consumergroup.New(pool, consumergroup.Config{
+		Stream:  "orders",
+		Group:   "billing",
+		Wakeups: listener.Hub,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	queues, err := messages.NewClient(pool, &messages.ClientConfig{Wakeups: listener.Queues()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, _ = consumer, queues
 }
