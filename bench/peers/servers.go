@@ -162,6 +162,7 @@ func startRedis(ctx context.Context) (*server, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	s.version = binVersion(bin, "--version")
+	// "Redis server v=7.0.15 sha=... malloc=..." -> "redis-server 7.0.15"
+	s.version = "redis-server " + strings.TrimPrefix(strings.Fields(binVersion(bin, "--version") + " x x v=unknown")[2], "v=")
 	return s, nil
 }
