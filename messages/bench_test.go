@@ -225,3 +225,55 @@ func BenchmarkQueueLongPollLatency(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkQueueWorker measures Work: benchMessages messages sent in batches of
+// benchBatch, then drained by one Work loop (Concurrency benchBatch, a handler that
+// returns nil at once), which settles each message as its handler returns.
+func BenchmarkQueueWorker(b *testing.B) {
+	ctx := context.Background()
+	cfg := testdb.Config(b)
+	cfg.MaxConns = benchConsumers + 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(b, err)
+	defer pool.Close()
+	c, err := messages.NewClient(pool, nil)
+	require.NoError(b, err)
+	q := testdb.Name("benchw")
+	require.NoError(b, c.CreateQueue(ctx, q, nil))
+	defer func() { _ = c.DeleteQueue(ctx, q) }()
+	msgs := make([]messages.OutgoingMessage, benchBatch)
+	for i := range msgs {
+		msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprintf(`{"order":%d}`, i))}
+	}
+
+	var elapsed time.Duration
+	for b.Loop() {
+		start := time.Now()
+		for range benchMessages / benchBatch {
+			_, err := c.Send(ctx, q, msgs...)
+			require.NoError(b, err)
+		}
+		var mu sync.Mutex
+		done := 0
+		wctx, cancel := context.WithCancel(ctx)
+		errc := make(chan error, 1)
+		go func() {
+			errc <- c.Work(wctx, q, &messages.WorkerConfig{Concurrency: benchBatch, PollWait: 10 * time.Millisecond},
+				func(context.Context, *messages.Message) error {
+					mu.Lock()
+					defer mu.Unlock()
+					if done++; done == benchMessages {
+						cancel()
+					}
+					return nil
+				})
+		}()
+		require.NoError(b, <-errc)
+		elapsed += time.Since(start)
+		stats, err := c.Stats(ctx, q)
+		require.NoError(b, err)
+		require.Len(b, stats, 1)
+		require.Zero(b, stats[0].Total, "every message acked")
+	}
+	b.ReportMetric(float64(b.N*benchMessages)/elapsed.Seconds(), "msgs/s")
+}

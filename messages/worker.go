@@ -100,8 +100,13 @@ func (w *WorkerConfig) validate() error {
 // (connection lost, server restart) is retried with backoff; any other receive error
 // (the queue was deleted) stops Work and is returned.
 //
+// Acks are batched: the acks of handlers that return while an ack is on its way to
+// the database go together in the next one (one statement, one round trip), without
+// waiting for a timer. A handler's slot is freed once its message is settled.
+//
 // Goroutines: Work owns one goroutine per running handler, plus one lease extender
-// per handler; both end before Work returns.
+// per handler, plus one acker that sends the batched acks; the handlers and extenders
+// end before Work returns, and the acker after them (when Work closes its queue).
 func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, handler Handler) error {
 	w := WorkerConfig{}
 	if cfg != nil {
@@ -138,9 +143,14 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 	log.Info("queue worker started", slog.Int("concurrency", w.Concurrency))
 	defer log.Info("queue worker stopped")
 
+	acks := newAcker(c, w.Concurrency, w.SettleTimeout)
+	go acks.run(context.WithoutCancel(ctx))
 	slots := make(chan struct{}, w.Concurrency)
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		wg.Wait()
+		acks.close()
+	}()
 	retry := c.backoffMin
 	for {
 		// Wait for a free slot, then take every free slot for one receive.
@@ -187,14 +197,14 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
-				c.handle(ctx, log, &w, handler, m)
+				c.handle(ctx, log, &w, handler, acks, m)
 			}()
 		}
 	}
 }
 
 // handle runs handler on m with lease extension and settles m from its result.
-func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, handler Handler, m *Message) {
+func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, handler Handler, acks *acker, m *Message) {
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := make(chan struct{})
@@ -237,7 +247,7 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 	var retry *retryError
 	switch {
 	case herr == nil:
-		err = c.Ack(sctx, m.Receipt)
+		err = acks.ack(m.Receipt)
 	case errors.As(herr, &term):
 		err = c.Term(sctx, term.err.Error(), m.Receipt)
 	case errors.As(herr, &retry):
@@ -265,4 +275,86 @@ func runHandler(ctx context.Context, handler Handler, m *Message) (err error) {
 		}
 	}()
 	return handler(ctx, m)
+}
+
+// acker batches the acks of one Work loop: ack queues a receipt and waits for its
+// result; run sends whatever is queued as one Ack. It never waits to fill a batch, so
+// an idle worker's ack goes at once and a busy worker's acks go together.
+type acker struct {
+	c       *Client
+	max     int
+	timeout time.Duration
+	reqs    chan ackReq
+	done    chan struct{}
+}
+
+type ackReq struct {
+	r   Receipt
+	res chan error
+}
+
+func newAcker(c *Client, max int, timeout time.Duration) *acker {
+	return &acker{c: c, max: max, timeout: timeout, reqs: make(chan ackReq, max), done: make(chan struct{})}
+}
+
+// ack acks r in the next batch and returns its result: nil, a *LeaseLostError naming
+// r, or the batch's error.
+func (a *acker) ack(r Receipt) error {
+	res := make(chan error, 1)
+	a.reqs <- ackReq{r: r, res: res}
+	return <-res
+}
+
+// close ends run after it has answered every queued ack; call it once no ack can
+// come any more.
+func (a *acker) close() {
+	close(a.reqs)
+	<-a.done
+}
+
+// run sends the queued acks until close. Each batch gets its own timeout under ctx,
+// which should not be cancelled by Work's shutdown (settlement runs after it).
+func (a *acker) run(ctx context.Context) {
+	defer close(a.done)
+	batch := make([]ackReq, 0, a.max)
+	for first := range a.reqs {
+		batch = append(batch[:0], first)
+	drain:
+		for len(batch) < a.max {
+			select {
+			case req, ok := <-a.reqs:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, req)
+			default:
+				break drain
+			}
+		}
+		rs := make([]Receipt, len(batch))
+		for i, req := range batch {
+			rs[i] = req.r
+		}
+		actx, cancel := context.WithTimeout(ctx, a.timeout)
+		err := a.c.Ack(actx, rs...)
+		cancel()
+		var lost *LeaseLostError
+		if errors.As(err, &lost) {
+			stale := map[Receipt]bool{}
+			for _, r := range lost.Receipts {
+				stale[r] = true
+			}
+			for _, req := range batch {
+				if stale[req.r] {
+					req.res <- &LeaseLostError{Queue: lost.Queue, Receipts: []Receipt{req.r}}
+				} else {
+					req.res <- nil
+				}
+			}
+			continue
+		}
+		for _, req := range batch {
+			req.res <- err
+		}
+	}
 }
