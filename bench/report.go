@@ -115,6 +115,19 @@ func (r *Report) WriteJSON(dir string) (string, error) {
 	return path, os.WriteFile(path, []byte(doc.String()), 0o644)
 }
 
+// ReadReport reads a report that WriteJSON wrote.
+func ReadReport(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return &r, nil
+}
+
 // WriteCharts writes the run's SVG charts into dir and records their names.
 func (r *Report) WriteCharts(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {

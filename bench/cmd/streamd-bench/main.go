@@ -6,6 +6,7 @@
 //	go run ./bench/cmd/streamd-bench -suite quick            # make bench
 //	go run ./bench/cmd/streamd-bench -suite full             # make bench-full
 //	go run ./bench/cmd/streamd-bench -scenarios profile      # one scenario
+//	go run ./bench/cmd/streamd-bench -from-json bench/results/2026-11-22-vm.json  # redraw
 package main
 
 import (
@@ -43,7 +44,16 @@ func run() error {
 	noWrite := flag.Bool("no-write", false, "print the table only; write no files")
 	waitQuiet := flag.Duration("wait-quiet", 0, "wait up to this long for the 1-minute load average to drop below -quiet-load before starting")
 	quietLoad := flag.Float64("quiet-load", 1.0, "the load average -wait-quiet waits for")
+	fromJSON := flag.String("from-json", "", "run nothing: redraw the charts and the RESULTS.md section from this results file")
 	flag.Parse()
+
+	if *fromJSON != "" {
+		rep, err := bench.ReadReport(*fromJSON)
+		if err != nil {
+			return err
+		}
+		return write(rep, *outDir, *resultsMD)
+	}
 
 	suite, err := bench.SuiteByName(*suiteName)
 	if err != nil {
@@ -105,23 +115,29 @@ func run() error {
 	if *noWrite {
 		return nil
 	}
-	if err := rep.WriteCharts(*outDir); err != nil {
+	return write(rep, *outDir, *resultsMD)
+}
+
+// write stores the report's JSON and charts in outDir and rewrites the generated
+// section of resultsMD ("" skips it).
+func write(rep *bench.Report, outDir, resultsMD string) error {
+	if err := rep.WriteCharts(outDir); err != nil {
 		return fmt.Errorf("write charts: %w", err)
 	}
-	path, err := rep.WriteJSON(*outDir)
+	path, err := rep.WriteJSON(outDir)
 	if err != nil {
 		return fmt.Errorf("write results: %w", err)
 	}
 	fmt.Println("\nwrote", path, "and", len(rep.Charts), "charts")
-	if *resultsMD != "" {
-		rel, err := filepath.Rel(filepath.Dir(*resultsMD), *outDir)
+	if resultsMD != "" {
+		rel, err := filepath.Rel(filepath.Dir(resultsMD), outDir)
 		if err != nil {
-			rel = *outDir
+			rel = outDir
 		}
-		if err := rep.UpdateResultsMD(*resultsMD, rel); err != nil {
-			return fmt.Errorf("update %s: %w", *resultsMD, err)
+		if err := rep.UpdateResultsMD(resultsMD, rel); err != nil {
+			return fmt.Errorf("update %s: %w", resultsMD, err)
 		}
-		fmt.Println("updated", *resultsMD)
+		fmt.Println("updated", resultsMD)
 	}
 	return nil
 }
