@@ -383,7 +383,11 @@ $$;
 -- token. A message already delivered max_delivery_attempts times that has a
 -- dead-letter queue is moved there instead (Q2), in this same transaction.
 --
--- Standard queue: visible messages in visible-at order, locked with SKIP LOCKED.
+-- Standard queue: visible messages in not_before order (the time a send or nack made
+-- them deliverable; an expired lease keeps its place), locked with SKIP LOCKED. The
+-- lease is a HOT update (see migration 0008); a receive reads past the in-flight
+-- rows that messages_ready still lists, one heap fetch each (extend moves long
+-- leases out of the way).
 -- FIFO queue: up to p_max groups that may deliver, least recently served first, locked
 -- with SKIP LOCKED; of each, only the head (lowest offset) is leased, so a group never
 -- has two messages in flight.
