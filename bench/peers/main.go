@@ -69,7 +69,9 @@ func main() {
 	rep, err := run(ctx, logger, o)
 	if rep != nil {
 		printTable(os.Stdout, rep)
-		if o.out != "" {
+		// An interrupted or failed run prints what it has but writes no file, so it
+		// cannot replace a complete one.
+		if o.out != "" && err == nil {
 			if path, werr := writeReport(o.out, rep); werr != nil {
 				logger.Error("write report", "error", werr)
 			} else {
