@@ -8,7 +8,7 @@ TEST_TIMEOUT ?= 20m
 STREAMD   := $(GO) run ./cmd/streamd
 
 # (test-prometheus installs Debian's prometheus package when missing.)
-.PHONY: run test test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-queue soak soak-groups soak-queue
+.PHONY: run test test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-peers bench-queue soak soak-groups soak-queue
 
 run:
 	$(STREAMD) serve
@@ -77,3 +77,9 @@ test-prometheus: db-start
 # stops it after. STREAMD_AMQP_URL set: uses that broker instead.
 test-rabbitmq: db-start
 	./forward/rabbitmq-test.sh
+
+# Peers in the same run as streamd (bench/PEERS.md): installs nats-server and
+# redis-server when missing, starts them on loopback, stops them afterwards.
+bench-peers: db-start
+	bash bench/peers/setup.sh
+	cd bench/peers && $(GO) run .
