@@ -38,3 +38,6 @@ BEGIN
     RETURN true;
 END
 $$;
+
+-- Create the publication now if the migrating role may (a no-op when it exists).
+SELECT streamd.wakeup_publication_ensure();
