@@ -72,6 +72,57 @@ BEGIN
 END;
 $$;
 
+-- Routes a batch and checks it before anything is written: a NULL partition becomes
+-- the key's partition (partition_for_key) or, for a keyless event, one partition per
+-- transaction; a NULL event_id becomes a UUID. Raises SD002 for a partition the stream
+-- does not have, SD004 for a payload over the stream's limit, SD005 for an event with
+-- both payload kinds. Shared by streamd.append and streamd.append_versioned.
+CREATE OR REPLACE FUNCTION streamd.append_route(
+    p_stream      streamd.streams,
+    p_n           integer,
+    p_partitions  integer[],
+    p_keys        text[],
+    p_event_ids   text[],
+    p_data        text[],
+    p_data_bytes  bytea[],
+    OUT parts     integer[],
+    OUT ids       text[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_sticky integer := (pg_current_xact_id()::text::bigint % p_stream.partitions)::integer;
+    v_bad    integer;
+BEGIN
+    SELECT array_agg(coalesce(u.p, CASE WHEN u.k IS NOT NULL THEN streamd.partition_for_key(u.k, p_stream.partitions) ELSE v_sticky END) ORDER BY u.i),
+           array_agg(coalesce(u.e, gen_random_uuid()::text) ORDER BY u.i)
+      INTO parts, ids
+      FROM unnest(coalesce(p_partitions, array_fill(NULL::integer, ARRAY[p_n])),
+                  coalesce(p_keys, array_fill(NULL::text, ARRAY[p_n])),
+                  coalesce(p_event_ids, array_fill(NULL::text, ARRAY[p_n])))
+           WITH ORDINALITY AS u(p, k, e, i);
+
+    SELECT min(u.i) INTO v_bad FROM unnest(parts) WITH ORDINALITY AS u(p, i)
+     WHERE u.p < 0 OR u.p >= p_stream.partitions;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD002',
+            MESSAGE = format('stream %L has no partition %s (it has %s)', p_stream.stream_name, parts[v_bad], p_stream.partitions);
+    END IF;
+    SELECT min(u.i) INTO v_bad
+      FROM unnest(coalesce(p_data, array_fill(NULL::text, ARRAY[p_n])),
+                  coalesce(p_data_bytes, array_fill(NULL::bytea, ARRAY[p_n]))) WITH ORDINALITY AS u(d, b, i)
+     WHERE coalesce(octet_length(u.d), 0) + coalesce(octet_length(u.b), 0) > p_stream.max_payload_bytes
+        OR (u.d IS NOT NULL AND u.b IS NOT NULL);
+    IF v_bad IS NOT NULL THEN
+        IF p_data[v_bad] IS NOT NULL AND p_data_bytes[v_bad] IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD005',
+                MESSAGE = format('event %s has both a JSON and a binary payload; give one', v_bad);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'SD004',
+            MESSAGE = format('event %s: payload of %s bytes exceeds the limit of %s bytes of stream %L', v_bad,
+                             coalesce(octet_length(p_data[v_bad]), octet_length(p_data_bytes[v_bad])), p_stream.max_payload_bytes, p_stream.stream_name);
+    END IF;
+END;
+$$;
+
 -- Appends a batch of events to one stream, atomically, and returns each one's position.
 -- This is the Go producer's path and the fast path for SQL callers. The arrays are
 -- parallel (element i of each describes event i); any array may be NULL, meaning all
@@ -100,7 +151,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_n        integer := coalesce(cardinality(p_event_ids), cardinality(p_data), cardinality(p_data_bytes), cardinality(p_keys), 0);
     v_stream   streamd.streams%ROWTYPE;
-    v_sticky   integer;
     v_parts    integer[];
     v_ids      text[];
     v_offs     bigint[];
@@ -114,7 +164,6 @@ DECLARE
     v_base     bigint;
     v_ts       timestamptz;
     v_inserted integer;
-    v_bad      integer;
     r          record;
 BEGIN
     SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
@@ -150,36 +199,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = 'append: the arrays must all have the same length';
     END IF;
 
-    -- Route, name and check every event before touching anything.
-    v_sticky := (pg_current_xact_id()::text::bigint % v_stream.partitions)::integer;
-    SELECT array_agg(coalesce(u.p, CASE WHEN u.k IS NOT NULL THEN streamd.partition_for_key(u.k, v_stream.partitions) ELSE v_sticky END) ORDER BY u.i),
-           array_agg(coalesce(u.e, gen_random_uuid()::text) ORDER BY u.i)
-      INTO v_parts, v_ids
-      FROM unnest(coalesce(p_partitions, array_fill(NULL::integer, ARRAY[v_n])),
-                  coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])),
-                  coalesce(p_event_ids, array_fill(NULL::text, ARRAY[v_n])))
-           WITH ORDINALITY AS u(p, k, e, i);
-
-    SELECT min(u.i) INTO v_bad FROM unnest(v_parts) WITH ORDINALITY AS u(p, i)
-     WHERE u.p < 0 OR u.p >= v_stream.partitions;
-    IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD002',
-            MESSAGE = format('stream %L has no partition %s (it has %s)', p_stream_name, v_parts[v_bad], v_stream.partitions);
-    END IF;
-    SELECT min(u.i) INTO v_bad
-      FROM unnest(coalesce(p_data, array_fill(NULL::text, ARRAY[v_n])),
-                  coalesce(p_data_bytes, array_fill(NULL::bytea, ARRAY[v_n]))) WITH ORDINALITY AS u(d, b, i)
-     WHERE coalesce(octet_length(u.d), 0) + coalesce(octet_length(u.b), 0) > v_stream.max_payload_bytes
-        OR (u.d IS NOT NULL AND u.b IS NOT NULL);
-    IF v_bad IS NOT NULL THEN
-        IF p_data[v_bad] IS NOT NULL AND p_data_bytes[v_bad] IS NOT NULL THEN
-            RAISE EXCEPTION USING ERRCODE = 'SD005',
-                MESSAGE = format('event %s has both a JSON and a binary payload; give one', v_bad);
-        END IF;
-        RAISE EXCEPTION USING ERRCODE = 'SD004',
-            MESSAGE = format('event %s: payload of %s bytes exceeds the limit of %s bytes of stream %L', v_bad,
-                             coalesce(octet_length(p_data[v_bad]), octet_length(p_data_bytes[v_bad])), v_stream.max_payload_bytes, p_stream_name);
-    END IF;
+    SELECT rt.parts, rt.ids INTO v_parts, v_ids
+      FROM streamd.append_route(v_stream, v_n, p_partitions, p_keys, p_event_ids, p_data, p_data_bytes) rt;
 
     -- Reserve offsets: one head-row update per partition, in ascending partition order.
     FOR r IN SELECT u.p, count(*) AS cnt FROM unnest(v_parts) AS u(p) GROUP BY u.p ORDER BY u.p LOOP

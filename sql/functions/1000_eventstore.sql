@@ -50,7 +50,6 @@ DECLARE
     v_n      integer := coalesce(cardinality(p_event_ids), cardinality(p_data), cardinality(p_data_bytes), cardinality(p_keys), 0);
     v_now    timestamptz := coalesce(p_now, clock_timestamp());
     v_stream streamd.streams%ROWTYPE;
-    v_sticky integer;
     v_keys   text[];
     v_parts  integer[];
     v_ids    text[];
@@ -101,21 +100,8 @@ BEGIN
     END IF;
     v_keys := coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n]));
 
-    -- Route, name and check every event before touching anything.
-    v_sticky := (pg_current_xact_id()::text::bigint % v_stream.partitions)::integer;
-    SELECT array_agg(coalesce(u.p, CASE WHEN u.k IS NOT NULL THEN streamd.partition_for_key(u.k, v_stream.partitions) ELSE v_sticky END) ORDER BY u.i),
-           array_agg(coalesce(u.e, gen_random_uuid()::text) ORDER BY u.i)
-      INTO v_parts, v_ids
-      FROM unnest(coalesce(p_partitions, array_fill(NULL::integer, ARRAY[v_n])), v_keys,
-                  coalesce(p_event_ids, array_fill(NULL::text, ARRAY[v_n])))
-           WITH ORDINALITY AS u(p, k, e, i);
-
-    SELECT min(u.i) INTO v_bad FROM unnest(v_parts) WITH ORDINALITY AS u(p, i)
-     WHERE u.p < 0 OR u.p >= v_stream.partitions;
-    IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD002',
-            MESSAGE = format('stream %L has no partition %s (it has %s)', p_stream_name, v_parts[v_bad], v_stream.partitions);
-    END IF;
+    SELECT rt.parts, rt.ids INTO v_parts, v_ids
+      FROM streamd.append_route(v_stream, v_n, p_partitions, v_keys, p_event_ids, p_data, p_data_bytes) rt;
     IF v_stream.key_versions THEN
         -- A key's versions are serialised by its partition's head row: keyed events
         -- go to their key's partition.
@@ -136,20 +122,6 @@ BEGIN
     IF p_session_id IS NOT NULL AND array_position(v_keys, NULL) IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'SD005',
             MESSAGE = format('event %s has no key: every event appended in a session needs the key the session holds', array_position(v_keys, NULL));
-    END IF;
-    SELECT min(u.i) INTO v_bad
-      FROM unnest(coalesce(p_data, array_fill(NULL::text, ARRAY[v_n])),
-                  coalesce(p_data_bytes, array_fill(NULL::bytea, ARRAY[v_n]))) WITH ORDINALITY AS u(d, b, i)
-     WHERE coalesce(octet_length(u.d), 0) + coalesce(octet_length(u.b), 0) > v_stream.max_payload_bytes
-        OR (u.d IS NOT NULL AND u.b IS NOT NULL);
-    IF v_bad IS NOT NULL THEN
-        IF p_data[v_bad] IS NOT NULL AND p_data_bytes[v_bad] IS NOT NULL THEN
-            RAISE EXCEPTION USING ERRCODE = 'SD005',
-                MESSAGE = format('event %s has both a JSON and a binary payload; give one', v_bad);
-        END IF;
-        RAISE EXCEPTION USING ERRCODE = 'SD004',
-            MESSAGE = format('event %s: payload of %s bytes exceeds the limit of %s bytes of stream %L', v_bad,
-                             coalesce(octet_length(p_data[v_bad]), octet_length(p_data_bytes[v_bad])), v_stream.max_payload_bytes, p_stream_name);
     END IF;
     SELECT min(x.i) INTO v_bad
       FROM (SELECT u.i, row_number() OVER (PARTITION BY u.e ORDER BY u.i) AS rn FROM unnest(v_ids) WITH ORDINALITY AS u(e, i)) x
