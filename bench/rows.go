@@ -32,10 +32,17 @@ func setupBaselineSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// truncateCopy empties the baseline table.
+// truncateCopy empties the baseline table the way dropStream empties a stream from
+// streamd.events: DELETE, then VACUUM. TRUNCATE would hand COPY a fresh, empty file
+// that every case must extend page by page (one extension lock for all writers),
+// while streamd writes into space freed by earlier cases: the comparison would
+// flatter streamd.
 func truncateCopy(ctx context.Context, pool *pgxpool.Pool) error {
-	if _, err := pool.Exec(ctx, "TRUNCATE streamd_bench.events_copy"); err != nil {
-		return fmt.Errorf("truncate baseline table: %w", err)
+	if _, err := pool.Exec(ctx, "DELETE FROM streamd_bench.events_copy"); err != nil {
+		return fmt.Errorf("empty baseline table: %w", err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM streamd_bench.events_copy"); err != nil {
+		return fmt.Errorf("vacuum baseline table: %w", err)
 	}
 	return nil
 }
