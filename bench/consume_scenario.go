@@ -1,0 +1,367 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/streamd/streamd/consumergroup"
+)
+
+// consumeScenario measures consumer groups (issue 3) reading a pre-filled stream of 4
+// partitions from the start to the end, in CommitAuto mode (a commit after every
+// batch), against the raw primary-key range read of the same rows in the same run:
+//
+//   - consume-group: one consumergroup.Consumer (its own pool, default config)
+//     reading every partition; the time runs from Run to the handler having seen every
+//     record (the join and the first assignment included);
+//   - raw-select: 4 goroutines, one per partition, each reading its partition with
+//     rawFetchSQL in batches of 500 (the consumer's MaxBatchSize) on a pool of its own;
+//   - consume-5-groups: five groups (five consumers, five pools) reading the whole
+//     stream at once, against raw-select-5x: five sets of the 4 raw readers at once.
+//
+// The raw read runs once unmeasured first (cache, hint bits); then the sides alternate
+// (raw, group, group, raw, ...), each measured twice (once in the tiny suite), and
+// each result adds its repetitions up.
+type consumeScenario struct{}
+
+func init() { register(50, consumeScenario{}) }
+
+func (consumeScenario) Name() string { return "consume" }
+
+const (
+	consumePartitions = 4
+	consumeBatch      = 500
+	consumePayload    = 100
+)
+
+// bySuite picks a size by suite name: the tiny suite proves the harness, quick is
+// `make bench`, full anything else.
+func bySuite(env *Env, tiny, quick, full int) int {
+	switch env.Suite.Name {
+	case "tiny":
+		return tiny
+	case "quick":
+		return quick
+	}
+	return full
+}
+
+func (s consumeScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
+	n := bySuite(env, 4_000, 200_000, 1_000_000) // records in the stream
+	reps := bySuite(env, 1, 2, 3)
+	stream := env.StreamName("consume")
+	if err := env.Client.CreateStream(ctx, stream, consumePartitions); err != nil {
+		return nil, err
+	}
+	defer func() { _ = dropStream(ctx, env, stream) }()
+	t0 := time.Now()
+	if err := fillStream(ctx, env.Pool, stream, consumePartitions, n/consumePartitions, consumePayload); err != nil {
+		return nil, err
+	}
+	env.Logger.Info("consume: loaded", "stream", stream, "records", n, "seconds", time.Since(t0).Seconds())
+
+	// One pool per reader process: the raw readers' pool has a connection per reader.
+	rawPool, err := benchPool(ctx, env, 5*consumePartitions)
+	if err != nil {
+		return nil, err
+	}
+	defer rawPool.Close()
+	if _, _, err := rawRead(ctx, env, rawPool, stream, 1); err != nil { // warm-up
+		return nil, fmt.Errorf("consume warm-up: %w", err)
+	}
+
+	type side struct {
+		system   string
+		baseline bool
+		groups   int
+		run      func(ctx context.Context, rep int) (loadResult, []time.Duration, error)
+	}
+	sides := []side{
+		{"raw-select", true, 1, func(ctx context.Context, _ int) (loadResult, []time.Duration, error) {
+			return rawRead(ctx, env, rawPool, stream, 1)
+		}},
+		{"consume-group", false, 1, func(ctx context.Context, rep int) (loadResult, []time.Duration, error) {
+			return groupsRead(ctx, env, stream, fmt.Sprintf("g1-%d", rep), 1, int64(n))
+		}},
+		{"raw-select-5x", true, 5, func(ctx context.Context, _ int) (loadResult, []time.Duration, error) {
+			return rawRead(ctx, env, rawPool, stream, 5)
+		}},
+		{"consume-5-groups", false, 5, func(ctx context.Context, rep int) (loadResult, []time.Duration, error) {
+			return groupsRead(ctx, env, stream, fmt.Sprintf("g5-%d", rep), 5, int64(n))
+		}},
+	}
+	totals := make([]loadResult, len(sides))
+	samples := make([][]time.Duration, len(sides))
+	for rep := 0; rep < reps; rep++ {
+		for pair := 0; pair < len(sides); pair += 2 {
+			order := []int{pair, pair + 1}
+			if rep%2 == 1 {
+				order = []int{pair + 1, pair}
+			}
+			for _, i := range order {
+				l, ls, err := sides[i].run(ctx, rep)
+				if err != nil {
+					return nil, fmt.Errorf("consume %s: %w", sides[i].system, err)
+				}
+				env.Logger.Info("consume rep", "system", sides[i].system, "rep", rep, "records_per_sec", int(float64(l.records)/l.elapsed.Seconds()))
+				t := &totals[i]
+				t.records += l.records
+				t.bytes += l.bytes
+				t.elapsed += l.elapsed
+				t.clientCPU += l.clientCPU
+				t.serverCPU += l.serverCPU
+				samples[i] = append(samples[i], ls...)
+			}
+		}
+	}
+	var out []Result
+	for i, sd := range sides {
+		totals[i].latency = summarize(samples[i])
+		p := Params{PayloadBytes: consumePayload, BatchSize: consumeBatch, Conns: consumePartitions * sd.groups, Partitions: consumePartitions, Mode: "auto-commit"}
+		if sd.baseline {
+			p.Mode = ""
+		}
+		r := loadToResult("consume", sd.system, sd.baseline, p, totals[i])
+		r.Note = fmt.Sprintf("%d records read %d time(s) by each of %d reader(s), %d repetition(s); latency: one fetch (raw) or the time between two batches of a partition (group: fetch, handler, commit)", n, 1, sd.groups, reps)
+		if sd.baseline {
+			r.Note = fmt.Sprintf("%d records, %d reader goroutine(s) (one per partition per group), %d repetition(s); latency: one range query of %d rows", n, consumePartitions*sd.groups, reps, consumeBatch)
+		}
+		env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
+		out = append(out, r)
+	}
+	out[1].RatioTo, out[1].Ratio = out[0].Case, ratio(out[1].RecordsPerSec, out[0].RecordsPerSec)
+	out[3].RatioTo, out[3].Ratio = out[2].Case, ratio(out[3].RecordsPerSec, out[2].RecordsPerSec)
+	return out, nil
+}
+
+// benchPool opens a pool on env's database with at most conns connections, for a
+// reader or consumer that should not share connections with the rest of the run.
+func benchPool(ctx context.Context, env *Env, conns int32) (*pgxpool.Pool, error) {
+	cfg := env.Pool.Config().Copy()
+	cfg.MaxConns = conns
+	cfg.MinConns = 0
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// quietLogger discards the consumers' log lines (joins and rebalances by the dozen).
+var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// groupsRead runs one consumer in each of groups fresh groups (named prefix-i) on
+// stream until each has handled n records, and returns the totals. Latency samples
+// are the times between two batches of the same partition.
+func groupsRead(ctx context.Context, env *Env, stream, prefix string, groups int, n int64) (loadResult, []time.Duration, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type member struct {
+		pool    *pgxpool.Pool
+		c       *consumergroup.Consumer
+		handled atomic.Int64
+		bytes   atomic.Int64
+		done    chan struct{} // closed when handled reaches n
+		once    sync.Once
+		mu      sync.Mutex
+		last    map[int32]time.Time
+		samples []time.Duration
+	}
+	ms := make([]*member, groups)
+	for i := range ms {
+		pool, err := benchPool(ctx, env, consumePartitions+2)
+		if err != nil {
+			return loadResult{}, nil, err
+		}
+		defer pool.Close()
+		c, err := consumergroup.New(pool, consumergroup.Config{
+			Stream: stream, Group: fmt.Sprintf("bench-%s-%d-%s", prefix, i, env.RunID),
+			ConsumerID: fmt.Sprintf("bench-%d", i), Logger: quietLogger,
+		})
+		if err != nil {
+			return loadResult{}, nil, err
+		}
+		ms[i] = &member{pool: pool, c: c, done: make(chan struct{}), last: map[int32]time.Time{}}
+	}
+	// The consumers' pools share the run's application_name, so their backends count
+	// as the benchmark's; they are sampled before the pools close.
+	before := sampleCPU(ctx, env)
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, groups)
+	for i, m := range ms {
+		wg.Add(1)
+		go func() { // owner: groupsRead; exits when ctx is cancelled (below)
+			defer wg.Done()
+			errs[i] = m.c.Run(ctx, func(ctx context.Context, b *consumergroup.Batch) error {
+				now := time.Now()
+				bytes := 0
+				for j := range b.Events {
+					bytes += b.Events[j].Size()
+				}
+				m.mu.Lock()
+				if t, ok := m.last[b.Partition]; ok {
+					m.samples = append(m.samples, now.Sub(t))
+				}
+				m.last[b.Partition] = now
+				m.mu.Unlock()
+				m.bytes.Add(int64(bytes))
+				if m.handled.Add(int64(len(b.Events))) >= n {
+					m.once.Do(func() { close(m.done) })
+				}
+				return nil
+			})
+		}()
+	}
+	var res loadResult
+	for i, m := range ms {
+		select {
+		case <-m.done:
+		case <-ctx.Done():
+			cancel()
+			wg.Wait()
+			return res, nil, ctx.Err()
+		case <-time.After(5 * time.Minute):
+			cancel()
+			wg.Wait()
+			return res, nil, fmt.Errorf("group %d handled %d of %d records in 5 minutes", i, m.handled.Load(), n)
+		}
+	}
+	res.elapsed = time.Since(start)
+	res.clientCPU, res.serverCPU = cpuSince(ctx, env, before)
+	cancel()
+	wg.Wait()
+	var samples []time.Duration
+	for i, m := range ms {
+		if errs[i] != nil {
+			return res, nil, fmt.Errorf("consumer %d: %w", i, errs[i])
+		}
+		res.records += m.handled.Load()
+		res.bytes += m.bytes.Load()
+		samples = append(samples, m.samples...)
+	}
+	return res, samples, nil
+}
+
+// rawRead reads every partition of stream from offset 0 to its end with rawFetchSQL
+// on streamd.events, one goroutine per partition, copies times at once, and returns
+// the totals with one latency sample per query and the CPU spent.
+func rawRead(ctx context.Context, env *Env, pool *pgxpool.Pool, stream string, copies int) (loadResult, []time.Duration, error) {
+	before := sampleCPU(ctx, env)
+	sql := fmt.Sprintf(rawFetchSQL, "streamd.events")
+	workers := copies * consumePartitions
+	type out struct {
+		records, bytes int64
+		samples        []time.Duration
+		err            error
+	}
+	outs := make([]out, workers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() { // owner: rawRead; exits at the partition's end or on error
+			defer wg.Done()
+			o := &outs[w]
+			part := int32(w % consumePartitions)
+			for off := int64(0); ; {
+				t0 := time.Now()
+				k, b, last, err := rawBatch(ctx, pool, sql, stream, part, off)
+				if err != nil {
+					o.err = err
+					return
+				}
+				o.samples = append(o.samples, time.Since(t0))
+				if k == 0 {
+					return
+				}
+				o.records += int64(k)
+				o.bytes += int64(b)
+				off = last + 1
+			}
+		}()
+	}
+	wg.Wait()
+	res := loadResult{elapsed: time.Since(start)}
+	res.clientCPU, res.serverCPU = cpuSince(ctx, env, before)
+	var samples []time.Duration
+	for _, o := range outs {
+		if o.err != nil {
+			return res, nil, o.err
+		}
+		res.records += o.records
+		res.bytes += o.bytes
+		samples = append(samples, o.samples...)
+	}
+	return res, samples, nil
+}
+
+// rawBatch runs one raw range query and scans every column into Go values, as
+// Fetch does. It returns the rows, their payload bytes and the last offset.
+func rawBatch(ctx context.Context, pool *pgxpool.Pool, sql, stream string, part int32, off int64) (k, b int, last int64, err error) {
+	rows, err := pool.Query(ctx, sql, stream, part, off, consumeBatch)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id, typ         string
+			key, corr, caus *string
+			data, bin, meta []byte
+			ts              time.Time
+			version         int32
+		)
+		if err := rows.Scan(&last, &id, &typ, &key, &data, &bin, &meta, &ts, &corr, &caus, &version); err != nil {
+			return 0, 0, 0, err
+		}
+		k++
+		b += len(data) + len(bin)
+		if key != nil {
+			b += len(*key)
+		}
+	}
+	return k, b, last, rows.Err()
+}
+
+// fillSQL writes $4 events of about $5 bytes of JSON into partition $2 of stream $1
+// from offset $3, generated in the server: the trusted insert path (reserveSQL first
+// in the same transaction) that skips streamd.append, so that large logs fill fast.
+// Event ids are unique per partition and offset; keys cycle over 1000 values.
+const fillSQL = `INSERT INTO streamd.events
+	(stream_name, partition, "offset", event_id, event_type, key, data, "timestamp", version)
+SELECT $1::text, $2::integer, $3::bigint + g, $2::integer::text || '-' || ($3::bigint + g)::text, 'bench',
+       'user-' || (g % 1000)::text,
+       jsonb_build_object('id', g, 'pad', substr(repeat(md5(g::text), 1 + $5::integer / 32), 1, greatest($5::integer - 24, 1))),
+       $6::timestamptz, 1
+  FROM generate_series(0::bigint, $4::bigint - 1) AS g`
+
+// fillStream appends perPartition events of about size bytes to each of stream's
+// partitions, in transactions of at most 100,000 rows.
+func fillStream(ctx context.Context, pool *pgxpool.Pool, stream string, partitions, perPartition, size int) error {
+	const chunk = 100_000
+	for part := int32(0); part < int32(partitions); part++ {
+		for done := 0; done < perPartition; done += chunk {
+			k := min(chunk, perPartition-done)
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				base, ts, err := reserveOffsets(ctx, tx, stream, part, k)
+				if err != nil {
+					return err
+				}
+				_, err = tx.Exec(ctx, fillSQL, stream, part, base, int64(k), size, ts)
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("fill %s/%d: %w", stream, part, err)
+			}
+		}
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE streamd.events"); err != nil {
+		return fmt.Errorf("analyze events: %w", err)
+	}
+	return nil
+}
