@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -119,4 +120,60 @@ func TestTenantIsolation(t *testing.T) {
 	require.Equal(t, 3, count(admin, "events", stream, "acme-"+stream))
 	require.Equal(t, 3, count(admin, "events", stream, "globex-"+stream))
 	require.Equal(t, 0, count(admin, "messages", queue, "acme-"+stream))
+}
+
+// A tenant's large batch through streams.Client cannot take the COPY fast path (COPY
+// refuses tables under row-level security); it falls back to streamd.append, is stored
+// once, gapless, and stamped with the tenant.
+func TestTenantLargeBatchFallsBackFromCopy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, testdb.URL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	stream := testdb.Name("tenant-copy")
+	_, err = admin.Exec(ctx, "SELECT streamd.create_stream($1, 1)", stream)
+	require.NoError(t, err)
+	tenant := "initech-" + stream
+	conn := tenantRole(t, admin, tenant)
+	pool, err := pgxpool.New(ctx, conn.Config().ConnString())
+	require.NoError(t, err)
+	defer pool.Close()
+
+	recs := make([]streams.Record, 64)
+	for i := range recs {
+		recs[i] = streams.Record{Stream: stream, Partition: streams.PartitionOf(0), Data: []byte(`{}`)}
+	}
+	pos, err := streams.NewClient(pool, nil).Produce(ctx, recs...)
+	require.NoError(t, err)
+	for i, p := range pos {
+		require.Equal(t, int64(i), p.Offset)
+	}
+	var n, tenants int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE tenant_id = $2)
+		FROM streamd.events WHERE stream_name = $1`, stream, tenant).Scan(&n, &tenants))
+	require.Equal(t, 64, n)
+	require.Equal(t, 64, tenants)
+}
+
+// A stream with per-key versions cannot take the COPY fast path either: a large batch
+// goes through streamd.append_versioned and its keyed events get versions.
+func TestVersionedLargeBatchFallsBackFromCopy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := testdb.Name("versioned-copy")
+	_, err := pool.Exec(ctx, "SELECT streamd.create_stream($1, 1)", stream)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "UPDATE streamd.streams SET key_versions = true WHERE stream_name = $1", stream)
+	require.NoError(t, err)
+	recs := make([]streams.Record, 40)
+	for i := range recs {
+		recs[i] = streams.Record{Stream: stream, Partition: streams.PartitionOf(0), Key: "acct", Data: []byte(`{}`)}
+	}
+	_, err = streams.NewClient(pool, nil).Produce(ctx, recs...)
+	require.NoError(t, err)
+	var maxVersion int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT max(key_version) FROM streamd.events WHERE stream_name = $1", stream).Scan(&maxVersion))
+	require.Equal(t, int64(40), maxVersion)
 }

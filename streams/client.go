@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -162,6 +163,20 @@ func DescribeStreamTx(ctx context.Context, db DBTX, name string) (*StreamInfo, e
 // positions in the order given. Records may name several streams. For many small
 // concurrent appends, a Producer batches them into fewer transactions.
 func (c *Client) Produce(ctx context.Context, records ...Record) ([]Position, error) {
+	if len(records) >= copyThreshold && oneStreamAndPartition(records) {
+		if err := validateRecords(records); err != nil {
+			return nil, err
+		}
+		// COPY needs every event id up front (it cannot return generated ones).
+		recs := make([]Record, len(records))
+		copy(recs, records)
+		for i := range recs {
+			if recs[i].EventID == "" {
+				recs[i].EventID = uuid.NewString()
+			}
+		}
+		return appendOwnTx(ctx, c.pool, recs[0].Stream, recs)
+	}
 	var out []Position
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		var err error
@@ -197,6 +212,22 @@ func ProduceTx(ctx context.Context, tx DBTX, records ...Record) ([]Position, err
 		}
 	}
 	return out, nil
+}
+
+// oneStreamAndPartition reports whether records share one stream and one explicit
+// partition.
+func oneStreamAndPartition(records []Record) bool {
+	first := &records[0]
+	if first.Partition == nil {
+		return false
+	}
+	for i := range records {
+		r := &records[i]
+		if r.Stream != first.Stream || r.Partition == nil || *r.Partition != *first.Partition {
+			return false
+		}
+	}
+	return true
 }
 
 func validateRecords(records []Record) error {

@@ -70,6 +70,29 @@ func TestL1UnderFire(t *testing.T) {
 			return nil
 		})
 	}
+	// A bulk writer: ProduceAsync without waiting, so batches grow large enough for the
+	// producer's COPY path, racing the others on the same head rows.
+	copiesBefore := streams.CopyAppends()
+	const bulk = 3000
+	writers.Go(func() error {
+		errs := make(chan error, bulk)
+		for i := 0; i < bulk; i++ {
+			id := fmt.Sprintf("bulk-%d", i)
+			prod.ProduceAsync(wctx, streams.Record{Stream: s, EventID: id, Key: fmt.Sprintf("b%d", i%11), Data: json.RawMessage(`{"bulk":1}`)},
+				func(pos streams.Position, err error) {
+					if err == nil {
+						ack(id, ackedPos{pos.Partition, pos.Offset})
+					}
+					errs <- err
+				})
+		}
+		for i := 0; i < bulk; i++ {
+			if err := <-errs; err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	// Raw SQL writers: plain INSERTs in transactions that sleep before committing.
 	for w := 0; w < 3; w++ {
 		writers.Go(func() error {
@@ -158,7 +181,8 @@ func TestL1UnderFire(t *testing.T) {
 	require.NoError(t, readers.Wait())
 	require.NoError(t, writersErr)
 
-	require.Len(t, acked, 4*150+sumSQL(t, pool, s))
+	require.Len(t, acked, 4*150+bulk+sumSQL(t, pool, s))
+	require.Greater(t, streams.CopyAppends(), copiesBefore, "the bulk writer's batches took the COPY path")
 	for id, p := range acked {
 		off, ok := seen[p.partition][id]
 		require.True(t, ok, "acknowledged event %s (partition %d offset %d) never read", id, p.partition, p.offset)

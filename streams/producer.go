@@ -325,7 +325,7 @@ func (p *Producer) appendWithRetry(recs []Record) ([]Position, error) {
 	var pos []Position
 	err := p.retry(p.ctx, recs[0].Stream, func() error {
 		var err error
-		pos, err = appendBatch(p.ctx, p.pool, recs[0].Stream, recs)
+		pos, err = appendOwnTx(p.ctx, p.pool, recs[0].Stream, recs)
 		return err
 	})
 	return pos, err

@@ -84,12 +84,38 @@ func TestProducerSurvivesKilledConnections(t *testing.T) {
 			return nil
 		})
 	}
+	// A bulk writer whose batches are large enough for the COPY path, so that COPYs
+	// and their commits are cut too.
+	copiesBefore := streams.CopyAppends()
+	const bulk = 1500
+	g.Go(func() error {
+		errs := make(chan error, bulk)
+		for i := 0; i < bulk; i++ {
+			id := fmt.Sprintf("bulk-%d", i)
+			prod.ProduceAsync(gctx, streams.Record{Stream: s, EventID: id, Partition: streams.PartitionOf(int32(i % 3)), Data: json.RawMessage(`{}`)},
+				func(pos streams.Position, err error) {
+					if err == nil {
+						mu.Lock()
+						acked[id] = pos
+						mu.Unlock()
+					}
+					errs <- err
+				})
+		}
+		for i := 0; i < bulk; i++ {
+			if err := <-errs; err != nil {
+				return fmt.Errorf("bulk: %w", err)
+			}
+		}
+		return nil
+	})
 	err = g.Wait()
 	close(stop)
 	killer.Wait()
 	require.NoError(t, err)
 	require.Positive(t, kills.Load(), "the test must actually kill connections")
-	require.Len(t, acked, 8*60)
+	require.Len(t, acked, 8*60+bulk)
+	require.Greater(t, streams.CopyAppends(), copiesBefore, "some bulk batches took the COPY path")
 
 	rows, err := admin.Query(ctx, `SELECT event_id, partition, "offset" FROM streamd.events WHERE stream_name = $1
 		ORDER BY partition, "offset"`, s)

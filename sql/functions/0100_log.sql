@@ -346,3 +346,40 @@ BEGIN
         MESSAGE = format('stream %L has no partition %s (it has %s)', p_stream_name, p_partition, v_partitions);
 END;
 $$;
+
+-- The fast path of the Go producer for a batch of p_count events to one partition, in
+-- a transaction of its own that ends right after: reserves the offsets on the
+-- partition's head row (L1: the lock is held until that transaction commits), marks the
+-- transaction's rows as trusted, and returns the first offset and the timestamp for the
+-- batch, which the producer then writes with COPY. Returns no row, reserving nothing,
+-- when the batch must take streamd.append() instead: a stream with per-key versions or
+-- enforced event types, or a payload (p_max_payload_bytes, the largest of the batch)
+-- over the stream's limit. COPY has no ON CONFLICT: a duplicate event id fails the COPY
+-- (unique violation) and the producer retries the batch through streamd.append().
+--
+-- Not for use in a transaction that goes on after the COPY: the trusted mark stays set
+-- until the transaction ends.
+CREATE OR REPLACE FUNCTION streamd.append_reserve(p_stream_name text, p_partition integer, p_count integer,
+                                                  p_max_payload_bytes integer)
+RETURNS TABLE (base bigint, ts timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_stream streamd.streams%ROWTYPE;
+BEGIN
+    SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+    IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    IF p_count < 1 OR v_stream.key_versions OR v_stream.enforce_event_types
+       OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
+        RETURN;
+    END IF;
+    UPDATE streamd.stream_partitions h
+       SET next_offset = h.next_offset + p_count,
+           last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
+     WHERE h.stream_name = p_stream_name AND h.partition = p_partition
+    RETURNING h.next_offset - p_count, h.last_appended_at INTO base, ts;
+    PERFORM set_config('streamd.append_trusted', 'on', true);
+    RETURN NEXT;
+END;
+$$;
