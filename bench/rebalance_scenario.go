@@ -104,8 +104,9 @@ type groupMember struct {
 	done   chan error
 }
 
-// startMember starts a consumer of group on stream whose handler does nothing.
-func startMember(ctx context.Context, env *Env, stream, group, id string, session time.Duration) (*groupMember, error) {
+// startMember starts a consumer of group on stream whose handler does nothing; tune,
+// when given, adjusts its config.
+func startMember(ctx context.Context, env *Env, stream, group, id string, session time.Duration, tune ...func(*consumergroup.Config)) (*groupMember, error) {
 	cfg := env.Pool.Config().Copy()
 	cfg.MaxConns, cfg.MinConns = 4, 0
 	cut := &connCutter{}
@@ -114,8 +115,11 @@ func startMember(ctx context.Context, env *Env, stream, group, id string, sessio
 	if err != nil {
 		return nil, err
 	}
-	c, err := consumergroup.New(pool, consumergroup.Config{Stream: stream, Group: group, ConsumerID: id,
-		SessionTimeout: session, Logger: quietLogger})
+	ccfg := consumergroup.Config{Stream: stream, Group: group, ConsumerID: id, SessionTimeout: session, Logger: quietLogger}
+	for _, f := range tune {
+		f(&ccfg)
+	}
+	c, err := consumergroup.New(pool, ccfg)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -143,7 +147,7 @@ type groupState struct {
 	pending int
 }
 
-func readGroupState(ctx context.Context, env *Env, stream, group string) (groupState, error) {
+func readGroupState(ctx context.Context, env *Env, stream, group string, partitions int) (groupState, error) {
 	st := groupState{owners: map[string]int{}}
 	rows, err := env.Pool.Query(ctx, `SELECT consumer_id, pending_owner IS NOT NULL FROM streamd.consumer_group_status
 		WHERE stream_name = $1 AND group_id = $2`, stream, group)
@@ -168,7 +172,7 @@ func readGroupState(ctx context.Context, env *Env, stream, group string) (groupS
 			st.pending++
 		}
 	}
-	st.unowned += rebalancePartitions - n // partitions without a row yet
+	st.unowned += partitions - n // partitions without a row yet
 	return st, rows.Err()
 }
 
@@ -178,7 +182,7 @@ func (st groupState) settled(members int, gone map[string]bool) bool {
 	if st.unowned > 0 || st.pending > 0 || len(st.owners) != members {
 		return false
 	}
-	lo, hi := rebalancePartitions, 0
+	lo, hi := int(^uint(0)>>1), 0
 	for o, k := range st.owners {
 		if gone[o] {
 			return false
@@ -191,9 +195,14 @@ func (st groupState) settled(members int, gone map[string]bool) bool {
 // waitSettled polls the group's status until it is settled for members owners and
 // returns the state then.
 func waitSettled(ctx context.Context, env *Env, stream, group string, members int, gone map[string]bool, limit time.Duration) (groupState, error) {
+	return waitSettledOn(ctx, env, stream, group, rebalancePartitions, members, gone, limit)
+}
+
+// waitSettledOn is waitSettled on a stream of partitions partitions.
+func waitSettledOn(ctx context.Context, env *Env, stream, group string, partitions, members int, gone map[string]bool, limit time.Duration) (groupState, error) {
 	deadline := time.Now().Add(limit)
 	for {
-		st, err := readGroupState(ctx, env, stream, group)
+		st, err := readGroupState(ctx, env, stream, group, partitions)
 		if err != nil {
 			return st, err
 		}
