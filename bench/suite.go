@@ -37,13 +37,15 @@ type Suite struct {
 	ProfileBatch int `json:"profile_batch"`
 }
 
-// QuickSuite is `make bench`: about three minutes on a 2-core machine.
+// QuickSuite is `make bench`: its produce, producer, appendpath, fetch and profile
+// scenarios take about two and a half minutes on a 2-core machine (batch size 10 is
+// left to the full suite to leave room for the other scenarios).
 func QuickSuite() Suite {
 	return Suite{
 		Name:              "quick",
 		CaseDuration:      2 * time.Second,
 		Payloads:          []int{100, 1024},
-		BatchSizes:        []int{1, 10, 100, 1000},
+		BatchSizes:        []int{1, 100, 1000},
 		Conns:             []int{1, 4},
 		Partitions:        4,
 		PartitionSweep:    []int{1, 2, 4, 8},
