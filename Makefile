@@ -8,7 +8,7 @@ TEST_TIMEOUT ?= 20m
 STREAMD   := $(GO) run ./cmd/streamd
 
 # (test-prometheus installs Debian's prometheus package when missing.)
-.PHONY: run test test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-peers bench-queue soak soak-groups soak-queue
+.PHONY: run test test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-latency bench-peers bench-queue soak soak-groups soak-queue
 
 run:
 	$(STREAMD) serve
@@ -83,3 +83,8 @@ test-rabbitmq: db-start
 bench-peers: db-start
 	bash bench/peers/setup.sh
 	cd bench/peers && $(GO) run .
+
+# End-to-end latency at ~1,000 events/s: the tailer, LISTEN/NOTIFY and polling in one
+# run, on a private cluster (bench/latency_scenario.go).
+bench-latency: db-start
+	STREAMD_BENCH_LATENCY=$${STREAMD_BENCH_LATENCY:-10s} $(GO) test -count=1 -run TestLatencyScenario -v -timeout 20m ./bench/
