@@ -177,6 +177,14 @@ func (c *Client) Produce(ctx context.Context, records ...Record) ([]Position, er
 		}
 		return appendOwnTx(ctx, c.pool, recs[0].Stream, recs)
 	}
+	if len(records) > 0 && oneStream(records) {
+		// One call of streamd.append is one statement, atomic on its own: no
+		// BEGIN/COMMIT round trips around it.
+		if err := validateRecords(records); err != nil {
+			return nil, err
+		}
+		return appendBatch(ctx, c.pool, records[0].Stream, records)
+	}
 	var out []Position
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		var err error
@@ -184,6 +192,15 @@ func (c *Client) Produce(ctx context.Context, records ...Record) ([]Position, er
 		return err
 	})
 	return out, err
+}
+
+func oneStream(records []Record) bool {
+	for i := range records {
+		if records[i].Stream != records[0].Stream {
+			return false
+		}
+	}
+	return true
 }
 
 // ProduceTx appends records inside the caller's transaction tx (the transactional
