@@ -72,6 +72,17 @@ BEGIN
 END;
 $$;
 
+-- Raises SD005 unless every given array length (NULL: an array not given) is p_n:
+-- the parallel arrays of an append describe one event per index.
+CREATE OR REPLACE FUNCTION streamd.append_check_lengths(p_n integer, VARIADIC p_lengths integer[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_lengths) AS l(n) WHERE l.n IS NOT NULL AND l.n <> p_n) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = 'append: the arrays must all have the same length';
+    END IF;
+END;
+$$;
+
 -- Routes a batch and checks it before anything is written: a NULL partition becomes
 -- the key's partition (partition_for_key) or, for a keyless event, one partition per
 -- transaction; a NULL event_id becomes a UUID. Raises SD002 for a partition the stream
@@ -186,18 +197,9 @@ BEGIN
     IF v_n = 0 THEN
         RETURN;
     END IF;
-    IF (p_partitions IS NOT NULL AND cardinality(p_partitions) <> v_n)
-       OR (p_event_ids IS NOT NULL AND cardinality(p_event_ids) <> v_n)
-       OR (p_event_types IS NOT NULL AND cardinality(p_event_types) <> v_n)
-       OR (p_keys IS NOT NULL AND cardinality(p_keys) <> v_n)
-       OR (p_data IS NOT NULL AND cardinality(p_data) <> v_n)
-       OR (p_data_bytes IS NOT NULL AND cardinality(p_data_bytes) <> v_n)
-       OR (p_metadata IS NOT NULL AND cardinality(p_metadata) <> v_n)
-       OR (p_correlation_ids IS NOT NULL AND cardinality(p_correlation_ids) <> v_n)
-       OR (p_causation_ids IS NOT NULL AND cardinality(p_causation_ids) <> v_n)
-       OR (p_versions IS NOT NULL AND cardinality(p_versions) <> v_n) THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = 'append: the arrays must all have the same length';
-    END IF;
+    PERFORM streamd.append_check_lengths(v_n, cardinality(p_partitions), cardinality(p_event_ids),
+        cardinality(p_event_types), cardinality(p_keys), cardinality(p_data), cardinality(p_data_bytes),
+        cardinality(p_metadata), cardinality(p_correlation_ids), cardinality(p_causation_ids), cardinality(p_versions));
 
     SELECT rt.parts, rt.ids INTO v_parts, v_ids
       FROM streamd.append_route(v_stream, v_n, p_partitions, p_keys, p_event_ids, p_data, p_data_bytes) rt;

@@ -85,19 +85,10 @@ BEGIN
     IF v_n = 0 THEN
         RETURN;
     END IF;
-    IF (p_partitions IS NOT NULL AND cardinality(p_partitions) <> v_n)
-       OR (p_event_ids IS NOT NULL AND cardinality(p_event_ids) <> v_n)
-       OR (p_event_types IS NOT NULL AND cardinality(p_event_types) <> v_n)
-       OR (p_keys IS NOT NULL AND cardinality(p_keys) <> v_n)
-       OR (p_data IS NOT NULL AND cardinality(p_data) <> v_n)
-       OR (p_data_bytes IS NOT NULL AND cardinality(p_data_bytes) <> v_n)
-       OR (p_metadata IS NOT NULL AND cardinality(p_metadata) <> v_n)
-       OR (p_correlation_ids IS NOT NULL AND cardinality(p_correlation_ids) <> v_n)
-       OR (p_causation_ids IS NOT NULL AND cardinality(p_causation_ids) <> v_n)
-       OR (p_versions IS NOT NULL AND cardinality(p_versions) <> v_n)
-       OR (p_expected_versions IS NOT NULL AND cardinality(p_expected_versions) <> v_n) THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = 'append: the arrays must all have the same length';
-    END IF;
+    PERFORM streamd.append_check_lengths(v_n, cardinality(p_partitions), cardinality(p_event_ids),
+        cardinality(p_event_types), cardinality(p_keys), cardinality(p_data), cardinality(p_data_bytes),
+        cardinality(p_metadata), cardinality(p_correlation_ids), cardinality(p_causation_ids), cardinality(p_versions),
+        cardinality(p_expected_versions));
     v_keys := coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n]));
 
     SELECT rt.parts, rt.ids INTO v_parts, v_ids
