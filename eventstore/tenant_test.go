@@ -27,9 +27,15 @@ func tenantRole(t *testing.T, admin *pgx.Conn, tenant string) *pgx.Conn {
 	t.Cleanup(func() {
 		c, err := pgx.Connect(ctx, testdb.URL(t))
 		if err == nil {
-			_, _ = c.Exec(ctx, "DELETE FROM streamd.tenant_roles WHERE role_name = $1", role)
-			_, _ = c.Exec(ctx, "DROP OWNED BY "+ident)
-			_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+ident)
+			// Revoking (DROP OWNED) changes the same catalog rows as another test's
+			// GRANTs: take the lock streamd.bind_tenant_role takes.
+			_ = pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+				_, _ = tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('streamd.tenant_roles'))")
+				_, _ = tx.Exec(ctx, "DELETE FROM streamd.tenant_roles WHERE role_name = $1", role)
+				_, _ = tx.Exec(ctx, "DROP OWNED BY "+ident)
+				_, err := tx.Exec(ctx, "DROP ROLE IF EXISTS "+ident)
+				return err
+			})
 			_ = c.Close(ctx)
 		}
 	})

@@ -17,6 +17,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = format('bind tenant role: role %L does not exist', p_role);
     END IF;
     v_role := quote_ident(p_role);
+    -- Concurrent GRANTs on one table fail with "tuple concurrently updated":
+    -- serialise the bindings (held until the transaction ends).
+    PERFORM pg_advisory_xact_lock(hashtext('streamd.tenant_roles'));
     INSERT INTO streamd.tenant_roles (role_name, tenant_id) VALUES (p_role, p_tenant_id)
     ON CONFLICT (role_name) DO UPDATE SET tenant_id = excluded.tenant_id;
     EXECUTE format('ALTER ROLE %s SET streamd.tenant_id = %L', v_role, p_tenant_id);
@@ -36,6 +39,7 @@ $$;
 CREATE OR REPLACE FUNCTION streamd.unbind_tenant_role(p_role name) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('streamd.tenant_roles'));
     DELETE FROM streamd.tenant_roles WHERE role_name = p_role;
     IF NOT FOUND THEN
         RETURN false;
