@@ -10,8 +10,11 @@ STREAMD   := $(GO) run ./cmd/streamd
 # (test-prometheus installs Debian's prometheus package when missing.)
 .PHONY: run test test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-latency bench-peers bench-queue soak soak-groups soak-queue
 
+# Local development: without STREAMD_AUTH_TOKEN or STREAMD_AUTH_TOKEN_FILE the API
+# runs with authentication disabled (it listens on 127.0.0.1 unless
+# STREAMD_HTTP_ADDR says otherwise).
 run:
-	$(STREAMD) serve
+	$(STREAMD) serve $(if $(STREAMD_AUTH_TOKEN)$(STREAMD_AUTH_TOKEN_FILE),,--auth-disabled)
 
 build:
 	$(GO) build -o bin/streamd ./cmd/streamd
