@@ -142,6 +142,29 @@ func TestRedrive(t *testing.T) {
 	require.Contains(t, got[1].MessageID, "a~")
 }
 
+// Two dead letters with the same named id in one dead-letter queue: the second gets
+// a suffix (the dedup index would refuse it); made ids need none.
+func TestDeadLetterIdCollision(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, q, dlq := setupDLQ(t, nil, 1)
+	for i := range 2 {
+		_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(i), MessageID: "same"}, messages.OutgoingMessage{Data: data(i)})
+		require.NoError(t, err)
+		m, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+		require.NoError(t, err)
+		require.Len(t, m, 2)
+		require.NoError(t, c.Term(ctx, "x", m[0].Receipt, m[1].Receipt))
+	}
+	got, err := c.Peek(ctx, dlq, nil)
+	require.NoError(t, err)
+	require.Len(t, got, 4)
+	require.Equal(t, "same", got[0].MessageID)
+	require.Contains(t, got[2].MessageID, "same@"+q+":")
+	require.NotContains(t, got[1].MessageID, "@")
+	require.NotContains(t, got[3].MessageID, "@")
+}
+
 func TestStatsAndPurge(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -141,6 +141,50 @@ func TestDedupReturnsOriginal(t *testing.T) {
 	require.JSONEq(t, "1", string(msgs[0].Data), "the original is kept")
 }
 
+// Dedup keys are the ids a sender names (and ids a plain SQL INSERT writes); a made id
+// is not one. A batch can mix both; only named ids are in the dedup index.
+func TestDedupCoversNamedIdsOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, q := setup(t, nil, nil)
+	first, err := c.Send(ctx, q,
+		messages.OutgoingMessage{Data: data(1)},
+		messages.OutgoingMessage{Data: data(2), MessageID: "named"},
+		messages.OutgoingMessage{Data: data(3)})
+	require.NoError(t, err)
+	require.NotEmpty(t, first[0].MessageID)
+	require.NotEqual(t, first[0].MessageID, first[2].MessageID)
+	made := first[0].MessageID
+
+	// A plain SQL INSERT's id dedups too (the column's default).
+	_, err = c.Pool().Exec(ctx, `INSERT INTO streamd.messages (stream_name, message_id, data) VALUES ($1, 'sql-id', '5')`, q)
+	require.NoError(t, err)
+
+	again, err := c.Send(ctx, q,
+		messages.OutgoingMessage{Data: data(4), MessageID: "named"},
+		messages.OutgoingMessage{Data: data(6), MessageID: "sql-id"},
+		messages.OutgoingMessage{Data: data(7), MessageID: made})
+	require.NoError(t, err)
+	require.True(t, again[0].Duplicate)
+	require.Equal(t, first[1].Offset, again[0].Offset)
+	require.True(t, again[1].Duplicate)
+	require.False(t, again[2].Duplicate, "a made id is not a dedup key")
+	require.Equal(t, 5, count(t, c.Pool(), q))
+
+	var dedup, plain int
+	require.NoError(t, c.Pool().QueryRow(ctx, `SELECT count(*) FILTER (WHERE dedup), count(*) FILTER (WHERE NOT dedup)
+		FROM streamd.messages WHERE stream_name = $1`, q).Scan(&dedup, &plain))
+	require.Equal(t, 3, dedup, "named, sql-id and the renamed made id")
+	require.Equal(t, 2, plain)
+
+	// A batch that names no id: none is a dedup key.
+	_, err = c.Send(ctx, q, messages.OutgoingMessage{Data: data(8)}, messages.OutgoingMessage{Data: data(9)})
+	require.NoError(t, err)
+	require.NoError(t, c.Pool().QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT dedup)
+		FROM streamd.messages WHERE stream_name = $1`, q).Scan(&plain))
+	require.Equal(t, 4, plain)
+}
+
 // A stale receipt (the lease expired and the message was received again) cannot ack,
 // nack, extend or term; the current receipt can.
 func TestStaleReceiptCannotSettle(t *testing.T) {

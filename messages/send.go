@@ -34,7 +34,8 @@ type OutgoingMessage struct {
 	MaxDeliveryAttempts int
 	// MessageID deduplicates: while the queue holds a message with this id, a send
 	// with the same id stores nothing and returns the original's offset. Defaults to
-	// a random UUID.
+	// a random UUID, which is not a dedup key: a later send that names that UUID is
+	// not taken for a duplicate of it.
 	MessageID string
 }
 
@@ -129,12 +130,6 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 		if m.MessageID != "" {
 			ids[i] = &m.MessageID
 			fresh = false
-		} else {
-			// The default id is made here rather than by the SQL (which does the same
-			// for other clients): a UUID costs the database server as much as a
-			// tenth of the insert, and the server is what a busy queue waits for.
-			id := uuid.NewString()
-			ids[i] = &id
 		}
 		if len(m.Headers) > 0 {
 			b, err := json.Marshal(m.Headers)
@@ -160,6 +155,17 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 		}
 		if m.DeadLetterQueue != "" {
 			dlqs[i] = &m.DeadLetterQueue
+		}
+	}
+	if fresh {
+		// No message names an id: the ids are made here rather than by the SQL
+		// (which does the same for other clients, and for the unnamed ids of a batch
+		// that names some): a UUID costs the database server as much as a tenth of
+		// the insert, and the server is what a busy queue waits for. A made id is
+		// not a dedup key (queue_send's p_fresh_ids).
+		for i := range ids {
+			id := uuid.NewString()
+			ids[i] = &id
 		}
 	}
 	// An option no message sets travels as one NULL instead of n: less to encode

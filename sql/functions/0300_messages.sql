@@ -141,12 +141,14 @@ $$;
 -- are parallel; any but p_data may be NULL. A NULL message id gets a UUID; a NULL
 -- deliver-at means now + the delay (0 when NULL).
 --
+-- Dedup covers the ids a sender names (migration 0012): such a row has dedup = true
+-- and is in the partial unique index messages_dedup. A generated id (a NULL in p_ids)
+-- is a random UUID that cannot repeat; its row stays out of that index.
+--
 -- p_fresh_ids says the caller made every id of the batch itself, as random UUIDs
--- (messages/ does for messages sent without an id): none can be a duplicate, so the
--- insert skips ON CONFLICT's check of the dedup index before every row (speculative
--- insertion; 9% of the send + receive + ack CPU). The unique index still checks as it
--- inserts: a repeated id then fails the send (unique_violation) instead of being
--- taken for a duplicate. Dedup is unchanged for every id a sender names.
+-- (messages/ does for a batch that names no id): none is a dedup key, so the insert
+-- skips ON CONFLICT's speculative insertion (9% of the send + receive + ack CPU) and
+-- the dedup index altogether.
 CREATE OR REPLACE FUNCTION streamd.queue_send(
     p_queue        text,
     p_ids          text[],
@@ -249,11 +251,11 @@ BEGIN
     IF coalesce(p_fresh_ids, false) THEN
         WITH ins AS (
             INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                               not_before, max_delivery_attempts, dead_letter_stream, group_key)
+                                               not_before, max_delivery_attempts, dead_letter_stream, group_key, dedup)
             SELECT p_queue, v_ids[i], p_data[i]::jsonb, p_metadata[i]::jsonb, v_now, s.at, s.at,
                    coalesce(p_max_attempts[i], v_q.max_delivery_attempts),
                    coalesce(p_dlqs[i], v_q.dead_letter_queue),
-                   p_groups[i]
+                   p_groups[i], false
             FROM generate_subscripts(p_data, 1) i
             CROSS JOIN LATERAL (SELECT coalesce(p_deliver_at[i],
                                                 v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) AS at) s
@@ -263,16 +265,16 @@ BEGIN
     ELSE
         WITH ins AS (
             INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                               not_before, max_delivery_attempts, dead_letter_stream, group_key)
+                                               not_before, max_delivery_attempts, dead_letter_stream, group_key, dedup)
             SELECT p_queue, v_ids[i], p_data[i]::jsonb, p_metadata[i]::jsonb, v_now, s.at, s.at,
                    coalesce(p_max_attempts[i], v_q.max_delivery_attempts),
                    coalesce(p_dlqs[i], v_q.dead_letter_queue),
-                   p_groups[i]
+                   p_groups[i], p_ids[i] IS NOT NULL
             FROM generate_subscripts(p_data, 1) i
             CROSS JOIN LATERAL (SELECT coalesce(p_deliver_at[i],
                                                 v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) AS at) s
             ORDER BY i
-            ON CONFLICT (stream_name, message_id) DO NOTHING
+            ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING
             RETURNING m.message_id, m."offset")
         SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
     END IF;
@@ -291,7 +293,7 @@ BEGIN
     RETURN QUERY
     SELECT i::integer,
            coalesce(n.o, (SELECT e."offset" FROM streamd.messages e
-                          WHERE e.message_id = v_ids[i] AND e.stream_name = p_queue)),
+                          WHERE e.message_id = v_ids[i] AND e.stream_name = p_queue AND e.dedup)),
            v_ids[i],
            n.o IS NULL OR i <> min(i) OVER (PARTITION BY v_ids[i])
     FROM generate_subscripts(p_data, 1) i
@@ -322,14 +324,15 @@ BEGIN
     ), ins AS (
         INSERT INTO streamd.messages (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
                                       not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error,
-                                      origin_stream, origin_offset, origin_attempts, dead_lettered_at)
+                                      origin_stream, origin_offset, origin_attempts, dead_lettered_at, dedup)
         SELECT d.dead_letter_stream,
-               CASE WHEN EXISTS (SELECT 1 FROM streamd.messages x
-                                 WHERE x.stream_name = d.dead_letter_stream AND x.message_id = d.message_id)
+               CASE WHEN d.dedup AND EXISTS (SELECT 1 FROM streamd.messages x
+                                             WHERE x.message_id = d.message_id AND x.stream_name = d.dead_letter_stream
+                                               AND x.dedup)
                     THEN d.message_id || '@' || p_queue || ':' || d."offset" ELSE d.message_id END,
                d.data, d.metadata, d.enqueued_at, v_now, v_now,
                coalesce(dq.max_delivery_attempts, 5), dq.dead_letter_queue, d.group_key,
-               coalesce(e.err, d.last_error), p_queue, d."offset", d.delivery_attempts, v_now
+               coalesce(e.err, d.last_error), p_queue, d."offset", d.delivery_attempts, v_now, d.dedup
         FROM d
         LEFT JOIN streamd.queues dq ON dq.queue_name = d.dead_letter_stream
         LEFT JOIN unnest(p_offsets, coalesce(p_errors, '{}'::text[])) e(o, err) ON e.o = d."offset"
@@ -687,13 +690,14 @@ BEGIN
         DELETE FROM streamd.messages m WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs) RETURNING m.*
     ), ins AS (
         INSERT INTO streamd.messages (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                      not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error)
+                                      not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error, dedup)
         SELECT d.origin_stream,
-               CASE WHEN EXISTS (SELECT 1 FROM streamd.messages x
-                                 WHERE x.stream_name = d.origin_stream AND x.message_id = d.message_id)
+               CASE WHEN d.dedup AND EXISTS (SELECT 1 FROM streamd.messages x
+                                             WHERE x.message_id = d.message_id AND x.stream_name = d.origin_stream
+                                               AND x.dedup)
                     THEN d.message_id || '~' || p_dlq || ':' || d."offset" ELSE d.message_id END,
                d.data, d.metadata, d.enqueued_at, v_now, v_now, oq.max_delivery_attempts, oq.dead_letter_queue,
-               CASE WHEN oq.fifo THEN coalesce(d.group_key, '') END, d.last_error
+               CASE WHEN oq.fifo THEN coalesce(d.group_key, '') END, d.last_error, d.dedup
         FROM d JOIN streamd.queues oq ON oq.queue_name = d.origin_stream
         ORDER BY d."offset"
         RETURNING 1
