@@ -19,9 +19,11 @@ import (
 )
 
 // Benchmark shape: each iteration sends benchMessages messages in batches of
-// benchBatch, then benchConsumers consumers drain them, for three systems on the same
+// benchBatch, then benchConsumers consumers drain them, for four systems on the same
 // database in the same run:
 //   - streamd: Send, then Receive (Max benchBatch) + Ack of the batch;
+//   - streamd, ack with receive: the same, but each consumer acks its batch with its
+//     next Receive (ReceiveOpts.Ack: one round trip and one transaction for both);
 //   - raw: a plain table drained with DELETE ... WHERE id IN (SELECT ... FOR UPDATE
 //     SKIP LOCKED LIMIT benchBatch) RETURNING id, payload, the floor any queue pays;
 //   - pgmq-style: a table with a vt column, read one row (UPDATE ... SKIP LOCKED
@@ -29,10 +31,11 @@ import (
 //
 // Every system is sent the same payloads in the same batches, drained by the same
 // number of goroutines on one pool, and hands each message's payload to its consumer
-// (the raw drain used to return nothing). The three run in a rotating order, so that
-// none always runs first (after the others' dead rows) or last.
+// (the raw drain used to return nothing). They run in a rotating order, so that none
+// always runs first (after the others' dead rows) or last.
 //
-// It reports each system's messages/s and streamd's ratio to the other two.
+// It reports each system's messages/s, streamd's ratios to the raw drain and to
+// pgmq-style, and streamd's send and drain phases as multiples of the raw drain's.
 const (
 	benchMessages  = 2000
 	benchBatch     = 100
@@ -74,11 +77,14 @@ func BenchmarkQueueThroughput(b *testing.B) {
 			return nil
 		}
 	}
-	drain := func(next func() (int, error)) error {
+	// drainEach runs benchConsumers consumers, each calling its own next (made by
+	// newNext) until it returns 0 messages.
+	drainEach := func(newNext func() func() (int, error)) error {
 		var wg sync.WaitGroup
 		errs := make(chan error, benchConsumers)
 		for range benchConsumers {
 			wg.Add(1)
+			next := newNext()
 			go func() {
 				defer wg.Done()
 				for {
@@ -97,10 +103,13 @@ func BenchmarkQueueThroughput(b *testing.B) {
 		close(errs)
 		return <-errs
 	}
+	drain := func(next func() (int, error)) error {
+		return drainEach(func() func() (int, error) { return next })
+	}
 
-	var streamdTime, rawTime, pgmqTime time.Duration
-	runStreamd := func() {
-		start := time.Now()
+	var streamdTime, streamd2Time, rawTime, pgmqTime time.Duration
+	var streamdSend, rawSend time.Duration // the send phases, within the totals
+	send := func() {
 		for range benchMessages / benchBatch {
 			msgs := make([]messages.OutgoingMessage, benchBatch)
 			for i := range msgs {
@@ -109,22 +118,47 @@ func BenchmarkQueueThroughput(b *testing.B) {
 			_, err := c.Send(ctx, q, msgs...)
 			require.NoError(b, err)
 		}
+	}
+	receipts := func(got []*messages.Message) []messages.Receipt {
+		rs := make([]messages.Receipt, len(got))
+		for i, m := range got {
+			rs[i] = m.Receipt
+		}
+		return rs
+	}
+	// streamd, each batch acked by its own call.
+	runStreamd := func() {
+		start := time.Now()
+		defer func() { streamdTime += time.Since(start) }()
+		send()
+		streamdSend += time.Since(start)
 		require.NoError(b, drain(func() (int, error) {
 			got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: benchBatch})
 			if err != nil || len(got) == 0 {
 				return 0, err
 			}
-			rs := make([]messages.Receipt, len(got))
-			for i, m := range got {
-				rs[i] = m.Receipt
-			}
-			return len(got), c.Ack(ctx, rs...)
+			return len(got), c.Ack(ctx, receipts(got)...)
 		}))
-		streamdTime += time.Since(start)
+	}
+	// streamd, each batch acked with the consumer's next receive (ReceiveOpts.Ack):
+	// the last receive, which finds the queue empty, acks the last batch.
+	runStreamd2 := func() {
+		start := time.Now()
+		defer func() { streamd2Time += time.Since(start) }()
+		send()
+		require.NoError(b, drainEach(func() func() (int, error) {
+			var pending []messages.Receipt
+			return func() (int, error) {
+				got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: benchBatch, Ack: pending})
+				pending = receipts(got)
+				return len(got), err
+			}
+		}))
 	}
 	runRaw := func() {
 		start := time.Now()
 		require.NoError(b, sendSQL(raw, "payload")())
+		rawSend += time.Since(start)
 		require.NoError(b, drain(func() (int, error) {
 			rows, err := pool.Query(ctx, `DELETE FROM `+raw+` WHERE id IN (SELECT id FROM `+raw+` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
 				RETURNING id, payload`, benchBatch)
@@ -165,7 +199,7 @@ func BenchmarkQueueThroughput(b *testing.B) {
 		}))
 		pgmqTime += time.Since(start)
 	}
-	systems := []func(){runStreamd, runRaw, runPgmq}
+	systems := []func(){runStreamd, runRaw, runStreamd2, runPgmq}
 	for i := 0; b.Loop(); i++ {
 		for j := range systems {
 			systems[(i+j)%len(systems)]()
@@ -173,11 +207,18 @@ func BenchmarkQueueThroughput(b *testing.B) {
 	}
 	total := float64(b.N * benchMessages)
 	s, r, p := total/streamdTime.Seconds(), total/rawTime.Seconds(), total/pgmqTime.Seconds()
+	s2 := total / streamd2Time.Seconds()
+	b.ReportMetric(s2, "streamd_ack_with_receive_msgs/s")
+	b.ReportMetric(s2/r, "streamd_ack_with_receive/raw")
 	b.ReportMetric(s, "streamd_msgs/s")
 	b.ReportMetric(r, "raw_skip_locked_msgs/s")
 	b.ReportMetric(p, "pgmq_style_msgs/s")
 	b.ReportMetric(s/r, "streamd/raw")
 	b.ReportMetric(s/p, "streamd/pgmq")
+	// The phases: the send (one goroutine) and the drain (benchConsumers), each as
+	// streamd's time over raw's.
+	b.ReportMetric(streamdSend.Seconds()/rawSend.Seconds(), "send_time_x_raw")
+	b.ReportMetric((streamdTime-streamdSend).Seconds()/(rawTime-rawSend).Seconds(), "drain_time_x_raw")
 }
 
 // BenchmarkQueueLongPollLatency measures send -> receive latency of a receiver

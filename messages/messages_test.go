@@ -141,6 +141,64 @@ func TestDedupReturnsOriginal(t *testing.T) {
 	require.JSONEq(t, "1", string(msgs[0].Data), "the original is kept")
 }
 
+// ReceiveOpts.Ack acks in the receive's round trip: the acked messages are gone, the
+// next ones are leased, a stale receipt among the acks comes back as a
+// *LeaseLostError beside the received messages, and a receipt of another queue is
+// refused before anything is written.
+func TestReceiveWithAcks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q := setup(t, clock, &messages.QueueConfig{VisibilityTimeout: 10 * time.Second})
+	other := newQueue(t, c.Pool(), nil)
+	for i := range 6 {
+		_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(i)})
+		require.NoError(t, err)
+	}
+	first, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 2})
+	require.NoError(t, err)
+	require.Len(t, first, 2)
+
+	// A receipt of another queue: refused, nothing acked, nothing leased.
+	_, err = c.Send(ctx, other, messages.OutgoingMessage{Data: data("o")})
+	require.NoError(t, err)
+	om, err := c.Receive(ctx, other, nil)
+	require.NoError(t, err)
+	_, err = c.Receive(ctx, q, &messages.ReceiveOpts{Max: 2, Ack: []messages.Receipt{first[0].Receipt, om[0].Receipt}})
+	require.ErrorIs(t, err, messages.ErrInvalidArgument)
+	require.Equal(t, 6, count(t, c.Pool(), q))
+	require.Equal(t, 1, count(t, c.Pool(), other))
+
+	second, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 2, Ack: []messages.Receipt{first[0].Receipt, first[1].Receipt}})
+	require.NoError(t, err)
+	require.Len(t, second, 2)
+	require.Equal(t, 4, count(t, c.Pool(), q), "the two acked are gone")
+	require.Greater(t, second[0].Offset, first[1].Offset)
+
+	// second[0]'s lease expires and it is received again: its old receipt is stale.
+	clock.Advance(11 * time.Second)
+	third, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 1})
+	require.NoError(t, err)
+	require.Len(t, third, 1)
+	require.Equal(t, second[0].Offset, third[0].Offset)
+	fourth, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10, Ack: []messages.Receipt{second[0].Receipt, third[0].Receipt}})
+	var lost *messages.LeaseLostError
+	require.ErrorAs(t, err, &lost)
+	require.Equal(t, []messages.Receipt{second[0].Receipt}, lost.Receipts)
+	require.Len(t, fourth, 3, "the messages are returned with the error: second[1] (expired) and two more")
+	require.Equal(t, 3, count(t, c.Pool(), q), "third[0] was acked")
+
+	// With Wait on an empty queue: the acks go with the first try.
+	rs := make([]messages.Receipt, len(fourth))
+	for i, m := range fourth {
+		rs[i] = m.Receipt
+	}
+	none, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10, Wait: 50 * time.Millisecond, Ack: rs})
+	require.NoError(t, err)
+	require.Empty(t, none)
+	require.Equal(t, 0, count(t, c.Pool(), q))
+}
+
 // Dedup keys are the ids a sender names (and ids a plain SQL INSERT writes); a made id
 // is not one. A batch can mix both; only named ids are in the dedup index.
 func TestDedupCoversNamedIdsOnly(t *testing.T) {
@@ -341,6 +399,10 @@ func TestBadInputWritesNothing(t *testing.T) {
 			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send($1, NULL, ARRAY['1'], NULL, ARRAY[-5]::bigint[], NULL, NULL, NULL, NULL, NULL)", q)
 			return sqlerr.Wrap(err)
 		}, messages.ErrInvalidArgument, "-5 ms is negative"},
+		{"fresh ids with a missing id in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send($1, ARRAY['a', NULL], ARRAY['1', '2'], NULL, NULL, NULL, NULL, NULL, NULL, NULL, true)", q)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "need every message id"},
 		{"delay and deliver-at", func() error {
 			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), Delay: time.Second, DeliverAt: time.Now()})
 			return err

@@ -1,12 +1,16 @@
 package messages
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/streamd/streamd/internal/sqlerr"
 )
@@ -73,6 +77,13 @@ type ReceiveOpts struct {
 	// Wait is how long to wait for a message when none is visible (long polling).
 	// Defaults to 0: return at once.
 	Wait time.Duration
+	// Ack are receipts of this queue to ack in the same round trip and transaction
+	// as the receive, before it: a consumer that acks each batch as it asks for the
+	// next saves a statement, a commit and a round trip per batch. Receipts that were
+	// stale come back as a *LeaseLostError (matching ErrLeaseLost) returned together
+	// with the received messages, which are leased either way. With Wait, the acks go
+	// with the first try. Defaults to none.
+	Ack []Receipt
 }
 
 // Receive leases up to opts.Max visible messages of queue (Q1): each is invisible to
@@ -107,6 +118,11 @@ func (c *Client) Receive(ctx context.Context, queue string, opts *ReceiveOpts) (
 	case o.Wait < 0:
 		return nil, invalid(ErrInvalidArgument, "queue %s: ReceiveOpts.Wait %v is negative", queue, o.Wait)
 	}
+	for _, r := range o.Ack {
+		if r.Queue != queue {
+			return nil, invalid(ErrInvalidArgument, "queue %s: ReceiveOpts.Ack holds a receipt of queue %s", queue, r.Queue)
+		}
+	}
 	if o.Max == 0 {
 		o.Max = 1
 	}
@@ -126,20 +142,25 @@ func (c *Client) Receive(ctx context.Context, queue string, opts *ReceiveOpts) (
 	}
 	deadline := time.Now().Add(o.Wait)
 	backoff := c.backoffMin
+	var ackErr error // the first try's stale acks, if it found no message
 	for {
 		msgs, err := c.receiveOnce(ctx, queue, o)
+		if len(o.Ack) > 0 && errors.Is(err, ErrLeaseLost) {
+			ackErr, err = err, nil
+		}
+		o.Ack = nil
 		if err != nil || len(msgs) > 0 {
-			return msgs, err
+			return msgs, cmp.Or(err, ackErr)
 		}
 		remaining := time.Until(deadline)
 		if remaining <= 0 {
-			return nil, nil
+			return nil, ackErr
 		}
 		timer := time.NewTimer(min(backoff, remaining))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return nil, ctx.Err()
+			return nil, cmp.Or(ackErr, ctx.Err())
 		case <-wake:
 			backoff = c.backoffMin
 		case <-ext:
@@ -167,10 +188,39 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 		ms := o.VisibilityTimeout.Milliseconds()
 		vt = &ms
 	}
-	rows, err := c.pool.Query(ctx, `SELECT "offset", message_id, data, metadata, enqueued_at, visibility_timeout,
+	const receiveSQL = `SELECT "offset", message_id, data, metadata, enqueued_at, visibility_timeout,
 			delivery_attempts, max_delivery_attempts, lease_token, group_key, last_error,
 			origin_stream, origin_offset, origin_attempts, dead_lettered_at
-		FROM streamd.queue_receive($1, $2, $3, $4)`, queue, o.Max, vt, c.sqlNow())
+		FROM streamd.queue_receive($1, $2, $3, $4)`
+	var (
+		rows   pgx.Rows
+		err    error
+		ackErr error
+		br     pgx.BatchResults
+		acked  map[receiptKey]bool
+	)
+	if len(o.Ack) == 0 {
+		rows, err = c.pool.Query(ctx, receiveSQL, queue, o.Max, vt, c.sqlNow())
+	} else {
+		// One round trip: the ack and the receive are sent together and run in one
+		// implicit transaction (one Sync), so a failed receive undoes the ack too.
+		offs, toks := receiptArrays(o.Ack)
+		b := &pgx.Batch{}
+		b.Queue(ackSQL, queue, offs, toks, c.sqlNow())
+		b.Queue(receiveSQL, queue, o.Max, vt, c.sqlNow())
+		br = c.pool.SendBatch(ctx, b)
+		defer br.Close()
+		ackRows, qerr := br.Query()
+		if qerr != nil {
+			return nil, fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(qerr))
+		}
+		done, qerr := collectOffsets(ackRows)
+		if qerr != nil {
+			return nil, fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(qerr))
+		}
+		acked = done
+		rows, err = br.Query()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("receive from queue %s: %w", queue, sqlerr.Wrap(err))
 	}
@@ -186,9 +236,18 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("receive from queue %s: %w", queue, sqlerr.Wrap(err))
 	}
+	if br != nil {
+		// The batch's implicit transaction commits at its Sync: the acks and the
+		// leases are done only once Close has read the commit's result.
+		if err := br.Close(); err != nil {
+			return nil, fmt.Errorf("receive from queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		c.metrics.add(c.metrics.acked, queue, len(acked))
+		ackErr = c.lost(queue, o.Ack, acked)
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
 	c.metrics.add(c.metrics.received, queue, len(out))
-	return out, nil
+	return out, ackErr
 }
 
 type scanner interface{ Scan(dest ...any) error }

@@ -26,7 +26,7 @@ func (c *Client) Ack(ctx context.Context, receipts ...Receipt) error {
 func (c *Client) AckTx(ctx context.Context, tx DBTX, receipts ...Receipt) error {
 	return forEachQueue(receipts, func(queue string, rs []Receipt) error {
 		offs, toks := receiptArrays(rs)
-		rows, err := tx.Query(ctx, `SELECT "offset", lease_token FROM streamd.queue_ack($1, $2, $3, $4)`, queue, offs, toks, c.sqlNow())
+		rows, err := tx.Query(ctx, ackSQL, queue, offs, toks, c.sqlNow())
 		if err != nil {
 			return fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(err))
 		}
@@ -38,6 +38,8 @@ func (c *Client) AckTx(ctx context.Context, tx DBTX, receipts ...Receipt) error 
 		return c.lost(queue, rs, done)
 	})
 }
+
+const ackSQL = `SELECT "offset", lease_token FROM streamd.queue_ack($1, $2, $3, $4)`
 
 // NackOpts are Nack's per-call knobs. A nil *NackOpts means the defaults.
 type NackOpts struct {

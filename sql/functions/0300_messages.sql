@@ -174,6 +174,7 @@ DECLARE
     v_dlq  text;
     v_new  text[];
     v_offs bigint[];
+    v_tenant text := nullif(current_setting('streamd.tenant_id', true), '');
 BEGIN
     v_q := streamd.queue_get(p_queue);
     IF v_n = 0 THEN
@@ -189,18 +190,23 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD204',
             MESSAGE = format('queue %L: send arrays must all have %s elements', p_queue, v_n);
     END IF;
+    IF p_fresh_ids AND (p_ids IS NULL OR array_position(p_ids, NULL) IS NOT NULL) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: fresh ids (p_fresh_ids) need every message id', p_queue);
+    END IF;
 
     -- One pass over the batch for both checks (a statement costs as much as the
-    -- check); payload errors are reported first.
-    SELECT min(i) FILTER (WHERE p_data[i] IS NULL
-                             OR octet_length(p_data[i]) + coalesce(octet_length(p_metadata[i]), 0) > v_q.max_payload_bytes),
-           min(i) FILTER (WHERE (p_ids[i] IS NOT NULL AND (p_ids[i] = '' OR length(p_ids[i]) > 512))
-                             OR p_delays_ms[i] < 0
-                             OR p_max_attempts[i] < 1
-                             OR (v_q.fifo AND (p_groups[i] IS NULL OR p_groups[i] = '' OR length(p_groups[i]) > 512))
-                             OR (NOT v_q.fifo AND p_groups[i] IS NOT NULL))
+    -- check); payload errors are reported first. The arrays are read by unnest, not
+    -- by subscript: a subscript of an array of text walks it from the start.
+    SELECT min(u.i) FILTER (WHERE u.d IS NULL
+                               OR octet_length(u.d) + coalesce(octet_length(u.md), 0) > v_q.max_payload_bytes),
+           min(u.i) FILTER (WHERE (u.id IS NOT NULL AND (u.id = '' OR length(u.id) > 512))
+                               OR u.dl < 0
+                               OR u.ma < 1
+                               OR (v_q.fifo AND (u.g IS NULL OR u.g = '' OR length(u.g) > 512))
+                               OR (NOT v_q.fifo AND u.g IS NOT NULL))
     INTO v_bad, v_bad2
-    FROM generate_subscripts(p_data, 1) i;
+    FROM unnest(p_data, p_metadata, p_ids, p_delays_ms, p_max_attempts, p_groups) WITH ORDINALITY u(d, md, id, dl, ma, g, i);
     IF v_bad IS NOT NULL THEN
         IF p_data[v_bad] IS NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: message %s has no data', p_queue, v_bad);
@@ -230,75 +236,65 @@ BEGIN
         END LOOP;
     END IF;
 
-    IF p_ids IS NOT NULL AND array_position(p_ids, NULL) IS NULL THEN
-        v_ids := p_ids;
-    ELSE
-        v_ids := ARRAY(SELECT coalesce(p_ids[i], gen_random_uuid()::text) FROM generate_subscripts(p_data, 1) i ORDER BY i);
-    END IF;
-
     IF v_q.fifo THEN
         -- Lock (or create) the groups in key order before inserting, so that sends to
         -- one group commit one at a time and offsets in a group follow commit order.
         INSERT INTO streamd.message_groups AS g (stream_name, group_key, visible_at)
         SELECT p_queue, s.k, s.v FROM (
-            SELECT DISTINCT ON (p_groups[i]) p_groups[i] AS k,
-                   coalesce(p_deliver_at[i], v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) AS v
-            FROM generate_subscripts(p_data, 1) i ORDER BY p_groups[i], i) s
+            SELECT DISTINCT ON (u.g) u.g AS k,
+                   coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) AS v
+            FROM unnest(p_groups, p_deliver_at, p_delays_ms) WITH ORDINALITY u(g, da, dl, i) ORDER BY u.g, u.i) s
         ORDER BY s.k
         ON CONFLICT (stream_name, group_key) DO UPDATE SET visible_at = g.visible_at;
     END IF;
 
-    IF coalesce(p_fresh_ids, false) THEN
-        WITH ins AS (
-            INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                               not_before, max_delivery_attempts, dead_letter_stream, group_key, dedup)
-            SELECT p_queue, v_ids[i], p_data[i]::jsonb, p_metadata[i]::jsonb, v_now, s.at, s.at,
-                   coalesce(p_max_attempts[i], v_q.max_delivery_attempts),
-                   coalesce(p_dlqs[i], v_q.dead_letter_queue),
-                   p_groups[i], false
-            FROM generate_subscripts(p_data, 1) i
-            CROSS JOIN LATERAL (SELECT coalesce(p_deliver_at[i],
-                                                v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) AS at) s
-            ORDER BY i
-            RETURNING m.message_id, m."offset")
-        SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
-    ELSE
-        WITH ins AS (
-            INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                               not_before, max_delivery_attempts, dead_letter_stream, group_key, dedup)
-            SELECT p_queue, v_ids[i], p_data[i]::jsonb, p_metadata[i]::jsonb, v_now, s.at, s.at,
-                   coalesce(p_max_attempts[i], v_q.max_delivery_attempts),
-                   coalesce(p_dlqs[i], v_q.dead_letter_queue),
-                   p_groups[i], p_ids[i] IS NOT NULL
-            FROM generate_subscripts(p_data, 1) i
-            CROSS JOIN LATERAL (SELECT coalesce(p_deliver_at[i],
-                                                v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) AS at) s
-            ORDER BY i
-            ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING
-            RETURNING m.message_id, m."offset")
-        SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
-    END IF;
-
-    IF cardinality(v_new) = v_n THEN
-        -- No duplicates (the usual case): nothing to look up.
+    IF p_fresh_ids THEN
+        -- Every id is new: no conflict to look for, and each row is named by its id.
         RETURN QUERY
-        SELECT i::integer, n.o, v_ids[i], false
-        FROM generate_subscripts(p_data, 1) i
-        JOIN unnest(v_new, v_offs) n(id, o) ON n.id = v_ids[i]
-        ORDER BY i;
+        WITH ins AS (
+            INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
+                                               not_before, max_delivery_attempts, dead_letter_stream, group_key, dedup,
+                                               tenant_id)
+            SELECT p_queue, u.id, u.d::jsonb, u.md::jsonb, v_now, a.at, a.at,
+                   coalesce(u.ma, v_q.max_delivery_attempts), coalesce(u.dq, v_q.dead_letter_queue), u.g, false,
+                   v_tenant
+            FROM unnest(p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs)
+                 WITH ORDINALITY u(id, d, md, dl, da, g, ma, dq, i)
+            CROSS JOIN LATERAL (SELECT coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) AS at) a
+            ORDER BY u.i
+            RETURNING m.message_id, m."offset")
+        SELECT u.i::integer, ins."offset", ins.message_id, false
+        FROM ins JOIN unnest(p_ids) WITH ORDINALITY u(id, i) ON u.id = ins.message_id
+        ORDER BY u.i;
         RETURN;
     END IF;
+
+    v_ids := ARRAY(SELECT coalesce(u.id, gen_random_uuid()::text) FROM unnest(p_ids, p_data) WITH ORDINALITY u(id, d, i) ORDER BY u.i);
+    WITH ins AS (
+        INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
+                                           not_before, max_delivery_attempts, dead_letter_stream, group_key, dedup)
+        SELECT p_queue, v.id, u.d::jsonb, u.md::jsonb, v_now, a.at, a.at,
+               coalesce(u.ma, v_q.max_delivery_attempts), coalesce(u.dq, v_q.dead_letter_queue), u.g, u.named IS NOT NULL
+        FROM unnest(p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs)
+             WITH ORDINALITY u(named, d, md, dl, da, g, ma, dq, i)
+        JOIN unnest(v_ids) WITH ORDINALITY v(id, i) ON v.i = u.i
+        CROSS JOIN LATERAL (SELECT coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) AS at) a
+        ORDER BY u.i
+        ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING
+        RETURNING m.message_id, m."offset")
+    SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
+
     -- A new statement: it sees duplicates' originals even when they committed while
     -- the insert waited for them. Each original is one probe of the unique index.
     RETURN QUERY
-    SELECT i::integer,
+    SELECT v.i::integer,
            coalesce(n.o, (SELECT e."offset" FROM streamd.messages e
-                          WHERE e.message_id = v_ids[i] AND e.stream_name = p_queue AND e.dedup)),
-           v_ids[i],
-           n.o IS NULL OR i <> min(i) OVER (PARTITION BY v_ids[i])
-    FROM generate_subscripts(p_data, 1) i
-    LEFT JOIN unnest(v_new, v_offs) n(id, o) ON n.id = v_ids[i]
-    ORDER BY i;
+                          WHERE e.message_id = v.id AND e.stream_name = p_queue AND e.dedup)),
+           v.id,
+           n.o IS NULL OR v.i <> min(v.i) OVER (PARTITION BY v.id)
+    FROM unnest(v_ids) WITH ORDINALITY v(id, i)
+    LEFT JOIN unnest(v_new, v_offs) n(id, o) ON n.id = v.id
+    ORDER BY v.i;
 END;
 $$;
 
