@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/messages"
+	"github.com/streamd/streamd/wakeup"
 )
 
 // Benchmark shape: each iteration sends benchMessages messages in batches of
@@ -222,47 +223,87 @@ func BenchmarkQueueThroughput(b *testing.B) {
 }
 
 // BenchmarkQueueLongPollLatency measures send -> receive latency of a receiver
-// long-polling an empty queue: woken in-process by the same Client's Send, and
-// polling with backoff from another Client (as another process would, until the WAL
-// tailer's wake-ups exist).
+// long-polling an empty queue, over latencySamples sends (one message each, the
+// receiver waiting before each), three ways:
+//   - same_client_wakeup: woken in-process by the same Client's Send;
+//   - other_client_tailer: another Client (as another process would have) woken by
+//     the WAL tailer's wake-ups: a Broadcaster (tailer + pg_notify from its own
+//     transactions) and a Listener whose queue view is the Client's Wakeups;
+//   - other_client_poll: another Client without wake-ups, polling with its default
+//     backoff (5 ms doubling to 500 ms).
+//
+// Latency is from Send returning to Receive returning the message. The sends commit
+// synchronously.
 func BenchmarkQueueLongPollLatency(b *testing.B) {
-	for _, mode := range []string{"same_client_wakeup", "other_client_poll"} {
+	const latencySamples = 200
+	for _, mode := range []string{"same_client_wakeup", "other_client_tailer", "other_client_poll"} {
 		b.Run(mode, func(b *testing.B) {
-			ctx := context.Background()
-			pool := testdb.Pool(b)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			// Synchronous commit, as in production: the WAL sender sends flushed WAL
+			// only, so with the tests' asynchronous commit the tailer would wait for
+			// the WAL writer (wal_writer_delay, 200 ms).
+			cfg := testdb.Config(b)
+			cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(b, err)
+			defer pool.Close()
 			sender, err := messages.NewClient(pool, nil)
 			require.NoError(b, err)
 			receiver := sender
-			if mode == "other_client_poll" {
+			switch mode {
+			case "other_client_poll":
 				receiver, err = messages.NewClient(pool, nil)
+				require.NoError(b, err)
+			case "other_client_tailer":
+				url := testdb.URL(b)
+				bc, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url})
+				require.NoError(b, err)
+				l, err := wakeup.NewListener(&wakeup.ListenerConfig{ConnString: url})
+				require.NoError(b, err)
+				var wg sync.WaitGroup
+				defer wg.Wait()
+				defer cancel()
+				wg.Add(2)
+				go func() { defer wg.Done(); _ = bc.Run(ctx) }()
+				go func() { defer wg.Done(); _ = l.Run(ctx) }()
+				for deadline := time.Now().Add(10 * time.Second); !bc.Streaming(); {
+					if time.Now().After(deadline) || bc.Unsupported() {
+						b.Skip("the tailer does not stream here (wal_level or privileges)")
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				receiver, err = messages.NewClient(pool, &messages.ClientConfig{Wakeups: l.Queues()})
 				require.NoError(b, err)
 			}
 			q := testdb.Name("lat")
 			require.NoError(b, sender.CreateQueue(ctx, q, nil))
-			defer func() { _ = sender.DeleteQueue(ctx, q) }()
+			defer func() { _ = sender.DeleteQueue(context.Background(), q) }()
 
 			var lat []time.Duration
 			for b.Loop() {
-				got := make(chan time.Time, 1)
-				ready := make(chan struct{})
-				go func() {
-					close(ready)
-					m, err := receiver.Receive(ctx, q, &messages.ReceiveOpts{Wait: 5 * time.Second})
-					if err == nil && len(m) == 1 {
-						_ = receiver.Ack(ctx, m[0].Receipt)
-					}
-					got <- time.Now()
-				}()
-				<-ready
-				time.Sleep(20 * time.Millisecond) // let the receiver find the queue empty and wait
-				sent := time.Now()
-				_, err := sender.Send(ctx, q, messages.OutgoingMessage{Data: json.RawMessage(`1`)})
-				require.NoError(b, err)
-				lat = append(lat, (<-got).Sub(sent))
+				lat = lat[:0]
+				for range latencySamples {
+					got := make(chan time.Time, 1)
+					go func() {
+						m, err := receiver.Receive(ctx, q, &messages.ReceiveOpts{Wait: 5 * time.Second})
+						at := time.Now()
+						if err == nil && len(m) == 1 {
+							_ = receiver.Ack(ctx, m[0].Receipt)
+						}
+						got <- at
+					}()
+					time.Sleep(5 * time.Millisecond) // let the receiver find the queue empty and wait
+					_, err := sender.Send(ctx, q, messages.OutgoingMessage{Data: json.RawMessage(`1`)})
+					sent := time.Now()
+					require.NoError(b, err)
+					lat = append(lat, max(0, (<-got).Sub(sent)))
+				}
 			}
-			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+			slices.Sort(lat)
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
 			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99_ms")
+			b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max_ms")
 		})
 	}
 }
