@@ -105,9 +105,16 @@ type Params struct {
 	Conns        int    `json:"conns,omitempty"`
 	Partitions   int    `json:"partitions,omitempty"`
 	Mode         string `json:"mode,omitempty"`
+	// LogEvents is how many events streamd.events already held (the growth scenario).
+	LogEvents int64 `json:"log_events,omitempty"`
 }
 
-// Result is one measured case.
+// Result is one measured case, of one of two kinds:
+//
+//   - throughput (Timing nil): Records and Bytes moved in Seconds, their rates, and
+//     the Latency of one operation;
+//   - timing-only (Timing set): how long something takes (a rebalance, a view
+//     query), with no records moved: Records, Bytes, the rates and Latency are zero.
 type Result struct {
 	// Scenario is the scenario's name.
 	Scenario string `json:"scenario"`
@@ -118,14 +125,17 @@ type Result struct {
 	// Baseline is true for raw-PostgreSQL reference measurements.
 	Baseline bool   `json:"baseline,omitempty"`
 	Params   Params `json:"params"`
-	// Records and Bytes (payload: data plus key) moved in Seconds of wall time.
-	Records       int64   `json:"records"`
-	Bytes         int64   `json:"bytes"`
+	// Records and Bytes (payload: data plus key) moved in Seconds of wall time. For a
+	// timing-only result Seconds is the sum of the timed samples.
+	Records       int64   `json:"records,omitempty"`
+	Bytes         int64   `json:"bytes,omitempty"`
 	Seconds       float64 `json:"seconds"`
-	RecordsPerSec float64 `json:"records_per_sec"`
-	MBPerSec      float64 `json:"mb_per_sec"`
+	RecordsPerSec float64 `json:"records_per_sec,omitempty"`
+	MBPerSec      float64 `json:"mb_per_sec,omitempty"`
 	// RatioTo is the Case of the baseline this result is compared with; Ratio is
-	// RecordsPerSec divided by the baseline's, and Target the ratio aimed for.
+	// RecordsPerSec divided by the baseline's (for a timing-only result: the
+	// baseline's median time divided by this one's, so that above 1 is faster here
+	// too), and Target the ratio aimed for.
 	RatioTo string  `json:"ratio_to,omitempty"`
 	Ratio   float64 `json:"ratio,omitempty"`
 	Target  float64 `json:"target,omitempty"`
@@ -138,6 +148,8 @@ type Result struct {
 	CPUBusy            float64 `json:"cpu_busy,omitempty"`
 	// Latency is the distribution of one operation (one produce call, one fetch).
 	Latency *Latency `json:"latency,omitempty"`
+	// Timing, when set, makes this a timing-only result.
+	Timing *Timing `json:"timing,omitempty"`
 	// Note says anything a reader needs to interpret the figure.
 	Note string `json:"note,omitempty"`
 }
@@ -148,6 +160,15 @@ func (r *Result) finish() {
 		r.RecordsPerSec = float64(r.Records) / r.Seconds
 		r.MBPerSec = float64(r.Bytes) / r.Seconds / 1e6
 	}
+}
+
+// resultRatio is r's ratio to base: throughput over the baseline's, or for two
+// timing-only results the baseline's median time over r's.
+func resultRatio(r, base Result) float64 {
+	if r.Timing != nil && base.Timing != nil {
+		return ratio(base.Timing.P50, r.Timing.P50)
+	}
+	return ratio(r.RecordsPerSec, base.RecordsPerSec)
 }
 
 // Options configures Run.
@@ -236,7 +257,7 @@ func resolveRatios(rs []Result) {
 			continue
 		}
 		if base := find(rs, rs[i].RatioTo); base.Case != "" {
-			rs[i].Ratio = ratio(rs[i].RecordsPerSec, base.RecordsPerSec)
+			rs[i].Ratio = resultRatio(rs[i], base)
 		}
 	}
 }

@@ -27,12 +27,22 @@ func TestTinySuite(t *testing.T) {
 	scenarios := map[string]int{}
 	for _, r := range rep.Results {
 		scenarios[r.Scenario]++
-		require.Positive(t, r.Records, r.Case)
-		require.Positive(t, r.Bytes, r.Case)
-		require.Positive(t, r.Seconds, r.Case)
-		require.Positive(t, r.RecordsPerSec, r.Case)
-		require.NotNil(t, r.Latency, r.Case)
-		require.LessOrEqual(t, r.Latency.P50, r.Latency.P99, r.Case)
+		if r.Timing != nil { // timing-only: no records, a distribution of durations
+			require.Zero(t, r.Records, r.Case)
+			require.Zero(t, r.RecordsPerSec, r.Case)
+			require.Nil(t, r.Latency, r.Case)
+			require.Positive(t, r.Timing.Count, r.Case)
+			require.NotEmpty(t, r.Timing.Op, r.Case)
+			require.LessOrEqual(t, r.Timing.P50, r.Timing.P99, r.Case)
+			require.LessOrEqual(t, r.Timing.P99, r.Timing.Max, r.Case)
+		} else {
+			require.Positive(t, r.Records, r.Case)
+			require.Positive(t, r.Bytes, r.Case)
+			require.Positive(t, r.Seconds, r.Case)
+			require.Positive(t, r.RecordsPerSec, r.Case)
+			require.NotNil(t, r.Latency, r.Case)
+			require.LessOrEqual(t, r.Latency.P50, r.Latency.P99, r.Case)
+		}
 		if r.RatioTo != "" {
 			require.Positive(t, r.Ratio, "%s: ratio to %s", r.Case, r.RatioTo)
 			require.NotEmpty(t, find(rep.Results, r.RatioTo).Case, "%s: baseline %s missing", r.Case, r.RatioTo)
@@ -69,4 +79,10 @@ func TestTinySuite(t *testing.T) {
 	require.Equal(t, 1, strings.Count(string(b), generatedBegin))
 	require.Contains(t, string(b), "hand-written")
 	require.Contains(t, string(b), "produce streamd")
+	require.Contains(t, string(b), "### Timings")
+	require.Contains(t, string(b), "| rebalance join 1→2")
+
+	var table strings.Builder
+	require.NoError(t, rep.WriteTable(&table))
+	require.Contains(t, table.String(), "case (timing)")
 }

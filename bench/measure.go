@@ -31,6 +31,48 @@ type Bucket struct {
 
 const bucketsPerDecade = 8
 
+// Timing is what a timing-only case measured: Count samples of one operation, in
+// milliseconds.
+type Timing struct {
+	// Op says what one sample times ("new member's Run to a settled assignment").
+	Op    string  `json:"op"`
+	Count int64   `json:"count"`
+	P50   float64 `json:"p50_ms"`
+	P99   float64 `json:"p99_ms"`
+	Max   float64 `json:"max_ms"`
+	Mean  float64 `json:"mean_ms"`
+	// Samples are the samples in the order measured, kept when there are at most
+	// maxKeptSamples of them (repetitions, not distributions).
+	Samples []float64 `json:"samples_ms,omitempty"`
+}
+
+const maxKeptSamples = 20
+
+// timing summarises samples of op as a Timing (nil for no samples).
+func timing(op string, samples []time.Duration) *Timing {
+	if len(samples) == 0 {
+		return nil
+	}
+	var kept []float64
+	if len(samples) <= maxKeptSamples {
+		for _, d := range samples {
+			kept = append(kept, round3(float64(d)/1e6))
+		}
+	}
+	l := summarize(slices.Clone(samples))
+	return &Timing{Op: op, Count: l.Count, P50: l.P50, P99: l.P99, Max: l.Max, Mean: l.Mean, Samples: kept}
+}
+
+// timingResult is a timing-only result of samples of op.
+func timingResult(scenario, system, name string, baseline bool, p Params, op string, samples []time.Duration) Result {
+	var sum time.Duration
+	for _, d := range samples {
+		sum += d
+	}
+	return Result{Scenario: scenario, Case: name, System: system, Baseline: baseline, Params: p,
+		Seconds: round3(sum.Seconds()), Timing: timing(op, samples)}
+}
+
 // summarize computes a Latency from raw samples (it sorts them).
 func summarize(samples []time.Duration) *Latency {
 	if len(samples) == 0 {

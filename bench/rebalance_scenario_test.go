@@ -19,9 +19,11 @@ func TestRebalanceScenario(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, res, 4) // joins 1→2, 2→3, 3→4 and the kill
 	for _, r := range res {
-		require.EqualValues(t, 1, r.Records, r.Case)
-		require.NotNil(t, r.Latency, r.Case)
-		t.Logf("%-28s p50 %8.1f ms  max %8.1f ms  (%s)", r.Case, r.Latency.P50, r.Latency.Max, r.Note)
+		require.NotNil(t, r.Timing, r.Case)
+		require.EqualValues(t, 1, r.Timing.Count, r.Case)
+		require.Len(t, r.Timing.Samples, 1, r.Case)
+		require.Zero(t, r.Records, r.Case)
+		t.Logf("%-28s p50 %8.1f ms  max %8.1f ms  (%s)", r.Case, r.Timing.P50, r.Timing.Max, r.Note)
 	}
-	require.Less(t, res[3].Latency.Max, 10_000.0)
+	require.Less(t, res[3].Timing.Max, 10_000.0)
 }

@@ -37,11 +37,15 @@ func (r *Report) Slug() string {
 	return r.Date.Format("2006-01-02") + "-" + host
 }
 
-// WriteTable prints the results as an aligned text table.
+// WriteTable prints the results as aligned text tables: the throughput results, then
+// the timing-only ones.
 func (r *Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "case\trecords/s\tMB/s\tp50 ms\tp99 ms\tcli µs/rec\tsrv µs/rec\tcpu busy\tratio\ttarget\t")
 	for _, res := range r.Results {
+		if res.Timing != nil {
+			continue
+		}
 		p50, p99 := "-", "-"
 		if res.Latency != nil {
 			p50, p99 = fmt.Sprintf("%.2f", res.Latency.P50), fmt.Sprintf("%.2f", res.Latency.P99)
@@ -49,7 +53,41 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", res.Case, res.RecordsPerSec, res.MBPerSec, p50, p99,
 			cpuText(res.ClientCPUPerRecord), cpuText(res.ServerCPUPerRecord), busyText(res.CPUBusy), ratioText(res), targetText(res))
 	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if !r.hasTimings() {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "case (timing)\tsamples\tp50 ms\tp99 ms\tmax ms\tmean ms\tratio\t")
+	for _, res := range r.Results {
+		if t := res.Timing; t != nil {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", res.Case, t.Count, msText(t.P50), msText(t.P99), msText(t.Max), msText(t.Mean), ratioText(res))
+		}
+	}
 	return tw.Flush()
+}
+
+func (r *Report) hasTimings() bool {
+	for _, res := range r.Results {
+		if res.Timing != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// msText formats milliseconds with three significant digits or more.
+func msText(ms float64) string {
+	switch {
+	case ms >= 100:
+		return fmt.Sprintf("%.0f", ms)
+	case ms >= 10:
+		return fmt.Sprintf("%.1f", ms)
+	}
+	return fmt.Sprintf("%.2f", ms)
 }
 
 func ratioText(r Result) string {
@@ -71,6 +109,14 @@ func busyText(f float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.0f%%", f*100)
+}
+
+func ratioTargetText(r Result) string {
+	rt := ratioText(r)
+	if t := targetText(r); t != "" {
+		rt += " (" + t + ")"
+	}
+	return rt
 }
 
 func targetText(r Result) string {
@@ -305,28 +351,41 @@ func (r *Report) Markdown(chartDir string) string {
 	b.WriteString("MB/s counts payload bytes (JSON data plus key). Latency is per operation: one produce call (a batch), one `Producer.Produce` (one record), one fetch call. CPU per record: the benchmark process (client) and its PostgreSQL backends (server); CPU busy: both over wall time and all cores (the WAL writer, checkpointer and other processes not counted).\n\n")
 	b.WriteString("| case | records/s | MB/s | p50 ms | p99 ms | client CPU µs/rec | server CPU µs/rec | CPU busy | ratio | vs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, res := range r.Results {
+		if res.Timing != nil {
+			continue
+		}
 		p50, p99 := "", ""
 		if res.Latency != nil {
 			p50, p99 = fmt.Sprintf("%.2f", res.Latency.P50), fmt.Sprintf("%.2f", res.Latency.P99)
 		}
-		rt := ratioText(res)
-		if t := targetText(res); t != "" {
-			rt += " (" + t + ")"
-		}
-		vs := ""
-		if res.RatioTo != "" {
-			vs = res.RatioTo
-		}
 		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %s | %s | %s | %s | %s | %s | %s |\n", res.Case, res.RecordsPerSec, res.MBPerSec, p50, p99,
-			cpuText(res.ClientCPUPerRecord), cpuText(res.ServerCPUPerRecord), busyText(res.CPUBusy), rt, vs)
+			cpuText(res.ClientCPUPerRecord), cpuText(res.ServerCPUPerRecord), busyText(res.CPUBusy), ratioTargetText(res), res.RatioTo)
 	}
 	b.WriteString("\n")
 	for _, res := range r.Results {
-		if res.Note != "" {
+		if res.Note != "" && res.Timing == nil {
 			fmt.Fprintf(&b, "- *%s*: %s\n", res.Case, res.Note)
 		}
 	}
 	b.WriteString("\n")
+	if r.hasTimings() {
+		b.WriteString("### Timings\n\n")
+		b.WriteString("Cases that time an operation rather than move records; \"one sample\" says what each sample times. The ratio is the baseline's median over the case's (above 1: faster than the baseline).\n\n")
+		b.WriteString("| case | one sample | samples | p50 ms | p99 ms | max ms | mean ms | ratio | vs |\n|---|---|---:|---:|---:|---:|---:|---:|---|\n")
+		for _, res := range r.Results {
+			if t := res.Timing; t != nil {
+				fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", res.Case, t.Op, t.Count,
+					msText(t.P50), msText(t.P99), msText(t.Max), msText(t.Mean), ratioTargetText(res), res.RatioTo)
+			}
+		}
+		b.WriteString("\n")
+		for _, res := range r.Results {
+			if res.Note != "" && res.Timing != nil {
+				fmt.Fprintf(&b, "- *%s*: %s\n", res.Case, res.Note)
+			}
+		}
+		b.WriteString("\n")
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "### %s\n\n%s\n", n.Title, n.Text)
 	}
@@ -349,7 +408,10 @@ func (r *Report) headlines() []string {
 		if res.Target == 0 || res.Ratio == 0 {
 			continue
 		}
-		k := fmt.Sprintf("%s %s", res.Scenario, sizeLabel(res.Params.PayloadBytes))
+		k := res.Scenario
+		if res.Params.PayloadBytes > 0 {
+			k += " " + sizeLabel(res.Params.PayloadBytes)
+		}
 		if res.Scenario == "produce" {
 			k += fmt.Sprintf(" with %d conns", res.Params.Conns)
 		}
