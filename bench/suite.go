@@ -35,11 +35,22 @@ type Suite struct {
 	ProfileIterations int `json:"profile_iterations"`
 	// ProfileBatch is the records per profiled batch.
 	ProfileBatch int `json:"profile_batch"`
+	// QueueWorkers are the numbers of concurrent queue workers (and of raw drainers).
+	QueueWorkers []int `json:"queue_workers"`
+	// QueueMessages is how many messages each queue case sends and drains.
+	QueueMessages int `json:"queue_messages"`
+	// GrowthLogEvents are the sizes of the log (events already in streamd.events) at
+	// which the growth scenario measures produce and fetch, ascending.
+	GrowthLogEvents []int64 `json:"growth_log_events"`
+	// LatencyDuration is how long each latency mode runs; 0 leaves the latency
+	// scenario out of the suite.
+	LatencyDuration time.Duration `json:"latency_duration,omitempty"`
 }
 
 // QuickSuite is `make bench`: its produce, producer, appendpath, fetch and profile
 // scenarios take about two and a half minutes on a 2-core machine (batch size 10 is
-// left to the full suite to leave room for the other scenarios).
+// left to the full suite to leave room for the other scenarios). The latency
+// scenario is left to the full suite and `make bench-latency`.
 func QuickSuite() Suite {
 	return Suite{
 		Name:              "quick",
@@ -55,6 +66,9 @@ func QuickSuite() Suite {
 		FetchBatch:        500,
 		ProfileIterations: 20,
 		ProfileBatch:      1000,
+		QueueWorkers:      []int{1, 4, 16},
+		QueueMessages:     20_000,
+		GrowthLogEvents:   []int64{0, 1_000_000},
 	}
 }
 
@@ -69,6 +83,10 @@ func FullSuite() Suite {
 	s.ProducerCallers = []int{1, 16, 256, 1024}
 	s.FetchRecords = map[int]int{100: 1_000_000, 1024: 500_000}
 	s.ProfileIterations = 100
+	s.QueueWorkers = []int{1, 2, 4, 8, 16}
+	s.QueueMessages = 100_000
+	s.GrowthLogEvents = []int64{0, 10_000_000, 50_000_000}
+	s.LatencyDuration = 20 * time.Second
 	return s
 }
 
@@ -89,6 +107,15 @@ func TinySuite() Suite {
 		FetchBatch:        500,
 		ProfileIterations: 2,
 		ProfileBatch:      50,
+		QueueWorkers:      []int{1, 2},
+		QueueMessages:     1000,
+		// Two sizes above 0, so that a kept ballast of 4000 from an earlier run
+		// makes the smaller ones take the temporary database (growth_scenario.go).
+		GrowthLogEvents: []int64{0, 2000, 4000},
+		// The latency scenario needs a replication slot, whose creation waits on the
+		// shared test cluster's constant writes: TestLatencyScenario runs it on a
+		// private cluster instead.
+		LatencyDuration: 0,
 	}
 }
 
