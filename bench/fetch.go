@@ -59,34 +59,61 @@ func (s fetchScenario) runSize(ctx context.Context, env *Env, size, n int) ([]Re
 
 	batch := env.Suite.FetchBatch
 	p := Params{PayloadBytes: size, BatchSize: batch, Conns: 1, Partitions: 1}
-	readers := []struct {
-		system string
-		read   func(ctx context.Context, off int64) (int, int, error)
-	}{
-		{"streamd", func(ctx context.Context, off int64) (int, int, error) {
-			res, err := env.Client.Fetch(ctx, stream, 0, off, &streams.FetchOpts{MaxRecords: batch, MaxBytes: 64 << 20})
-			if err != nil {
-				return 0, 0, err
-			}
-			b := 0
-			for i := range res.Events {
-				b += res.Events[i].Size()
-			}
-			return len(res.Events), b, nil
-		}},
-		{"raw-select", rawReader(env, "streamd.events", stream, batch)},
-		{"raw-select-copy", rawReader(env, copyTable.Sanitize(), stream, batch)},
+	readers := []fetchReader{
+		{"streamd", false, streamdReader(env, stream, batch)},
+		{"raw-select", true, rawReader(env, "streamd.events", stream, batch)},
+		{"raw-select-copy", true, rawReader(env, copyTable.Sanitize(), stream, batch)},
 	}
+	out, err := fetchCases(ctx, env, "fetch", p, n, readers)
+	if err != nil {
+		return nil, err
+	}
+	ref := out[1].Case
+	setRatios(out, ref, "streamd", fetchTarget)
+	out[2].RatioTo, out[2].Ratio = ref, ratio(out[2].RecordsPerSec, out[1].RecordsPerSec)
+	if err := truncateCopy(context.WithoutCancel(ctx), env.Pool); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// fetchReader is one way of reading partition 0 of a stream from an offset: read
+// returns the records and payload bytes it read.
+type fetchReader struct {
+	system   string
+	baseline bool
+	read     func(ctx context.Context, off int64) (int, int, error)
+}
+
+// streamdReader returns a reader that calls streams.Client.Fetch.
+func streamdReader(env *Env, stream string, batch int) func(ctx context.Context, off int64) (int, int, error) {
+	return func(ctx context.Context, off int64) (int, int, error) {
+		res, err := env.Client.Fetch(ctx, stream, 0, off, &streams.FetchOpts{MaxRecords: batch, MaxBytes: 64 << 20})
+		if err != nil {
+			return 0, 0, err
+		}
+		b := 0
+		for i := range res.Events {
+			b += res.Events[i].Size()
+		}
+		return len(res.Events), b, nil
+	}
+}
+
+// fetchCases runs each reader in turn over a partition of n records: one unmeasured
+// warm-up pass, then reads for the case duration, wrapping to offset 0 at the end. It
+// returns one result of scenario per reader, in order, without ratios.
+func fetchCases(ctx context.Context, env *Env, scenario string, p Params, n int, readers []fetchReader) ([]Result, error) {
 	var out []Result
 	for _, rd := range readers {
 		// Warm-up pass: cache and hint bits, not measured.
 		for off := int64(0); off < int64(n); {
 			k, _, err := rd.read(ctx, off)
 			if err != nil {
-				return nil, fmt.Errorf("fetch %s warm-up: %w", rd.system, err)
+				return nil, fmt.Errorf("%s %s warm-up: %w", scenario, rd.system, err)
 			}
 			if k == 0 {
-				return nil, fmt.Errorf("fetch %s warm-up: no records at offset %d of %d", rd.system, off, n)
+				return nil, fmt.Errorf("%s %s warm-up: no records at offset %d of %d", scenario, rd.system, off, n)
 			}
 			off += int64(k)
 		}
@@ -105,17 +132,11 @@ func (s fetchScenario) runSize(ctx context.Context, env *Env, size, n int) ([]Re
 			return k, b, nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("fetch %s: %w", rd.system, err)
+			return nil, fmt.Errorf("%s %s: %w", scenario, rd.system, err)
 		}
-		r := loadToResult("fetch", rd.system, rd.system != "streamd", p, load)
+		r := loadToResult(scenario, rd.system, rd.baseline, p, load)
 		env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
 		out = append(out, r)
-	}
-	ref := out[1].Case
-	setRatios(out, ref, "streamd", fetchTarget)
-	out[2].RatioTo, out[2].Ratio = ref, ratio(out[2].RecordsPerSec, out[1].RecordsPerSec)
-	if err := truncateCopy(context.WithoutCancel(ctx), env.Pool); err != nil {
-		return nil, err
 	}
 	return out, nil
 }
@@ -123,19 +144,14 @@ func (s fetchScenario) runSize(ctx context.Context, env *Env, size, n int) ([]Re
 // load appends n records to partition 0 of stream with streamd (batches of 1000) and
 // COPYs the same rows into the empty baseline table.
 func (fetchScenario) load(ctx context.Context, env *Env, stream string, size, n int) error {
-	const batch = 1000
-	src := newRowSource(env, stream, 0, size)
-	var recs []streams.Record
-	for done := 0; done < n; done += batch {
-		recs, _ = src.records(recs, min(batch, n-done), 0, 1)
-		if _, err := env.Client.Produce(ctx, recs...); err != nil {
-			return fmt.Errorf("load %s: %w", stream, err)
-		}
+	if err := loadFetchStream(ctx, env, stream, size, n); err != nil {
+		return err
 	}
 	if err := truncateCopy(ctx, env.Pool); err != nil {
 		return err
 	}
-	src = newRowSource(env, stream, 0, size)
+	const batch = 1000
+	src := newRowSource(env, stream, 0, size)
 	var rows [][]any
 	for done := 0; done < n; done += batch {
 		rows, _ = src.copyRows(rows, min(batch, n-done), 0, int64(done), time.Now())
@@ -145,6 +161,21 @@ func (fetchScenario) load(ctx context.Context, env *Env, stream string, size, n 
 	}
 	_, err := env.Pool.Exec(ctx, "ANALYZE streamd_bench.events_copy")
 	return err
+}
+
+// loadFetchStream appends n records of size bytes to partition 0 of stream with
+// streams.Client.Produce, in batches of 1000.
+func loadFetchStream(ctx context.Context, env *Env, stream string, size, n int) error {
+	const batch = 1000
+	src := newRowSource(env, stream, 0, size)
+	var recs []streams.Record
+	for done := 0; done < n; done += batch {
+		recs, _ = src.records(recs, min(batch, n-done), 0, 1)
+		if _, err := env.Client.Produce(ctx, recs...); err != nil {
+			return fmt.Errorf("load %s: %w", stream, err)
+		}
+	}
+	return nil
 }
 
 // rawReader returns a reader that runs the baseline range query on table and scans

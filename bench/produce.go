@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/streamd/streamd/streams"
 )
 
@@ -93,6 +95,11 @@ func (s produceScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 
 // produceStreamd runs one streamd case on a fresh stream and deletes it afterwards.
 func produceStreamd(ctx context.Context, env *Env, p Params) (Result, error) {
+	return produceStreamdCase(ctx, env, "produce", "streamd", p)
+}
+
+// produceStreamdCase is produceStreamd for scenario, naming the result's system.
+func produceStreamdCase(ctx context.Context, env *Env, scenario, system string, p Params) (Result, error) {
 	stream := env.StreamName("produce", sizeLabel(p.PayloadBytes), fmt.Sprint(p.BatchSize), fmt.Sprint(p.Conns), fmt.Sprint(p.Partitions))
 	if err := env.Client.CreateStream(ctx, stream, int32(p.Partitions)); err != nil {
 		return Result{}, err
@@ -133,7 +140,7 @@ func produceStreamd(ctx context.Context, env *Env, p Params) (Result, error) {
 	if err := dropStream(ctx, env, stream); err != nil {
 		return Result{}, err
 	}
-	r := loadToResult("produce", "streamd", false, p, load)
+	r := loadToResult(scenario, system, false, p, load)
 	env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
 	return r, nil
 }
@@ -144,6 +151,18 @@ func produceCopy(ctx context.Context, env *Env, p Params) (Result, error) {
 	if err := truncateCopy(ctx, env.Pool); err != nil {
 		return Result{}, err
 	}
+	clean := func(ctx context.Context, _ string) error { return truncateCopy(ctx, env.Pool) }
+	mode := p.Mode
+	p.Mode = ""
+	r, err := produceCopyCase(ctx, env, "produce", "copy", p, copyTable, clean)
+	r.Params.Mode = mode
+	return r, err
+}
+
+// produceCopyCase runs a baseline case of scenario into table, which holds no rows of
+// the case's stream, and then calls clean with that stream's name.
+func produceCopyCase(ctx context.Context, env *Env, scenario, system string, p Params, table pgx.Identifier,
+	clean func(ctx context.Context, stream string) error) (Result, error) {
 	stream := env.StreamName("produce", sizeLabel(p.PayloadBytes), fmt.Sprint(p.BatchSize), fmt.Sprint(p.Conns), fmt.Sprint(p.Partitions))
 	next := make([]atomic.Int64, p.Partitions)
 	srcs := make([]*rowSource, p.Conns)
@@ -157,7 +176,7 @@ func produceCopy(ctx context.Context, env *Env, p Params) (Result, error) {
 		base := next[part].Add(int64(p.BatchSize)) - int64(p.BatchSize)
 		rows, bytes := srcs[w].copyRows(bufs[w], p.BatchSize, int32(part), base, time.Now())
 		bufs[w] = rows
-		if err := copyBatch(ctx, env.Pool, rows); err != nil {
+		if err := copyBatchInto(ctx, env.Pool, table, rows); err != nil {
 			return 0, 0, err
 		}
 		return len(rows), bytes, nil
@@ -165,13 +184,10 @@ func produceCopy(ctx context.Context, env *Env, p Params) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if err := truncateCopy(context.WithoutCancel(ctx), env.Pool); err != nil {
+	if err := clean(context.WithoutCancel(ctx), stream); err != nil {
 		return Result{}, err
 	}
-	mode := p.Mode
-	p.Mode = ""
-	r := loadToResult("produce", "copy", true, p, load)
-	r.Params.Mode = mode
+	r := loadToResult(scenario, system, true, p, load)
 	env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
 	return r, nil
 }

@@ -146,7 +146,12 @@ func (s *rowSource) copyRows(out [][]any, n int, part int32, base int64, ts time
 
 // copyBatch writes rows into the baseline table with one COPY (its own transaction).
 func copyBatch(ctx context.Context, pool *pgxpool.Pool, rows [][]any) error {
-	n, err := pool.CopyFrom(ctx, copyTable, copyColumns, pgx.CopyFromRows(rows))
+	return copyBatchInto(ctx, pool, copyTable, rows)
+}
+
+// copyBatchInto writes rows into table with one COPY (its own transaction).
+func copyBatchInto(ctx context.Context, pool *pgxpool.Pool, table pgx.Identifier, rows [][]any) error {
+	n, err := pool.CopyFrom(ctx, table, copyColumns, pgx.CopyFromRows(rows))
 	if err != nil {
 		return fmt.Errorf("copy %d rows: %w", len(rows), err)
 	}
