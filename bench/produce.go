@@ -95,11 +95,15 @@ func (s produceScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 
 // produceStreamd runs one streamd case on a fresh stream and deletes it afterwards.
 func produceStreamd(ctx context.Context, env *Env, p Params) (Result, error) {
-	return produceStreamdCase(ctx, env, "produce", "streamd", p)
+	return produceStreamdCase(ctx, env, "produce", "streamd", p, func(ctx context.Context, stream string) error {
+		return dropStream(ctx, env, stream)
+	})
 }
 
-// produceStreamdCase is produceStreamd for scenario, naming the result's system.
-func produceStreamdCase(ctx context.Context, env *Env, scenario, system string, p Params) (Result, error) {
+// produceStreamdCase is produceStreamd for scenario, naming the result's system, with
+// drop in charge of removing the stream.
+func produceStreamdCase(ctx context.Context, env *Env, scenario, system string, p Params,
+	drop func(ctx context.Context, stream string) error) (Result, error) {
 	stream := env.StreamName("produce", sizeLabel(p.PayloadBytes), fmt.Sprint(p.BatchSize), fmt.Sprint(p.Conns), fmt.Sprint(p.Partitions))
 	if err := env.Client.CreateStream(ctx, stream, int32(p.Partitions)); err != nil {
 		return Result{}, err
@@ -137,7 +141,7 @@ func produceStreamdCase(ctx context.Context, env *Env, scenario, system string, 
 	if stored != load.records {
 		return Result{}, fmt.Errorf("produce to %s: %d records acknowledged but the log end offsets sum to %d", stream, load.records, stored)
 	}
-	if err := dropStream(ctx, env, stream); err != nil {
+	if err := drop(ctx, stream); err != nil {
 		return Result{}, err
 	}
 	r := loadToResult(scenario, system, false, p, load)

@@ -7,6 +7,7 @@
 //	go run ./bench/cmd/streamd-bench -suite full             # make bench-full
 //	go run ./bench/cmd/streamd-bench -scenarios profile      # one scenario
 //	go run ./bench/cmd/streamd-bench -from-json bench/results/2026-11-22-vm.json  # redraw
+//	go run ./bench/cmd/streamd-bench -drop-ballast           # free the growth scenario's disk
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -45,6 +47,8 @@ func run() error {
 	waitQuiet := flag.Duration("wait-quiet", 0, "wait up to this long for the 1-minute load average to drop below -quiet-load before starting")
 	quietLoad := flag.Float64("quiet-load", 1.0, "the load average -wait-quiet waits for")
 	fromJSON := flag.String("from-json", "", "run nothing: redraw the charts and the RESULTS.md section from this results file")
+	growthLog := flag.String("growth-log", "", "override the suite's log sizes for the growth scenario, e.g. 0,1M,10M")
+	dropBallast := flag.Bool("drop-ballast", false, "run nothing: drop the growth scenario's kept ballast database (and dead runs' temporary ones)")
 	flag.Parse()
 
 	if *fromJSON != "" {
@@ -61,6 +65,11 @@ func run() error {
 	}
 	if *duration > 0 {
 		suite.CaseDuration = *duration
+	}
+	if *growthLog != "" {
+		if suite.GrowthLogEvents, err = parseCounts(*growthLog); err != nil {
+			return fmt.Errorf("-growth-log: %w", err)
+		}
 	}
 	var names []string
 	if *scenarios != "" {
@@ -95,6 +104,14 @@ func run() error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
+	if *dropBallast {
+		names, err := bench.DropBallast(ctx, pool)
+		if err != nil {
+			return err
+		}
+		fmt.Println("dropped:", strings.Join(names, " "))
+		return nil
+	}
 	if _, err := schema.Migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
@@ -140,4 +157,25 @@ func write(rep *bench.Report, outDir, resultsMD string) error {
 		fmt.Println("updated", resultsMD)
 	}
 	return nil
+}
+
+// parseCounts parses comma-separated counts such as "0,500k,10M".
+func parseCounts(s string) ([]int64, error) {
+	var out []int64
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		mult := int64(1)
+		switch {
+		case strings.HasSuffix(f, "k"):
+			mult, f = 1000, strings.TrimSuffix(f, "k")
+		case strings.HasSuffix(f, "M"):
+			mult, f = 1_000_000, strings.TrimSuffix(f, "M")
+		}
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("bad count %q", f)
+		}
+		out = append(out, n*mult)
+	}
+	return out, nil
 }
