@@ -88,6 +88,7 @@ bench-peers: db-start
 	cd bench/peers && $(GO) run .
 
 # End-to-end latency at ~1,000 events/s: the tailer, LISTEN/NOTIFY and polling in one
-# run, on a private cluster (bench/latency_scenario.go).
+# run, on a private cluster with fsync off (bench/latency_scenario.go; bench-full runs
+# it on the project's cluster).
 bench-latency: db-start
 	STREAMD_BENCH_LATENCY=$${STREAMD_BENCH_LATENCY:-10s} $(GO) test -count=1 -run TestLatencyScenario -v -timeout 20m ./bench/

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,9 +30,25 @@ import (
 // Latency is from the producer's commit returning to the reader's fetch returning the
 // event, both clocks in this process. A reader may see an event before the producer
 // sees its commit acknowledged; such samples count as 0 and are reported in the note.
+// Each mode gives timing-only results (commit→fetch, and commit→wake-up for the modes
+// with wake-ups), with ratios to listen's: LISTEN/NOTIFY is the raw-PostgreSQL
+// baseline. The keep-up cases are throughput results.
+//
+// It runs in the full suite on the benchmark's own server (its wal_level must be
+// logical), for Suite.LatencyDuration per mode; there the tailers' temporary slots
+// may take 15 to 30 s each to be created while other work writes (see tailertest),
+// which is setup, not measured. TestLatencyScenario (`make bench-latency`) runs it on
+// a private cluster instead, with fsync off.
 type latencyScenario struct{}
 
+// After the scenarios that measure throughput, before growth (whose loads would
+// disturb it).
+func init() { register(90, latencyScenario{}) }
+
 func (latencyScenario) Name() string { return "latency" }
+
+// latencyReadyWait bounds the wait for a tailer's slot and a listener's connection.
+const latencyReadyWait = 2 * time.Minute
 
 const (
 	latencyRate      = 1000 // events per second
@@ -41,7 +58,20 @@ const (
 var latencyPayload = []byte(`{"k":1}`)
 
 func (s latencyScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
-	d := 5 * env.Suite.CaseDuration
+	d := env.Suite.LatencyDuration
+	if d <= 0 {
+		env.Logger.Info("latency: not in this suite (make bench-latency, or -suite full)", "suite", env.Suite.Name)
+		return nil, nil
+	}
+	var walLevel string
+	if err := env.Pool.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
+		return nil, err
+	}
+	if walLevel != "logical" {
+		env.Logger.Warn("latency: skipped, the server's wal_level is not logical", "wal_level", walLevel)
+		env.AddNote("latency", "Latency: not measured", fmt.Sprintf("The server runs with wal_level=%s; the tailer needs logical.\n", walLevel))
+		return nil, nil
+	}
 	var out []Result
 	for _, mode := range []string{"tailer", "tailer-inprocess", "listen", "poll"} {
 		rs, err := s.run(ctx, env, mode, d)
@@ -49,6 +79,20 @@ func (s latencyScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 			return nil, fmt.Errorf("latency %s: %w", mode, err)
 		}
 		out = append(out, rs...)
+	}
+	// Ratios to the raw LISTEN/NOTIFY path: commit→fetch to listen's, commit→wake-up
+	// to listen's wake-up.
+	for i := range out {
+		if out[i].System == "listen" || out[i].System == "listen-wakeup" {
+			continue
+		}
+		ref := "latency listen " + fmt.Sprint(latencyRate) + "/s"
+		if strings.HasSuffix(out[i].System, "-wakeup") {
+			ref += " wake-up"
+		}
+		if base := find(out, ref); base.Case != "" {
+			out[i].RatioTo, out[i].Ratio = ref, resultRatio(out[i], base)
+		}
 	}
 	for _, batch := range []int{100, 1000} {
 		r, err := s.keepUp(ctx, env, d, batch)
@@ -64,8 +108,8 @@ func (s latencyScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 // wake-ups, the commit→wake-up result: the time until the reader was woken after the
 // commit or already had the event, whichever came first.
 func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.Duration) ([]Result, error) {
-	res := Result{Scenario: "latency", System: mode, Baseline: mode == "listen" || mode == "poll",
-		Case: fmt.Sprintf("latency %s %d/s", mode, latencyRate), Params: Params{Partitions: latencyProducers, BatchSize: 1, Conns: latencyProducers, Mode: mode}}
+	name := fmt.Sprintf("latency %s %d/s", mode, latencyRate)
+	params := Params{Partitions: latencyProducers, BatchSize: 1, Conns: latencyProducers, Mode: mode}
 	stream := env.StreamName("latency", mode)
 	if err := env.Client.CreateStream(ctx, stream, latencyProducers); err != nil {
 		return nil, err
@@ -94,10 +138,10 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 			return nil, err
 		}
 		start("broadcaster", b.Run)
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(latencyReadyWait)
 		for !b.Streaming() {
 			if time.Now().After(deadline) {
-				return nil, fmt.Errorf("tailer not streaming within 30s")
+				return nil, fmt.Errorf("tailer not streaming within %s", latencyReadyWait)
 			}
 			time.Sleep(10 * time.Millisecond) // polling interval
 		}
@@ -117,10 +161,10 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 			start("broadcaster", b.Run)
 			ready = func() bool { return l.Connected() && b.Streaming() }
 		}
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(latencyReadyWait)
 		for !ready() {
 			if time.Now().After(deadline) {
-				return nil, fmt.Errorf("wake-up path not ready within 30s")
+				return nil, fmt.Errorf("wake-up path not ready within %s", latencyReadyWait)
 			}
 			time.Sleep(10 * time.Millisecond) // polling interval
 		}
@@ -226,19 +270,14 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 	if missing > 0 {
 		return nil, fmt.Errorf("%d of %d events not delivered within 10s", missing, total)
 	}
-	res.Records = total
-	res.Bytes = total * int64(len(latencyPayload))
-	res.Seconds = elapsed.Seconds()
-	res.Latency = summarize(samples)
-	res.Note = fmt.Sprintf("commit→fetch latency; %d of %d seen before the producer's commit returned (counted as 0)", early, total)
-	res.finish()
+	rate := fmt.Sprintf("%d events at %.0f/s (paced at %d/s)", total, float64(total)/elapsed.Seconds(), latencyRate)
+	res := timingResult("latency", mode, name, mode == "listen", params, "commit returned → fetch returned the event", samples)
+	res.Note = fmt.Sprintf("%s; %d seen before the producer's commit returned (counted as 0)", rate, early)
 	out := []Result{res}
 	if hub != nil {
-		wr := res
-		wr.Case += " wake-up"
-		wr.System += "-wakeup"
-		wr.Latency = summarize(wakeSamples)
-		wr.Note = "commit→wake-up latency: until the reader was woken after the commit returned, or had fetched the event if sooner"
+		wr := timingResult("latency", mode+"-wakeup", name+" wake-up", mode == "listen", params,
+			"commit returned → reader woken, or the event fetched if sooner", wakeSamples)
+		wr.Note = rate
 		out = append(out, wr)
 	}
 	return out, nil
@@ -366,10 +405,10 @@ func (s latencyScenario) keepUp(ctx context.Context, env *Env, d time.Duration, 
 	tdone := make(chan error, 1)
 	go func() { tdone <- tl.Run(rctx) }() // owner: keepUp; exits at stop
 	defer func() { stop(); <-tdone }()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(latencyReadyWait)
 	for tl.State() != tailer.StateStreaming {
 		if time.Now().After(deadline) {
-			return res, fmt.Errorf("tailer not streaming within 60s")
+			return res, fmt.Errorf("tailer not streaming within %s", latencyReadyWait)
 		}
 		time.Sleep(10 * time.Millisecond) // polling interval
 	}

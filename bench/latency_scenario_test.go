@@ -30,10 +30,11 @@ func TestLatencyScenario(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	suite := TinySuite()
+	suite.LatencyDuration = 750 * time.Millisecond
 	if v := os.Getenv("STREAMD_BENCH_LATENCY"); v != "" {
 		d, err := time.ParseDuration(v)
 		require.NoError(t, err)
-		suite.CaseDuration = d / 5
+		suite.LatencyDuration = d
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -42,14 +43,20 @@ func TestLatencyScenario(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, res, 9) // 3 wake-up modes × 2, poll, 2 keep-up
 	for _, r := range res {
-		require.Positive(t, r.Records, r.Case)
 		if r.System == "tailer-keepup" {
-			t.Logf("%-24s %8d records %8.0f/s  (%s)", r.Case, r.Records, r.RecordsPerSec, r.Note)
+			require.Positive(t, r.Records, r.Case)
+			t.Logf("%-32s %8d records %8.0f/s  (%s)", r.Case, r.Records, r.RecordsPerSec, r.Note)
 			continue
 		}
-		require.NotNil(t, r.Latency, r.Case)
-		require.EqualValues(t, r.Records, r.Latency.Count, "%s: every event delivered", r.Case)
-		t.Logf("%-24s %6d events %7.0f/s  p50 %6.3f ms  p99 %6.3f ms  max %7.3f ms  (%s)",
-			r.Case, r.Records, r.RecordsPerSec, r.Latency.P50, r.Latency.P99, r.Latency.Max, r.Note)
+		// Timing-only; the scenario fails when an event was not delivered.
+		require.NotNil(t, r.Timing, r.Case)
+		require.Positive(t, r.Timing.Count, r.Case)
+		if r.Baseline {
+			require.Contains(t, r.System, "listen", r.Case)
+		} else {
+			require.Positive(t, r.Ratio, "%s: ratio to %q", r.Case, r.RatioTo)
+		}
+		t.Logf("%-32s %6d events  p50 %6.3f ms  p99 %6.3f ms  max %7.3f ms  ratio %.2f  (%s)",
+			r.Case, r.Timing.Count, r.Timing.P50, r.Timing.P99, r.Timing.Max, r.Ratio, r.Note)
 	}
 }

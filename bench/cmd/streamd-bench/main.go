@@ -47,6 +47,7 @@ func run() error {
 	waitQuiet := flag.Duration("wait-quiet", 0, "wait up to this long for the 1-minute load average to drop below -quiet-load before starting")
 	quietLoad := flag.Float64("quiet-load", 1.0, "the load average -wait-quiet waits for")
 	fromJSON := flag.String("from-json", "", "run nothing: redraw the charts and the RESULTS.md section from this results file")
+	latency := flag.Duration("latency", 0, "run the latency scenario for this long per mode (the full suite's default is 20s; quick and tiny leave it out unless this is set)")
 	growthLog := flag.String("growth-log", "", "override the suite's log sizes for the growth scenario, e.g. 0,1M,10M")
 	dropBallast := flag.Bool("drop-ballast", false, "run nothing: drop the growth scenario's kept ballast database (and dead runs' temporary ones)")
 	flag.Parse()
@@ -65,6 +66,9 @@ func run() error {
 	}
 	if *duration > 0 {
 		suite.CaseDuration = *duration
+	}
+	if *latency > 0 {
+		suite.LatencyDuration = *latency
 	}
 	if *growthLog != "" {
 		if suite.GrowthLogEvents, err = parseCounts(*growthLog); err != nil {
