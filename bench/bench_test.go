@@ -61,6 +61,8 @@ func TestTinySuite(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, rep.WriteCharts(dir))
 	require.NotEmpty(t, rep.Charts)
+	require.Contains(t, rep.Charts, rep.Slug()+"-queue-workers.svg")
+	require.Contains(t, rep.Charts, rep.Slug()+"-growth.svg")
 	for _, c := range rep.Charts {
 		b, err := os.ReadFile(filepath.Join(dir, c))
 		require.NoError(t, err)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -288,7 +289,44 @@ func (r *Report) charts() []namedChart {
 	if len(fc.series) > 0 {
 		out = append(out, namedChart{"latency-fetch", fc})
 	}
+	if c, ok := r.seriesChart("queue", func(res Result) (string, float64, bool) { return res.System, float64(res.Params.Conns), true },
+		chart{title: "queue: messages/s vs workers (send + drain, batches of 100)", xLabel: "workers (log)", yLabel: "messages/s", logX: true, dots: true}); ok {
+		out = append(out, namedChart{"queue-workers", c})
+	}
+	if c, ok := r.seriesChart("growth", func(res Result) (string, float64, bool) {
+		return res.System, float64(res.Params.LogEvents) / 1e6, !strings.HasPrefix(res.System, "load-")
+	}, chart{title: "growth: records/s vs events already in the log", xLabel: "millions of events in streamd.events", yLabel: "records/s", dots: true}); ok {
+		out = append(out, namedChart{"growth", c})
+	}
 	return out
+}
+
+// seriesChart draws scenario's throughput results as one series per name that pick
+// returns (baselines dashed), at x; pick's false leaves a result out.
+func (r *Report) seriesChart(scenario string, pick func(Result) (name string, x float64, ok bool), c chart) (chart, bool) {
+	points := map[string][]point{}
+	dashed := map[string]bool{}
+	var names []string
+	for _, res := range r.Results {
+		if res.Scenario != scenario || res.Timing != nil {
+			continue
+		}
+		name, x, ok := pick(res)
+		if !ok {
+			continue
+		}
+		if _, seen := points[name]; !seen {
+			names = append(names, name)
+		}
+		points[name] = append(points[name], point{x, res.RecordsPerSec})
+		dashed[name] = res.Baseline
+	}
+	for _, n := range names {
+		pts := points[n]
+		slices.SortFunc(pts, func(a, b point) int { return cmp.Compare(a.x, b.x) })
+		c.series = append(c.series, series{name: n, points: pts, dashed: dashed[n]})
+	}
+	return c, len(names) > 0
 }
 
 const (
