@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -421,12 +422,10 @@ func ballastRows(out [][]any, part int32, base int64, n int, ts time.Time, pl []
 	return out, bytes
 }
 
-// checkRoom refuses a load of rows rows that would not leave 5 GB free on the
-// server's data directory (when it is on this machine), or whose WAL an inactive
-// replication slot would keep (anywhere on the server).
+// checkRoom is checkBallastRoom for a load into g, with the bytes per row measured on
+// what g already holds when that is enough to say.
 func (g *growthDB) checkRoom(ctx context.Context, rows int64) error {
-	// Bytes per row: from what the database already holds, once that is enough to say.
-	var perRow float64 = ballastBytesPerRow
+	perRow := float64(ballastBytesPerRow)
 	if ev, cp, err := g.ballastSize(ctx); err == nil && sum64(ev)+sum64(cp) >= 200_000 {
 		var size int64
 		if err := g.pool.QueryRow(ctx, `SELECT pg_total_relation_size('streamd.events') + pg_total_relation_size($1::text::regclass)`,
@@ -434,10 +433,21 @@ func (g *growthDB) checkRoom(ctx context.Context, rows int64) error {
 			perRow = float64(size) / float64(sum64(ev)+sum64(cp))
 		}
 	}
+	return checkBallastRoom(ctx, g.pool, rows, perRow, g.env.Logger)
+}
+
+// checkBallastRoom refuses a load of rows ballast rows (both tables counted) of
+// perRow bytes each that would leave less than 5 GB free on the server's data
+// directory (when it is on this machine), or whose WAL an inactive replication slot
+// would keep (anywhere on the server).
+func checkBallastRoom(ctx context.Context, pool *pgxpool.Pool, rows int64, perRow float64, logger *slog.Logger) error {
+	if rows <= 0 {
+		return nil
+	}
 	need := int64(float64(rows) * perRow)
 	if rows >= 1_000_000 {
 		// About 550 bytes of WAL per 100-byte row and table (bench/RESULTS.md's profile).
-		rs, err := g.pool.Query(ctx, "SELECT slot_name FROM pg_replication_slots WHERE NOT active")
+		rs, err := pool.Query(ctx, "SELECT slot_name FROM pg_replication_slots WHERE NOT active")
 		if err != nil {
 			return err
 		}
@@ -446,12 +456,12 @@ func (g *growthDB) checkRoom(ctx context.Context, rows int64) error {
 			return err
 		}
 		if len(slots) > 0 {
-			return fmt.Errorf("growth: loading %d ballast rows writes about %.0f GB of WAL, which the inactive replication slot(s) %s would keep: drop them (pg_drop_replication_slot) first",
+			return fmt.Errorf("loading %d ballast rows writes about %.0f GB of WAL, which the inactive replication slot(s) %s would keep: drop them (pg_drop_replication_slot) first",
 				rows, float64(rows)*550/1e9, strings.Join(slots, ", "))
 		}
 	}
 	var dir string
-	if err := g.pool.QueryRow(ctx, "SHOW data_directory").Scan(&dir); err != nil {
+	if err := pool.QueryRow(ctx, "SHOW data_directory").Scan(&dir); err != nil {
 		return nil // not allowed to know: the server is not ours to check
 	}
 	if _, err := os.Stat(dir); err != nil {
@@ -464,10 +474,10 @@ func (g *growthDB) checkRoom(ctx context.Context, rows int64) error {
 	free := int64(st.Bavail) * st.Bsize
 	const margin = 5 << 30
 	if need+margin > free {
-		return fmt.Errorf("growth: loading %d ballast rows takes about %.1f GB (%.0f bytes a row), and %s has %.1f GB free (5 GB must stay free): free space, drop the kept ballast (streamd-bench -drop-ballast) or use a smaller suite",
+		return fmt.Errorf("loading %d ballast rows takes about %.1f GB (%.0f bytes a row), and %s has %.1f GB free (5 GB must stay free): free space, drop the kept ballast (streamd-bench -drop-ballast) or use smaller sizes (-growth-log)",
 			rows, float64(need)/1e9, perRow, dir, float64(free)/1e9)
 	}
-	g.env.Logger.Info("growth: room for the load", "rows", rows, "gb_needed", float64(need)/1e9, "gb_free", float64(free)/1e9)
+	logger.Info("growth: room for the load", "rows", rows, "gb_needed", float64(need)/1e9, "gb_free", float64(free)/1e9)
 	return nil
 }
 

@@ -38,6 +38,13 @@ type Scenario interface {
 	Run(ctx context.Context, env *Env) ([]Result, error)
 }
 
+// preflighter is a Scenario that can tell, before the run starts, that it would fail
+// for want of something (disk space): Run asks every scenario it will run first, so
+// that a late scenario cannot throw away an hour of results.
+type preflighter interface {
+	preflight(ctx context.Context, env *Env) error
+}
+
 // registered is a scenario and its place in the run order.
 type registered struct {
 	order    int
@@ -212,11 +219,21 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Report, error)
 	if err := setupBaselineSchema(ctx, pool); err != nil {
 		return nil, err
 	}
-	start := time.Now()
+	var run []Scenario
 	for _, s := range Scenarios() {
-		if len(opts.Scenarios) > 0 && !slices.Contains(opts.Scenarios, s.Name()) {
-			continue
+		if len(opts.Scenarios) == 0 || slices.Contains(opts.Scenarios, s.Name()) {
+			run = append(run, s)
 		}
+	}
+	for _, s := range run {
+		if p, ok := s.(preflighter); ok {
+			if err := p.preflight(ctx, env); err != nil {
+				return nil, fmt.Errorf("scenario %s: %w", s.Name(), err)
+			}
+		}
+	}
+	start := time.Now()
+	for _, s := range run {
 		logger.Info("scenario start", "scenario", s.Name())
 		t0 := time.Now()
 		res, err := s.Run(ctx, env)

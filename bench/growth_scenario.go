@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // growthScenario measures produce and fetch with the log already holding 0, 10M and
@@ -58,12 +60,66 @@ func growthPlan(kept int64, sizes []int64) []growthStep {
 	return out
 }
 
-func (s growthScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
-	sizes := env.Suite.GrowthLogEvents
+// checkSizes validates the suite's log sizes.
+func checkSizes(sizes []int64) error {
 	for i, n := range sizes {
 		if n < 0 || n%ballastPartitions != 0 || (i > 0 && n <= sizes[i-1]) {
-			return nil, fmt.Errorf("growth: log sizes %v must ascend and be multiples of %d", sizes, ballastPartitions)
+			return fmt.Errorf("growth: log sizes %v must ascend and be multiples of %d", sizes, ballastPartitions)
 		}
+	}
+	return nil
+}
+
+// preflight checks, before the run starts, that the ballast this run will load fits
+// on the disk: the kept ballast grown to the largest size, plus a temporary database
+// for the sizes below what is kept now.
+func (growthScenario) preflight(ctx context.Context, env *Env) error {
+	sizes := env.Suite.GrowthLogEvents
+	if err := checkSizes(sizes); err != nil || len(sizes) == 0 {
+		return err
+	}
+	base := env.Pool.Config().ConnConfig.Database
+	var kept int64
+	perRow := float64(ballastBytesPerRow)
+	var exists bool
+	if err := env.Pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", ballastDBName(base)).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		cfg := env.Pool.Config().Copy()
+		cfg.ConnConfig.Database = ballastDBName(base)
+		cfg.MaxConns, cfg.MinConns = 1, 0
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		var size int64
+		// Errors leave the estimate at nothing kept: a database whose creation was
+		// interrupted has no schema yet.
+		if pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0), pg_total_relation_size('streamd.events') + coalesce(pg_total_relation_size(to_regclass($2)), 0)
+			FROM streamd.stream_partitions WHERE stream_name = $1`, ballastStream, growthCopyTable.Sanitize()).Scan(&kept, &size) == nil && kept >= 100_000 {
+			perRow = float64(size) / float64(2*kept)
+		}
+	}
+	var rows int64
+	plan := growthPlan(kept, sizes)
+	for i := len(plan) - 1; i >= 0; i-- {
+		if plan[i].temp { // the largest temporary size, loaded from empty
+			rows += 2 * plan[i].events
+			break
+		}
+	}
+	if last := plan[len(plan)-1]; !last.temp {
+		rows += 2 * (last.events - kept)
+	}
+	return checkBallastRoom(ctx, env.Pool, rows, perRow, env.Logger)
+}
+
+func (s growthScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
+	sizes := env.Suite.GrowthLogEvents
+	if err := checkSizes(sizes); err != nil {
+		return nil, err
 	}
 	if len(sizes) == 0 {
 		return nil, nil
