@@ -50,8 +50,9 @@ const (
 	// scenario holds from start to end: runs that share a server take turns.
 	ballastLockKey = "streamd-bench-ballast"
 	// ballastBytesPerRow is the disk a 100-byte ballast row takes in one table, heap
-	// and indexes, when no loaded ballast says better (measured: about 330 bytes).
-	ballastBytesPerRow = 400
+	// and indexes, when no loaded ballast says better (measured: 455-460 bytes at 200k
+	// rows; the two indexes split half-full, as the partitions' inserts interleave).
+	ballastBytesPerRow = 480
 )
 
 // growthCopyTable is the growth scenario's baseline table: streamd.events' columns,
@@ -104,7 +105,11 @@ func openGrowthDB(ctx context.Context, env *Env, name string, temp bool) (*growt
 	g.env = &Env{Pool: pool, Client: streams.NewClient(pool, &streams.ClientConfig{Logger: env.Logger}), Suite: env.Suite,
 		RunID: env.RunID, Logger: env.Logger}
 	if err := g.setup(ctx); err != nil {
-		g.close()
+		if temp {
+			_ = dropDB(ctx, env, g)
+		} else {
+			g.close()
+		}
 		return nil, err
 	}
 	return g, nil
