@@ -43,7 +43,7 @@ type latencyScenario struct{}
 
 // After the scenarios that measure throughput, before growth (whose loads would
 // disturb it).
-func init() { register(90, latencyScenario{}) }
+func init() { register(95, latencyScenario{}) }
 
 func (latencyScenario) Name() string { return "latency" }
 
