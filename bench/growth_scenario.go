@@ -10,7 +10,7 @@ import (
 )
 
 // growthScenario measures produce and fetch with the log already holding 0, 10M and
-// 50M events (full suite; 0 and 1M quick), each against its raw baseline in the same
+// 50M events (full suite; 0 and 500k quick), each against its raw baseline in the same
 // database at the same size (ballast.go says where the ballast lives and how it is
 // kept between runs):
 //

@@ -9,7 +9,7 @@ import (
 )
 
 // retentionScenario measures the cost of retention (issue 8): deleting the oldest N
-// records of a one-partition stream (500k quick, 2M full) with retention.Runner.Apply
+// records of a one-partition stream (250k quick, 2M full) with retention.Runner.Apply
 // and a size policy keeping the last 1000, against a raw DELETE of the same rows from
 // the baseline copy table (same columns and indexes, no triggers), in the same run:
 //
@@ -35,7 +35,7 @@ const (
 )
 
 func (s retentionScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
-	n := bySuite(env, 5_000, 500_000, 2_000_000)
+	n := bySuite(env, 5_000, 250_000, 2_000_000)
 	reps := bySuite(env, 1, 2, 3)
 	runner, err := retention.New(env.Pool, &retention.Config{BatchSize: retentionBatch, Logger: quietLogger})
 	if err != nil {

@@ -68,7 +68,7 @@ func QuickSuite() Suite {
 		ProfileBatch:      1000,
 		QueueWorkers:      []int{1, 4, 16},
 		QueueMessages:     20_000,
-		GrowthLogEvents:   []int64{0, 1_000_000},
+		GrowthLogEvents:   []int64{0, 500_000},
 	}
 }
 
