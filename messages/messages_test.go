@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -197,6 +199,48 @@ func TestReceiveWithAcks(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, none)
 	require.Equal(t, 0, count(t, c.Pool(), q))
+}
+
+// ReceiveOpts.Ack's acks and the receive are one transaction: a receive that fails
+// undoes the acks, so the acked messages are still there (and their receipts still
+// settle). The receive is made to fail by a trigger on this test's queue only.
+func TestReceiveWithAcksIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, q := setup(t, nil, nil)
+	for i := range 3 {
+		_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(i)})
+		require.NoError(t, err)
+	}
+	first, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 1})
+	require.NoError(t, err)
+	require.Len(t, first, 1)
+
+	fn := pgx.Identifier{"public", strings.ReplaceAll(testdb.Name("fail_receive"), "-", "_")}.Sanitize()
+	trg := pgx.Identifier{strings.ReplaceAll(testdb.Name("fail_receive"), "-", "_")}.Sanitize()
+	_, err = c.Pool().Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS
+		$$BEGIN RAISE EXCEPTION 'receive refused by the test'; END$$`)
+	require.NoError(t, err)
+	_, err = c.Pool().Exec(ctx, `CREATE TRIGGER `+trg+` BEFORE UPDATE ON streamd.messages FOR EACH ROW
+		WHEN (OLD.stream_name = '`+q+`') EXECUTE FUNCTION `+fn+`()`)
+	require.NoError(t, err)
+	dropped := false
+	drop := func() {
+		if !dropped {
+			_, err := c.Pool().Exec(ctx, `DROP TRIGGER `+trg+` ON streamd.messages; DROP FUNCTION `+fn+`()`)
+			require.NoError(t, err)
+			dropped = true
+		}
+	}
+	defer drop()
+
+	_, err = c.Receive(ctx, q, &messages.ReceiveOpts{Max: 2, Ack: []messages.Receipt{first[0].Receipt}})
+	require.ErrorContains(t, err, "receive refused by the test")
+	require.Equal(t, 3, count(t, c.Pool(), q), "the failed receive undid the ack")
+	drop()
+
+	require.NoError(t, c.Ack(ctx, first[0].Receipt), "the receipt still holds its lease")
+	require.Equal(t, 2, count(t, c.Pool(), q))
 }
 
 // Dedup keys are the ids a sender names (and ids a plain SQL INSERT writes); a made id
