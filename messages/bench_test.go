@@ -43,21 +43,29 @@ const (
 	benchConsumers = 4
 )
 
-func BenchmarkQueueThroughput(b *testing.B) {
+// benchQueue returns a pool of benchConsumers + 2 connections, a Client on it and a
+// new queue (named from prefix), all dropped when the benchmark ends.
+func benchQueue(b *testing.B, prefix string) (*pgxpool.Pool, *messages.Client, string) {
 	ctx := context.Background()
 	cfg := testdb.Config(b)
 	cfg.MaxConns = benchConsumers + 2
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(b, err)
-	defer pool.Close()
+	b.Cleanup(pool.Close)
 	c, err := messages.NewClient(pool, nil)
 	require.NoError(b, err)
-	q := testdb.Name("bench")
+	q := testdb.Name(prefix)
 	require.NoError(b, c.CreateQueue(ctx, q, nil))
-	defer func() { _ = c.DeleteQueue(ctx, q) }()
+	b.Cleanup(func() { _ = c.DeleteQueue(context.Background(), q) })
+	return pool, c, q
+}
+
+func BenchmarkQueueThroughput(b *testing.B) {
+	ctx := context.Background()
+	pool, c, q := benchQueue(b, "bench")
 	raw := pgx.Identifier{strings.ReplaceAll(testdb.Name("bench_raw"), "-", "_")}.Sanitize()
 	pgmq := pgx.Identifier{strings.ReplaceAll(testdb.Name("bench_pgmq"), "-", "_")}.Sanitize()
-	_, err = pool.Exec(ctx, `CREATE TABLE `+raw+` (id bigserial PRIMARY KEY, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+	_, err := pool.Exec(ctx, `CREATE TABLE `+raw+` (id bigserial PRIMARY KEY, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
 		CREATE TABLE `+pgmq+` (msg_id bigserial PRIMARY KEY, read_ct int NOT NULL DEFAULT 0, enqueued_at timestamptz NOT NULL DEFAULT now(),
 			vt timestamptz NOT NULL DEFAULT now(), message jsonb NOT NULL);
 		CREATE INDEX ON `+pgmq+` (vt)`)
@@ -313,16 +321,7 @@ func BenchmarkQueueLongPollLatency(b *testing.B) {
 // returns nil at once), which settles each message as its handler returns.
 func BenchmarkQueueWorker(b *testing.B) {
 	ctx := context.Background()
-	cfg := testdb.Config(b)
-	cfg.MaxConns = benchConsumers + 2
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(b, err)
-	defer pool.Close()
-	c, err := messages.NewClient(pool, nil)
-	require.NoError(b, err)
-	q := testdb.Name("benchw")
-	require.NoError(b, c.CreateQueue(ctx, q, nil))
-	defer func() { _ = c.DeleteQueue(ctx, q) }()
+	_, c, q := benchQueue(b, "benchw")
 	msgs := make([]messages.OutgoingMessage, benchBatch)
 	for i := range msgs {
 		msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprintf(`{"order":%d}`, i))}
