@@ -28,7 +28,11 @@ import (
 //   - raw: a plain table drained with DELETE ... WHERE id IN (SELECT ... FOR UPDATE
 //     SKIP LOCKED LIMIT benchBatch) RETURNING id, payload, the floor any queue pays;
 //   - pgmq-style: a table with a vt column, read one row (UPDATE ... SKIP LOCKED
-//     LIMIT 1 RETURNING the message) then delete it, a round trip each.
+//     LIMIT 1 RETURNING the message) then delete it, a round trip each;
+//   - pgmq-style batched: the same table, read benchBatch rows per UPDATE (pgmq's
+//     read with qty) then delete them by id array (pgmq's delete of msg_ids[]): the
+//     floor of a queue with leases, a write per receive that the raw drain does not
+//     pay.
 //
 // Every system is sent the same payloads in the same batches, drained by the same
 // number of goroutines on one pool, and hands each message's payload to its consumer
@@ -116,7 +120,7 @@ func BenchmarkQueueThroughput(b *testing.B) {
 		return drainEach(func() func() (int, error) { return next })
 	}
 
-	var streamdTime, streamd2Time, rawTime, pgmqTime time.Duration
+	var streamdTime, streamd2Time, rawTime, pgmqTime, pgmqBatchTime time.Duration
 	var streamdSend, rawSend time.Duration // the send phases, within the totals
 	send := func() {
 		for range benchMessages / benchBatch {
@@ -208,7 +212,35 @@ func BenchmarkQueueThroughput(b *testing.B) {
 		}))
 		pgmqTime += time.Since(start)
 	}
-	systems := []func(){runStreamd, runRaw, runStreamd2, runPgmq}
+	runPgmqBatch := func() {
+		start := time.Now()
+		require.NoError(b, sendSQL(pgmq, "message")())
+		require.NoError(b, drain(func() (int, error) {
+			rows, err := pool.Query(ctx, `UPDATE `+pgmq+` SET vt = now() + interval '30 seconds', read_ct = read_ct + 1
+				WHERE msg_id IN (SELECT msg_id FROM `+pgmq+` WHERE vt <= now() ORDER BY msg_id LIMIT $1 FOR UPDATE SKIP LOCKED)
+				RETURNING msg_id, message`, benchBatch)
+			if err != nil {
+				return 0, err
+			}
+			var ids []int64
+			for rows.Next() {
+				var id int64
+				var msg json.RawMessage
+				if err := rows.Scan(&id, &msg); err != nil {
+					rows.Close()
+					return 0, err
+				}
+				ids = append(ids, id)
+			}
+			if err := rows.Err(); err != nil || len(ids) == 0 {
+				return 0, err
+			}
+			_, err = pool.Exec(ctx, "DELETE FROM "+pgmq+" WHERE msg_id = ANY($1)", ids)
+			return len(ids), err
+		}))
+		pgmqBatchTime += time.Since(start)
+	}
+	systems := []func(){runStreamd, runRaw, runStreamd2, runPgmq, runPgmqBatch}
 	for i := 0; b.Loop(); i++ {
 		for j := range systems {
 			systems[(i+j)%len(systems)]()
@@ -224,6 +256,10 @@ func BenchmarkQueueThroughput(b *testing.B) {
 	b.ReportMetric(p, "pgmq_style_msgs/s")
 	b.ReportMetric(s/r, "streamd/raw")
 	b.ReportMetric(s/p, "streamd/pgmq")
+	pb := total / pgmqBatchTime.Seconds()
+	b.ReportMetric(pb, "pgmq_style_batched_msgs/s")
+	b.ReportMetric(pb/r, "pgmq_style_batched/raw")
+	b.ReportMetric(s2/pb, "streamd_ack_with_receive/pgmq_batched")
 	// The phases: the send (one goroutine) and the drain (benchConsumers), each as
 	// streamd's time over raw's.
 	b.ReportMetric(streamdSend.Seconds()/rawSend.Seconds(), "send_time_x_raw")
