@@ -120,6 +120,36 @@ func TestSendReceiveAckRoundTrip(t *testing.T) {
 	require.ErrorIs(t, err, messages.ErrLeaseLost)
 }
 
+// Each SendResult names the message at its position: for a batch without ids (the
+// one-statement send path), result i's id and offset are those of the message whose
+// data is message i's.
+func TestSendResultsMatchTheirMessages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, q := setup(t, nil, nil)
+	out := make([]messages.OutgoingMessage, 50)
+	for i := range out {
+		out[i] = messages.OutgoingMessage{Data: data(i)}
+	}
+	res, err := c.Send(ctx, q, out...)
+	require.NoError(t, err)
+	require.Len(t, res, len(out))
+	got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 100})
+	require.NoError(t, err)
+	require.Len(t, got, len(out))
+	byOffset := map[int64]*messages.Message{}
+	for _, m := range got {
+		byOffset[m.Offset] = m
+	}
+	for i, r := range res {
+		m := byOffset[r.Offset]
+		require.NotNil(t, m, "result %d: offset %d", i, r.Offset)
+		require.Equal(t, r.MessageID, m.MessageID, "result %d", i)
+		require.JSONEq(t, string(data(i)), string(m.Data), "result %d", i)
+		require.False(t, r.Duplicate)
+	}
+}
+
 func TestDedupReturnsOriginal(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -447,6 +477,18 @@ func TestBadInputWritesNothing(t *testing.T) {
 			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send($1, ARRAY['a', NULL], ARRAY['1', '2'], NULL, NULL, NULL, NULL, NULL, NULL, NULL, true)", q)
 			return sqlerr.Wrap(err)
 		}, messages.ErrInvalidArgument, "need every message id"},
+		{"empty fresh id in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send($1, ARRAY['a', ''], ARRAY['1', '2'], NULL, NULL, NULL, NULL, NULL, NULL, NULL, true)", q)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "message 2: message id must be 1 to 512 characters"},
+		{"oversize last of fresh ids in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send($1, ARRAY['a', 'b', 'c'], ARRAY['1', '2', repeat('3', 101)], NULL, NULL, NULL, NULL, NULL, NULL, NULL, true)", q)
+			return sqlerr.Wrap(err)
+		}, messages.ErrPayloadTooLarge, "message 3 is 101 bytes"},
+		{"null data with fresh ids in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send($1, ARRAY['a', 'b'], ARRAY['1', NULL], NULL, NULL, NULL, NULL, NULL, NULL, NULL, true)", q)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "message 2 has no data"},
 		{"delay and deliver-at", func() error {
 			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), Delay: time.Second, DeliverAt: time.Now()})
 			return err

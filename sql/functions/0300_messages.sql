@@ -140,6 +140,53 @@ BEGIN
 END;
 $$;
 
+-- Checks a batch for queue_send and raises the first message's error: payload errors
+-- (no data, over the queue's size) before the others. Returns NULL when every message
+-- passes.
+CREATE OR REPLACE FUNCTION streamd.queue_send_check(
+    v_q streamd.queues, p_ids text[], p_data text[], p_metadata text[], p_delays_ms bigint[],
+    p_max_attempts integer[], p_groups text[]
+) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    p_queue text := v_q.queue_name;
+    v_bad   integer;
+    v_bad2  integer;
+BEGIN
+    -- One pass over the batch for both checks (a statement costs as much as the
+    -- check); payload errors are reported first. The arrays are read by unnest, not
+    -- by subscript: a subscript of an array of text walks it from the start.
+    SELECT min(u.i) FILTER (WHERE u.d IS NULL
+                               OR octet_length(u.d) + coalesce(octet_length(u.md), 0) > v_q.max_payload_bytes),
+           min(u.i) FILTER (WHERE (u.id IS NOT NULL AND (u.id = '' OR length(u.id) > 512))
+                               OR u.dl < 0
+                               OR u.ma < 1
+                               OR (v_q.fifo AND (u.g IS NULL OR u.g = '' OR length(u.g) > 512))
+                               OR (NOT v_q.fifo AND u.g IS NOT NULL))
+    INTO v_bad, v_bad2
+    FROM unnest(p_data, p_metadata, p_ids, p_delays_ms, p_max_attempts, p_groups) WITH ORDINALITY u(d, md, id, dl, ma, g, i);
+    IF v_bad IS NOT NULL THEN
+        IF p_data[v_bad] IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: message %s has no data', p_queue, v_bad);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'SD203',
+            MESSAGE = format('queue %L: message %s is %s bytes with its headers; the queue allows %s', p_queue, v_bad,
+                             octet_length(p_data[v_bad]) + coalesce(octet_length(p_metadata[v_bad]), 0), v_q.max_payload_bytes);
+    END IF;
+    v_bad := v_bad2;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: message %s: %s', p_queue, v_bad, CASE
+                WHEN p_ids[v_bad] = '' OR length(p_ids[v_bad]) > 512 THEN 'message id must be 1 to 512 characters'
+                WHEN p_delays_ms[v_bad] < 0 THEN format('delay %s ms is negative', p_delays_ms[v_bad])
+                WHEN p_max_attempts[v_bad] < 1 THEN format('max delivery attempts %s must be at least 1', p_max_attempts[v_bad])
+                WHEN v_q.fifo THEN 'a FIFO queue needs a group key of 1 to 512 characters'
+                ELSE 'a group key needs a FIFO queue' END);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
 -- Sends a batch of messages to one queue and returns, for each (ord = 1-based index),
 -- its offset and whether it was a duplicate: a message whose message_id the queue
 -- holds is not stored again, and its row carries the original's offset. The arrays
@@ -174,8 +221,6 @@ DECLARE
     v_q    streamd.queues;
     v_n    integer := coalesce(cardinality(p_data), 0);
     v_ids  text[];
-    v_bad  integer;
-    v_bad2 integer;
     v_dlq  text;
     v_new  text[];
     v_offs bigint[];
@@ -200,36 +245,30 @@ BEGIN
             MESSAGE = format('queue %L: fresh ids (p_fresh_ids) need every message id', p_queue);
     END IF;
 
-    -- One pass over the batch for both checks (a statement costs as much as the
-    -- check); payload errors are reported first. The arrays are read by unnest, not
-    -- by subscript: a subscript of an array of text walks it from the start.
-    SELECT min(u.i) FILTER (WHERE u.d IS NULL
-                               OR octet_length(u.d) + coalesce(octet_length(u.md), 0) > v_q.max_payload_bytes),
-           min(u.i) FILTER (WHERE (u.id IS NOT NULL AND (u.id = '' OR length(u.id) > 512))
-                               OR u.dl < 0
-                               OR u.ma < 1
-                               OR (v_q.fifo AND (u.g IS NULL OR u.g = '' OR length(u.g) > 512))
-                               OR (NOT v_q.fifo AND u.g IS NOT NULL))
-    INTO v_bad, v_bad2
-    FROM unnest(p_data, p_metadata, p_ids, p_delays_ms, p_max_attempts, p_groups) WITH ORDINALITY u(d, md, id, dl, ma, g, i);
-    IF v_bad IS NOT NULL THEN
-        IF p_data[v_bad] IS NULL THEN
-            RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: message %s has no data', p_queue, v_bad);
-        END IF;
-        RAISE EXCEPTION USING ERRCODE = 'SD203',
-            MESSAGE = format('queue %L: message %s is %s bytes with its headers; the queue allows %s', p_queue, v_bad,
-                             octet_length(p_data[v_bad]) + coalesce(octet_length(p_metadata[v_bad]), 0), v_q.max_payload_bytes);
+    -- The common batch (fresh ids, data only, a standard queue) is one statement: each
+    -- message's checks ride on the insert, and a message that fails them hands the
+    -- batch to queue_send_check, which raises its error (undoing the rows already
+    -- inserted). Offsets are taken in ordinal order, so they number the results.
+    IF p_fresh_ids AND NOT v_q.fifo AND cardinality(p_ids) = v_n AND p_metadata IS NULL AND p_delays_ms IS NULL
+       AND p_deliver_at IS NULL AND p_groups IS NULL AND p_max_attempts IS NULL AND p_dlqs IS NULL THEN
+        RETURN QUERY
+        WITH ins AS (
+            INSERT INTO streamd.messages AS m (stream_name, message_id, data, enqueued_at, visibility_timeout, not_before,
+                                               max_delivery_attempts, dead_letter_stream, dedup, tenant_id)
+            SELECT p_queue,
+                   CASE WHEN u.id IS NULL OR u.id = '' OR length(u.id) > 512
+                             OR u.d IS NULL OR octet_length(u.d) > v_q.max_payload_bytes
+                        THEN streamd.queue_send_check(v_q, p_ids, p_data, NULL, NULL, NULL, NULL)
+                        ELSE u.id END,
+                   u.d::jsonb, v_now, v_now, v_now, v_q.max_delivery_attempts, v_q.dead_letter_queue, false, v_tenant
+            FROM unnest(p_ids, p_data) WITH ORDINALITY u(id, d, i)
+            ORDER BY u.i
+            RETURNING m."offset", m.message_id)
+        SELECT (row_number() OVER (ORDER BY ins."offset"))::integer, ins."offset", ins.message_id, false
+        FROM ins ORDER BY ins."offset";
+        RETURN;
     END IF;
-    v_bad := v_bad2;
-    IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD204',
-            MESSAGE = format('queue %L: message %s: %s', p_queue, v_bad, CASE
-                WHEN p_ids[v_bad] = '' OR length(p_ids[v_bad]) > 512 THEN 'message id must be 1 to 512 characters'
-                WHEN p_delays_ms[v_bad] < 0 THEN format('delay %s ms is negative', p_delays_ms[v_bad])
-                WHEN p_max_attempts[v_bad] < 1 THEN format('max delivery attempts %s must be at least 1', p_max_attempts[v_bad])
-                WHEN v_q.fifo THEN 'a FIFO queue needs a group key of 1 to 512 characters'
-                ELSE 'a group key needs a FIFO queue' END);
-    END IF;
+    PERFORM streamd.queue_send_check(v_q, p_ids, p_data, p_metadata, p_delays_ms, p_max_attempts, p_groups);
     IF p_dlqs IS NOT NULL THEN
         FOR v_dlq IN SELECT DISTINCT d FROM unnest(p_dlqs) d WHERE d IS NOT NULL LOOP
             IF v_dlq = p_queue THEN
