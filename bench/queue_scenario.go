@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,11 @@ import (
 //   - streamd-ack-with-receive: the same, but each worker acks its batch with its next
 //     Receive (ReceiveOpts.Ack: one round trip and one transaction for both; the last,
 //     empty receive acks the last batch);
+//   - pgmq-batched: pgmq's table (msg_id, read_ct, enqueued_at, vt indexed, message)
+//     and its batched calls: a read of queueBatch rows (queuePgmqReadSQL: UPDATE of
+//     vt ... SKIP LOCKED RETURNING, pgmq's read with qty), then a delete by id array.
+//     It is the leanest queue with a lease that outlives the receiving transaction,
+//     for comparison (no target of its own);
 //   - raw-skip-locked: INSERT ... SELECT FROM unnest($1::text[]) into a table (id
 //     bigserial primary key, payload jsonb, created_at timestamptz default now()),
 //     drained with queueRawDrainSQL, which hands each payload to its worker.
@@ -50,9 +56,17 @@ const (
 	RETURNING id, payload`
 	// queueRawSendSQL is its raw send of one batch.
 	queueRawSendSQL = `INSERT INTO %s (payload) SELECT p::jsonb FROM unnest($1::text[]) p`
+	// queuePgmqSendSQL, queuePgmqReadSQL and queuePgmqDeleteSQL are
+	// BenchmarkQueueThroughput's pgmq-style batched calls (%s: the table).
+	queuePgmqSendSQL = `INSERT INTO %s (message) SELECT p::jsonb FROM unnest($1::text[]) p`
+	queuePgmqReadSQL = `UPDATE %s SET vt = now() + interval '30 seconds', read_ct = read_ct + 1
+	WHERE msg_id IN (SELECT msg_id FROM %[1]s WHERE vt <= now() ORDER BY msg_id LIMIT $1 FOR UPDATE SKIP LOCKED)
+	RETURNING msg_id, message`
+	queuePgmqDeleteSQL = `DELETE FROM %s WHERE msg_id = ANY($1)`
 )
 
-var queueSystems = []string{"streamd", "streamd-ack-with-receive", "raw-skip-locked"}
+// queueSystems: the reference (raw-skip-locked) is last.
+var queueSystems = []string{"streamd", "streamd-ack-with-receive", "pgmq-batched", "raw-skip-locked"}
 
 // queuePayloads are BenchmarkQueueThroughput's payloads: message i of every batch
 // carries payload i.
@@ -85,12 +99,23 @@ func (s queueScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 	}
 	defer func() { _ = client.DeleteQueue(context.WithoutCancel(ctx), queue) }()
 	raw := pgx.Identifier{"streamd_bench", "queue_raw_" + env.RunID}.Sanitize()
+	// The schema is the baseline's (setupBaselineSchema); this scenario may run first.
+	if _, err := env.Pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS streamd_bench`); err != nil {
+		return nil, fmt.Errorf("queue: schema: %w", err)
+	}
 	if _, err := env.Pool.Exec(ctx, `CREATE TABLE `+raw+` (id bigserial PRIMARY KEY, payload jsonb NOT NULL,
 		created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return nil, fmt.Errorf("queue: raw table: %w", err)
 	}
 	defer func() { _, _ = env.Pool.Exec(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+raw) }()
-	q := &queueRun{env: env, client: client, queue: queue, raw: raw, n: n, payloads: queuePayloads()}
+	pgmq := pgx.Identifier{"streamd_bench", "queue_pgmq_" + env.RunID}.Sanitize()
+	if _, err := env.Pool.Exec(ctx, `CREATE TABLE `+pgmq+` (msg_id bigserial PRIMARY KEY, read_ct int NOT NULL DEFAULT 0,
+		enqueued_at timestamptz NOT NULL DEFAULT now(), vt timestamptz NOT NULL DEFAULT now(), message jsonb NOT NULL);
+		CREATE INDEX ON `+pgmq+` (vt)`); err != nil {
+		return nil, fmt.Errorf("queue: pgmq table: %w", err)
+	}
+	defer func() { _, _ = env.Pool.Exec(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+pgmq) }()
+	q := &queueRun{env: env, client: client, queue: queue, raw: raw, pgmq: pgmq, n: n, payloads: queuePayloads()}
 
 	totals := make([][]queueCase, len(su.QueueWorkers))
 	for wi := range totals {
@@ -134,7 +159,10 @@ func (s queueScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 		}
 		ref := group[len(group)-1].Case
 		for i := range group[:len(group)-1] {
-			group[i].RatioTo, group[i].Ratio, group[i].Target = ref, ratio(group[i].RecordsPerSec, group[len(group)-1].RecordsPerSec), queueTarget
+			group[i].RatioTo, group[i].Ratio = ref, ratio(group[i].RecordsPerSec, group[len(group)-1].RecordsPerSec)
+			if strings.HasPrefix(group[i].System, "streamd") {
+				group[i].Target = queueTarget
+			}
 		}
 		out = append(out, group...)
 	}
@@ -147,6 +175,7 @@ type queueRun struct {
 	client   *messages.Client
 	queue    string
 	raw      string // the raw table, quoted
+	pgmq     string // the pgmq-style table, quoted
 	n        int
 	payloads []string
 }
@@ -161,12 +190,15 @@ func (q *queueRun) run(ctx context.Context, system string, workers int) (queueCa
 	}
 	sendSQL := fmt.Sprintf(queueRawSendSQL, q.raw)
 	drainSQL := fmt.Sprintf(queueRawDrainSQL, q.raw)
+	if system == "pgmq-batched" {
+		sendSQL = fmt.Sprintf(queuePgmqSendSQL, q.pgmq)
+	}
 
 	before := sampleCPU(ctx, env)
 	start := time.Now()
 	for range q.n / queueBatch {
 		var err error
-		if system == "raw-skip-locked" {
+		if system == "raw-skip-locked" || system == "pgmq-batched" {
 			_, err = env.Pool.Exec(ctx, sendSQL, q.payloads)
 		} else {
 			_, err = q.client.Send(ctx, q.queue, msgs...)
@@ -222,8 +254,11 @@ func (q *queueRun) run(ctx context.Context, system string, workers int) (queueCa
 		return c, fmt.Errorf("drained %d of %d messages", c.load.records, q.n)
 	}
 	table := "streamd.messages"
-	if system == "raw-skip-locked" {
+	switch system {
+	case "raw-skip-locked":
 		table = q.raw
+	case "pgmq-batched":
+		table = q.pgmq
 	}
 	if _, err := env.Pool.Exec(context.WithoutCancel(ctx), "VACUUM "+table); err != nil {
 		return c, fmt.Errorf("vacuum %s: %w", table, err)
@@ -255,6 +290,31 @@ func (q *queueRun) drainer(system, drainSQL string) func(ctx context.Context) (i
 			var b int
 			pending, b = receiptsOf(got)
 			return len(got), b, nil
+		}
+	case "pgmq-batched":
+		readSQL, deleteSQL := fmt.Sprintf(queuePgmqReadSQL, q.pgmq), fmt.Sprintf(queuePgmqDeleteSQL, q.pgmq)
+		return func(ctx context.Context) (int, int, error) {
+			rows, err := q.env.Pool.Query(ctx, readSQL, queueBatch)
+			if err != nil {
+				return 0, 0, err
+			}
+			var ids []int64
+			b := 0
+			for rows.Next() {
+				var id int64
+				var msg json.RawMessage
+				if err := rows.Scan(&id, &msg); err != nil {
+					rows.Close()
+					return 0, 0, err
+				}
+				ids = append(ids, id)
+				b += len(msg)
+			}
+			if err := rows.Err(); err != nil || len(ids) == 0 {
+				return 0, 0, err
+			}
+			_, err = q.env.Pool.Exec(ctx, deleteSQL, ids)
+			return len(ids), b, err
 		}
 	}
 	return func(ctx context.Context) (int, int, error) {
