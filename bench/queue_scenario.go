@@ -52,7 +52,7 @@ const (
 	// queueTarget is issue 4's goal: the queue at 0.5× the raw SKIP LOCKED drain.
 	queueTarget = 0.5
 	// queueRawDrainSQL is BenchmarkQueueThroughput's raw drain (%s: the table).
-	queueRawDrainSQL = `DELETE FROM %s WHERE id IN (SELECT id FROM %[1]s ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+	queueRawDrainSQL = `DELETE FROM %s WHERE id = ANY(ARRAY(SELECT id FROM %[1]s ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED))
 	RETURNING id, payload`
 	// queueRawSendSQL is its raw send of one batch.
 	queueRawSendSQL = `INSERT INTO %s (payload) SELECT p::jsonb FROM unnest($1::text[]) p`
@@ -60,7 +60,7 @@ const (
 	// BenchmarkQueueThroughput's pgmq-style batched calls (%s: the table).
 	queuePgmqSendSQL = `INSERT INTO %s (message) SELECT p::jsonb FROM unnest($1::text[]) p`
 	queuePgmqReadSQL = `UPDATE %s SET vt = now() + interval '30 seconds', read_ct = read_ct + 1
-	WHERE msg_id IN (SELECT msg_id FROM %[1]s WHERE vt <= now() ORDER BY msg_id LIMIT $1 FOR UPDATE SKIP LOCKED)
+	WHERE msg_id = ANY(ARRAY(SELECT msg_id FROM %[1]s WHERE vt <= now() ORDER BY msg_id LIMIT $1 FOR UPDATE SKIP LOCKED))
 	RETURNING msg_id, message`
 	queuePgmqDeleteSQL = `DELETE FROM %s WHERE msg_id = ANY($1)`
 )
