@@ -15,6 +15,9 @@ func TestRetentionScenario(t *testing.T) {
 	env := tinyEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// The suite makes the baseline table (Run); this test may run without it. No other
+	// parallel test uses the table.
+	require.NoError(t, setupBaselineSchema(ctx, env.Pool))
 	res, err := retentionScenario{}.Run(ctx, env)
 	require.NoError(t, err)
 	require.Len(t, res, 3)
