@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/streamd/streamd/internal/queuebaseline"
 	"github.com/streamd/streamd/messages"
 )
 
@@ -26,13 +27,16 @@ import (
 //     Receive (ReceiveOpts.Ack: one round trip and one transaction for both; the last,
 //     empty receive acks the last batch);
 //   - pgmq-batched: pgmq's table (msg_id, read_ct, enqueued_at, vt indexed, message)
-//     and its batched calls: a read of queueBatch rows (queuePgmqReadSQL: UPDATE of
-//     vt ... SKIP LOCKED RETURNING, pgmq's read with qty), then a delete by id array.
+//     and its batched calls: a read of queueBatch rows (UPDATE of vt ... SKIP LOCKED
+//     RETURNING, pgmq's read with qty), then a delete by id array.
 //     It is the leanest queue with a lease that outlives the receiving transaction,
 //     for comparison (no target of its own);
 //   - raw-skip-locked: INSERT ... SELECT FROM unnest($1::text[]) into a table (id
 //     bigserial primary key, payload jsonb, created_at timestamptz default now()),
-//     drained with queueRawDrainSQL, which hands each payload to its worker.
+//     drained with DELETE ... RETURNING, which hands each payload to its worker.
+//
+// The baselines' statements are internal/queuebaseline's, which
+// BenchmarkQueueThroughput runs too.
 //
 // Messages/s is end to end: the messages over the send plus the drain time; the note
 // gives both phases. The systems run in an order that rotates with the worker count
@@ -51,18 +55,6 @@ const (
 	queueBatch = 100
 	// queueTarget is issue 4's goal: the queue at 0.5× the raw SKIP LOCKED drain.
 	queueTarget = 0.5
-	// queueRawDrainSQL is BenchmarkQueueThroughput's raw drain (%s: the table).
-	queueRawDrainSQL = `DELETE FROM %s WHERE id = ANY(ARRAY(SELECT id FROM %[1]s ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED))
-	RETURNING id, payload`
-	// queueRawSendSQL is its raw send of one batch.
-	queueRawSendSQL = `INSERT INTO %s (payload) SELECT p::jsonb FROM unnest($1::text[]) p`
-	// queuePgmqSendSQL, queuePgmqReadSQL and queuePgmqDeleteSQL are
-	// BenchmarkQueueThroughput's pgmq-style batched calls (%s: the table).
-	queuePgmqSendSQL = `INSERT INTO %s (message) SELECT p::jsonb FROM unnest($1::text[]) p`
-	queuePgmqReadSQL = `UPDATE %s SET vt = now() + interval '30 seconds', read_ct = read_ct + 1
-	WHERE msg_id = ANY(ARRAY(SELECT msg_id FROM %[1]s WHERE vt <= now() ORDER BY msg_id LIMIT $1 FOR UPDATE SKIP LOCKED))
-	RETURNING msg_id, message`
-	queuePgmqDeleteSQL = `DELETE FROM %s WHERE msg_id = ANY($1)`
 )
 
 // queueSystems: the reference (raw-skip-locked) is last.
@@ -103,15 +95,12 @@ func (s queueScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 	if _, err := env.Pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS streamd_bench`); err != nil {
 		return nil, fmt.Errorf("queue: schema: %w", err)
 	}
-	if _, err := env.Pool.Exec(ctx, `CREATE TABLE `+raw+` (id bigserial PRIMARY KEY, payload jsonb NOT NULL,
-		created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	if _, err := env.Pool.Exec(ctx, fmt.Sprintf(queuebaseline.RawTable, raw)); err != nil {
 		return nil, fmt.Errorf("queue: raw table: %w", err)
 	}
 	defer func() { _, _ = env.Pool.Exec(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+raw) }()
 	pgmq := pgx.Identifier{"streamd_bench", "queue_pgmq_" + env.RunID}.Sanitize()
-	if _, err := env.Pool.Exec(ctx, `CREATE TABLE `+pgmq+` (msg_id bigserial PRIMARY KEY, read_ct int NOT NULL DEFAULT 0,
-		enqueued_at timestamptz NOT NULL DEFAULT now(), vt timestamptz NOT NULL DEFAULT now(), message jsonb NOT NULL);
-		CREATE INDEX ON `+pgmq+` (vt)`); err != nil {
+	if _, err := env.Pool.Exec(ctx, fmt.Sprintf(queuebaseline.PgmqTable, pgmq)); err != nil {
 		return nil, fmt.Errorf("queue: pgmq table: %w", err)
 	}
 	defer func() { _, _ = env.Pool.Exec(context.WithoutCancel(ctx), "DROP TABLE IF EXISTS "+pgmq) }()
@@ -188,19 +177,17 @@ func (q *queueRun) run(ctx context.Context, system string, workers int) (queueCa
 	for i := range msgs {
 		msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(q.payloads[i])}
 	}
-	sendSQL := fmt.Sprintf(queueRawSendSQL, q.raw)
-	drainSQL := fmt.Sprintf(queueRawDrainSQL, q.raw)
-	if system == "pgmq-batched" {
-		sendSQL = fmt.Sprintf(queuePgmqSendSQL, q.pgmq)
-	}
 
 	before := sampleCPU(ctx, env)
 	start := time.Now()
 	for range q.n / queueBatch {
 		var err error
-		if system == "raw-skip-locked" || system == "pgmq-batched" {
-			_, err = env.Pool.Exec(ctx, sendSQL, q.payloads)
-		} else {
+		switch system {
+		case "raw-skip-locked":
+			err = queuebaseline.Send(ctx, env.Pool, queuebaseline.RawSend, q.raw, q.payloads)
+		case "pgmq-batched":
+			err = queuebaseline.Send(ctx, env.Pool, queuebaseline.PgmqSend, q.pgmq, q.payloads)
+		default:
 			_, err = q.client.Send(ctx, q.queue, msgs...)
 		}
 		if err != nil {
@@ -221,7 +208,7 @@ func (q *queueRun) run(ctx context.Context, system string, workers int) (queueCa
 		go func() { // owner: run; exits when its drain finds nothing, or on an error
 			defer wg.Done()
 			o := &outs[w]
-			next := q.drainer(system, drainSQL)
+			next := q.drainer(system)
 			for {
 				t0 := time.Now()
 				k, b, err := next(ctx)
@@ -269,7 +256,7 @@ func (q *queueRun) run(ctx context.Context, system string, workers int) (queueCa
 // drainer returns one worker's drain operation for system: it takes the next batch,
 // hands it over and settles it, and returns the messages and payload bytes it got (0
 // when it found nothing).
-func (q *queueRun) drainer(system, drainSQL string) func(ctx context.Context) (int, int, error) {
+func (q *queueRun) drainer(system string) func(ctx context.Context) (int, int, error) {
 	switch system {
 	case "streamd":
 		return func(ctx context.Context) (int, int, error) {
@@ -292,48 +279,12 @@ func (q *queueRun) drainer(system, drainSQL string) func(ctx context.Context) (i
 			return len(got), b, nil
 		}
 	case "pgmq-batched":
-		readSQL, deleteSQL := fmt.Sprintf(queuePgmqReadSQL, q.pgmq), fmt.Sprintf(queuePgmqDeleteSQL, q.pgmq)
 		return func(ctx context.Context) (int, int, error) {
-			rows, err := q.env.Pool.Query(ctx, readSQL, queueBatch)
-			if err != nil {
-				return 0, 0, err
-			}
-			var ids []int64
-			b := 0
-			for rows.Next() {
-				var id int64
-				var msg json.RawMessage
-				if err := rows.Scan(&id, &msg); err != nil {
-					rows.Close()
-					return 0, 0, err
-				}
-				ids = append(ids, id)
-				b += len(msg)
-			}
-			if err := rows.Err(); err != nil || len(ids) == 0 {
-				return 0, 0, err
-			}
-			_, err = q.env.Pool.Exec(ctx, deleteSQL, ids)
-			return len(ids), b, err
+			return queuebaseline.ReadDeletePgmq(ctx, q.env.Pool, q.pgmq, queueBatch)
 		}
 	}
 	return func(ctx context.Context) (int, int, error) {
-		rows, err := q.env.Pool.Query(ctx, drainSQL, queueBatch)
-		if err != nil {
-			return 0, 0, err
-		}
-		defer rows.Close()
-		k, b := 0, 0
-		for rows.Next() {
-			var id int64
-			var payload json.RawMessage
-			if err := rows.Scan(&id, &payload); err != nil {
-				return 0, 0, err
-			}
-			k++
-			b += len(payload)
-		}
-		return k, b, rows.Err()
+		return queuebaseline.DrainRaw(ctx, q.env.Pool, q.raw, queueBatch)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamd/streamd/internal/queuebaseline"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/wakeup"
@@ -27,9 +28,7 @@ import (
 //     next Receive (ReceiveOpts.Ack: one round trip and one transaction for both);
 //   - raw: a plain table drained with DELETE ... WHERE id = ANY(ARRAY(SELECT ... FOR
 //     UPDATE SKIP LOCKED LIMIT benchBatch)) RETURNING id, payload, the floor any
-//     queue pays (the locking subquery is an InitPlan, run once whatever the
-//     statistics: written id IN (SELECT ...), it sometimes stalled for seconds after
-//     autovacuum analysed the emptied table);
+//     queue pays;
 //   - pgmq-style: a table with a vt column, read one row (UPDATE ... SKIP LOCKED
 //     LIMIT 1 RETURNING the message) then delete it, a round trip each;
 //   - pgmq-style batched: the same table, read benchBatch rows per UPDATE (pgmq's
@@ -37,7 +36,8 @@ import (
 //     leanest queue with a lease, a write per receive that the raw drain does not
 //     pay.
 //
-// Every system is sent the same payloads in the same batches, drained by the same
+// The baselines' statements are internal/queuebaseline's, which the bench suite's
+// queue scenario runs too. Every system is sent the same payloads in the same batches, drained by the same
 // number of goroutines on one pool, and hands each message's payload to its consumer
 // (the raw drain used to return nothing). They run in a rotating order, so that none
 // always runs first (after the others' dead rows) or last.
@@ -73,10 +73,7 @@ func BenchmarkQueueThroughput(b *testing.B) {
 	pool, c, q := benchQueue(b, "bench")
 	raw := pgx.Identifier{strings.ReplaceAll(testdb.Name("bench_raw"), "-", "_")}.Sanitize()
 	pgmq := pgx.Identifier{strings.ReplaceAll(testdb.Name("bench_pgmq"), "-", "_")}.Sanitize()
-	_, err := pool.Exec(ctx, `CREATE TABLE `+raw+` (id bigserial PRIMARY KEY, payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
-		CREATE TABLE `+pgmq+` (msg_id bigserial PRIMARY KEY, read_ct int NOT NULL DEFAULT 0, enqueued_at timestamptz NOT NULL DEFAULT now(),
-			vt timestamptz NOT NULL DEFAULT now(), message jsonb NOT NULL);
-		CREATE INDEX ON `+pgmq+` (vt)`)
+	_, err := pool.Exec(ctx, fmt.Sprintf(queuebaseline.RawTable, raw)+";"+fmt.Sprintf(queuebaseline.PgmqTable, pgmq))
 	require.NoError(b, err)
 	defer func() { _, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+raw+", "+pgmq) }()
 
@@ -84,10 +81,10 @@ func BenchmarkQueueThroughput(b *testing.B) {
 	for i := range payloads {
 		payloads[i] = fmt.Sprintf(`{"order":%d,"customer":"c-%d","amount":%d.5}`, i, i%97, i)
 	}
-	sendSQL := func(table, col string) func() error {
+	sendSQL := func(send, table string) func() error {
 		return func() error {
 			for range benchMessages / benchBatch {
-				if _, err := pool.Exec(ctx, "INSERT INTO "+table+" ("+col+") SELECT p::jsonb FROM unnest($1::text[]) p", payloads); err != nil {
+				if err := queuebaseline.Send(ctx, pool, send, table, payloads); err != nil {
 					return err
 				}
 			}
@@ -172,70 +169,26 @@ func BenchmarkQueueThroughput(b *testing.B) {
 	}
 	runRaw := func() {
 		start := time.Now()
-		require.NoError(b, sendSQL(raw, "payload")())
+		require.NoError(b, sendSQL(queuebaseline.RawSend, raw)())
 		rawSend += time.Since(start)
 		require.NoError(b, drain(func() (int, error) {
-			rows, err := pool.Query(ctx, `DELETE FROM `+raw+` WHERE id = ANY(ARRAY(SELECT id FROM `+raw+` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED))
-				RETURNING id, payload`, benchBatch)
-			if err != nil {
-				return 0, err
-			}
-			n := 0
-			for rows.Next() {
-				var id int64
-				var payload json.RawMessage
-				if err := rows.Scan(&id, &payload); err != nil {
-					rows.Close()
-					return 0, err
-				}
-				n++
-			}
-			return n, rows.Err()
+			n, _, err := queuebaseline.DrainRaw(ctx, pool, raw, benchBatch)
+			return n, err
 		}))
 		rawTime += time.Since(start)
 	}
 	runPgmq := func() {
-		require.NoError(b, sendSQL(pgmq, "message")())
+		require.NoError(b, sendSQL(queuebaseline.PgmqSend, pgmq)())
 		require.NoError(b, drain(func() (int, error) {
-			var id int64
-			var msg json.RawMessage
-			err := pool.QueryRow(ctx, `UPDATE `+pgmq+` SET vt = now() + interval '30 seconds', read_ct = read_ct + 1
-				WHERE msg_id = (SELECT msg_id FROM `+pgmq+` WHERE vt <= now() ORDER BY msg_id LIMIT 1 FOR UPDATE SKIP LOCKED)
-				RETURNING msg_id, message`).Scan(&id, &msg)
-			if err == pgx.ErrNoRows {
-				return 0, nil
-			}
-			if err != nil {
-				return 0, err
-			}
-			_, err = pool.Exec(ctx, "DELETE FROM "+pgmq+" WHERE msg_id = $1", id)
-			return 1, err
+			n, _, err := queuebaseline.ReadDeletePgmqOne(ctx, pool, pgmq)
+			return n, err
 		}))
 	}
 	runPgmqBatch := func() {
-		require.NoError(b, sendSQL(pgmq, "message")())
+		require.NoError(b, sendSQL(queuebaseline.PgmqSend, pgmq)())
 		require.NoError(b, drain(func() (int, error) {
-			rows, err := pool.Query(ctx, `UPDATE `+pgmq+` SET vt = now() + interval '30 seconds', read_ct = read_ct + 1
-				WHERE msg_id = ANY(ARRAY(SELECT msg_id FROM `+pgmq+` WHERE vt <= now() ORDER BY msg_id LIMIT $1 FOR UPDATE SKIP LOCKED))
-				RETURNING msg_id, message`, benchBatch)
-			if err != nil {
-				return 0, err
-			}
-			var ids []int64
-			for rows.Next() {
-				var id int64
-				var msg json.RawMessage
-				if err := rows.Scan(&id, &msg); err != nil {
-					rows.Close()
-					return 0, err
-				}
-				ids = append(ids, id)
-			}
-			if err := rows.Err(); err != nil || len(ids) == 0 {
-				return 0, err
-			}
-			_, err = pool.Exec(ctx, "DELETE FROM "+pgmq+" WHERE msg_id = ANY($1)", ids)
-			return len(ids), err
+			n, _, err := queuebaseline.ReadDeletePgmq(ctx, pool, pgmq, benchBatch)
+			return n, err
 		}))
 	}
 	systems := []func(){runStreamd, runRaw, runStreamd2, runPgmq, runPgmqBatch}
@@ -249,9 +202,9 @@ func BenchmarkQueueThroughput(b *testing.B) {
 		}
 	}
 	// Rates from each system's median iteration: one stalled iteration must not decide
-	// the run (seen in 3 of about 40 runs on the 2-core VM: every statement of one
-	// system, raw's or pgmq-style's plain SQL as well as streamd's, stalled for ~5 s at
-	// once; their ratios came out 20x too high).
+	// the run (seen in 3 of about 40 runs on the 2-core VM, before the baselines'
+	// locking subqueries became InitPlans: every drain statement of one baseline stalled
+	// for ~5 s at once, and the ratios came out 20x too high).
 	rate := func(k int) float64 {
 		d := slices.Clone(times[k])
 		slices.Sort(d)
