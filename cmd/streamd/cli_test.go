@@ -158,3 +158,32 @@ func TestServeHealthMetricsAndCleanStop(t *testing.T) {
 	_, err = http.Get("http://" + addr + "/healthz")
 	require.Error(t, err, "the listener is closed")
 }
+
+// TestMigrateFreshDatabase: streamd migrate sets up a database that has no streamd
+// schema (it used to refuse, saying to run streamd migrate first), and commands that
+// need the schema then work; before the migration they say what to run.
+func TestMigrateFreshDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.FreshDatabase(t)
+	runOn := func(args ...string) (string, error) {
+		cmd := newRootCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(append([]string{"--database-url", url}, args...))
+		err := cmd.ExecuteContext(ctx)
+		return out.String(), err
+	}
+	_, err := runOn("stream", "list")
+	require.ErrorContains(t, err, "run 'streamd migrate' first")
+	out, err := runOn("migrate")
+	require.NoError(t, err, out)
+	_, err = runOn("stream", "create", "fresh-db-stream")
+	require.NoError(t, err)
+	out, err = runOn("stream", "list")
+	require.NoError(t, err)
+	require.Contains(t, out, "fresh-db-stream")
+	out, err = runOn("migrate") // twice is safe
+	require.NoError(t, err, out)
+}

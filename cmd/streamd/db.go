@@ -62,7 +62,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 views whose text changed. Safe to run twice, or twice at the same time.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			pool, err := g.pool(cmd.Context())
+			pool, err := g.connect(cmd.Context())
 			if err != nil {
 				return err
 			}

@@ -105,10 +105,9 @@ func (g *globals) url(ctx context.Context) (string, error) {
 	return localpg.DatabaseURL(ctx, &localpg.Config{Logger: g.logger})
 }
 
-// pool opens a connection pool on the resolved database. The private development
-// cluster is migrated on first use; any other database must have been migrated
-// (streamd migrate, or streamd serve), else the error says so.
-func (g *globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
+// connect opens a connection pool on the resolved database, migrated or not (for
+// streamd migrate and streamd serve, which migrate it).
+func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	url, err := g.url(ctx)
 	if err != nil {
 		return nil, err
@@ -120,6 +119,17 @@ func (g *globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
+// pool opens a connection pool on the resolved database. The private development
+// cluster is migrated on first use; any other database must have been migrated
+// (streamd migrate, or streamd serve), else the error says so.
+func (g *globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
+	pool, err := g.connect(ctx)
+	if err != nil {
+		return nil, err
 	}
 	var migrated bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass('streamd.schema_migrations') IS NOT NULL").Scan(&migrated); err != nil {

@@ -200,7 +200,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err != nil {
 		return err
 	}
-	pool, err := g.pool(ctx)
+	pool, err := g.connect(ctx)
 	if err != nil {
 		return err
 	}
