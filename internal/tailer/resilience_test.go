@@ -181,3 +181,49 @@ func TestConfigNamesTheBadField(t *testing.T) {
 		require.ErrorContains(t, err, tc.want)
 	}
 }
+
+// TestStreamingOnlyAfterTheWakeUpForAll: a session shows as streaming only once its
+// handler has had the wake-up for everything (Event.All), so whoever sees
+// StateStreaming or Sessions go up may count on that wake-up having been handed on.
+// The handler here holds the All event until the test has looked.
+func TestStreamingOnlyAfterTheWakeUpForAll(t *testing.T) {
+	t.Parallel()
+	inAll := make(chan struct{}, 1)
+	release := make(chan struct{})
+	tl, err := tailer.New(&tailer.Config{
+		ApplicationName: testdb.Name("tailer-order"),
+		ConnString:      tailertest.Shared(t),
+		Handler: func(ctx context.Context, ev tailer.Event) {
+			if !ev.All {
+				return
+			}
+			select {
+			case inAll <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		},
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tl.Run(ctx) }() // owner: this test; ends with cancel below
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	select {
+	case <-inAll:
+	case <-time.After(90 * time.Second):
+		t.Fatal("no wake-up for everything within 90s")
+	}
+	require.NotEqual(t, tailer.StateStreaming, tl.State(), "streaming while the wake-up for everything is still being handed on")
+	require.Zero(t, tl.Sessions())
+	close(release)
+	waitFor(t, 30*time.Second, "streaming once the handler returned", func() bool {
+		return tl.State() == tailer.StateStreaming && tl.Sessions() == 1
+	})
+}

@@ -206,13 +206,16 @@ func (t *Tailer) session(ctx context.Context, connCfg *pgconn.Config) (err error
 		return fmt.Errorf("start replication: %w", err)
 	}
 
+	// Anything committed before the slot existed was not seen by this session. The
+	// handler hears so before the session shows as streaming: whoever sees
+	// StateStreaming (or Sessions go up) knows the wake-up for everything was
+	// already handed on.
+	t.cfg.Handler(ctx, Event{All: true})
 	t.state.Store(int32(StateStreaming))
 	t.streams.Add(1)
 	t.m.connected.Set(1)
 	t.m.setFallback("")
 	t.log.Debug("tailer streaming", "slot", slot, "start_lsn", start)
-	// Anything committed before the slot existed was not seen by this session.
-	t.cfg.Handler(ctx, Event{All: true})
 
 	err = t.stream(ctx, conn, start)
 	if ctx.Err() != nil {
