@@ -34,7 +34,7 @@ var (
 	// ErrOpenTimeout: Open could not take the key within its open timeout, because
 	// another session held it all along.
 	ErrOpenTimeout = errors.New("open timed out")
-	// ErrNotVersioned: the stream does not keep key versions (see EnableStream).
+	// ErrNotVersioned: the stream does not keep key versions (see ConfigureStream).
 	ErrNotVersioned = errors.New("stream does not keep key versions")
 	// ErrUnknownEventType: the stream accepts registered event types only, and this
 	// one is not registered.
