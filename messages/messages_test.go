@@ -554,3 +554,48 @@ func TestBadInputWritesNothing(t *testing.T) {
 	_ = fmt.Sprint
 	_ = errors.Is
 }
+
+// TestNackBackoffSchedule: NackOpts.Backoff delays each receipt's message by its own
+// delivery attempt, in one call; a schedule that gives a negative delay is refused
+// and nothing is nacked.
+func TestNackBackoffSchedule(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q := setup(t, clock, &messages.QueueConfig{VisibilityTimeout: time.Minute, MaxDeliveryAttempts: 10})
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("a")}, messages.OutgoingMessage{Data: data("b")})
+	require.NoError(t, err)
+	got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 2})
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	// "b" goes back at once and comes again: its second attempt.
+	require.NoError(t, c.Nack(ctx, nil, got[1].Receipt))
+	again, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, again, 1)
+	require.Equal(t, 2, again[0].DeliveryAttempts)
+
+	sched := func(attempt int) time.Duration { return time.Duration(attempt) * 10 * time.Second }
+	bad := func(int) time.Duration { return -time.Second }
+	require.ErrorIs(t, c.Nack(ctx, &messages.NackOpts{Backoff: bad}, got[0].Receipt, again[0].Receipt), messages.ErrInvalidArgument)
+	require.NoError(t, c.Ack(ctx, got[0].Receipt), "the refused nack left the receipt unspent")
+	_, err = c.Send(ctx, q, messages.OutgoingMessage{Data: data("c")})
+	require.NoError(t, err)
+	first, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, first, 1)
+	require.Equal(t, 1, first[0].DeliveryAttempts)
+
+	// "c" (attempt 1) waits 10 s, "b" (attempt 2) 20 s.
+	require.NoError(t, c.Nack(ctx, &messages.NackOpts{Backoff: sched, Delay: time.Hour}, first[0].Receipt, again[0].Receipt))
+	clock.Advance(11 * time.Second)
+	m, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+	require.NoError(t, err)
+	require.Len(t, m, 1)
+	require.JSONEq(t, `"c"`, string(m[0].Data))
+	clock.Advance(10 * time.Second)
+	m, err = c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+	require.NoError(t, err)
+	require.Len(t, m, 1)
+	require.JSONEq(t, `"b"`, string(m[0].Data))
+}

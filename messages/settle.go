@@ -46,6 +46,11 @@ type NackOpts struct {
 	// Delay keeps the message invisible for this long before its next delivery.
 	// Defaults to 0: visible at once.
 	Delay time.Duration
+	// Backoff, when set, is a schedule: each receipt's message waits
+	// Backoff(receipt.Attempt) (for example ExponentialBackoff(time.Second,
+	// time.Minute)), so the receipts of one call may wait differently. It replaces
+	// Delay.
+	Backoff func(attempt int) time.Duration
 	// Error is recorded as the message's last error (kept when it is dead-lettered).
 	// Defaults to "".
 	Error string
@@ -54,7 +59,7 @@ type NackOpts struct {
 // Nack gives messages back: each becomes visible again after opts.Delay, and its
 // receipt is spent. A message that has used up its delivery attempts and has a
 // dead-letter queue moves there now (Q2). Errors: ErrInvalidArgument for a negative
-// delay, ErrLeaseLost.
+// delay (from Delay or Backoff; nothing is nacked then), ErrLeaseLost.
 func (c *Client) Nack(ctx context.Context, opts *NackOpts, receipts ...Receipt) error {
 	o := NackOpts{}
 	if opts != nil {
@@ -63,12 +68,21 @@ func (c *Client) Nack(ctx context.Context, opts *NackOpts, receipts ...Receipt) 
 	if o.Delay < 0 {
 		return invalid(ErrInvalidArgument, "NackOpts.Delay %v is negative", o.Delay)
 	}
+	delayOf := func(Receipt) time.Duration { return o.Delay }
+	if o.Backoff != nil {
+		delayOf = func(r Receipt) time.Duration { return o.Backoff(r.Attempt) }
+		for _, r := range receipts {
+			if d := delayOf(r); d < 0 {
+				return invalid(ErrInvalidArgument, "NackOpts.Backoff(%d) = %v is negative", r.Attempt, d)
+			}
+		}
+	}
 	return forEachQueue(receipts, func(queue string, rs []Receipt) error {
 		offs, toks := receiptArrays(rs)
 		delays := make([]int64, len(rs))
 		errs := make([]*string, len(rs))
 		for i := range rs {
-			delays[i] = o.Delay.Milliseconds()
+			delays[i] = delayOf(rs[i]).Milliseconds()
 			if o.Error != "" {
 				errs[i] = &o.Error
 			}
