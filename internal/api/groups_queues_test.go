@@ -97,6 +97,15 @@ func TestQueueEndpoints(t *testing.T) {
 	require.Equal(t, http.StatusConflict, code, "a settled receipt cannot settle again: %v", body)
 	require.Equal(t, "lease_lost", body["code"])
 
+	// A nack with a backoff schedule: attempt 1 waits base_ms.
+	nack, _ := json.Marshal(map[string]any{"receipts": receipts[1:], "backoff": map[string]any{"base_ms": 3600000, "max_ms": 7200000}})
+	code, body = c.do("POST", "/v1/queues/"+q+"/nack", adminToken, string(nack))
+	require.Equal(t, http.StatusNoContent, code, "%v", body)
+	var wait float64
+	require.NoError(t, sc.Pool().QueryRow(context.Background(),
+		"SELECT extract(epoch FROM not_before - now()) FROM streamd.messages WHERE stream_name = $1", q).Scan(&wait))
+	require.InDelta(t, 3600, wait, 60, "visible again in base_ms")
+
 	code, body = c.do("GET", "/v1/queues/"+q, adminToken, "")
 	require.Equal(t, http.StatusOK, code, "%v", body)
 
@@ -116,6 +125,7 @@ func TestQueueEndpoints(t *testing.T) {
 		{"no messages", "/v1/queues/" + q + "/messages", `{"messages":[]}`, 400},
 		{"receipt of another queue", "/v1/queues/" + q + "/ack", `{"receipts":[{"queue":"other","offset":1}]}`, 400},
 		{"wait too long", "/v1/queues/" + q + "/receive", `{"wait_ms":999999}`, 400},
+		{"backoff max under base", "/v1/queues/" + q + "/nack", `{"receipts":[{"offset":1}],"backoff":{"base_ms":100,"max_ms":10}}`, 400},
 	} {
 		code, body := c.do("POST", tc.path, adminToken, tc.body)
 		require.Equal(t, tc.want, code, "%s: %v", tc.name, body)

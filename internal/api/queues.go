@@ -204,9 +204,17 @@ func (s *Server) receiveMessages(r *Request) (any, error) {
 }
 
 type settleRequest struct {
-	DelayMs  int64              `json:"delay_ms"`
+	DelayMs int64 `json:"delay_ms"`
+	// Backoff (nack only) replaces delay_ms with messages.ExponentialBackoff(base_ms,
+	// max_ms) of each receipt's attempt.
+	Backoff  *backoffRequest    `json:"backoff"`
 	Error    string             `json:"error"`
 	Receipts []messages.Receipt `json:"receipts"`
+}
+
+type backoffRequest struct {
+	BaseMs int64 `json:"base_ms"`
+	MaxMs  int64 `json:"max_ms"`
 }
 
 func (s *Server) settleRequest(r *Request) (*settleRequest, error) {
@@ -229,6 +237,9 @@ func (s *Server) settleRequest(r *Request) (*settleRequest, error) {
 	if req.DelayMs < 0 {
 		return nil, fmt.Errorf("%w: delay_ms %d is negative", ErrBadRequest, req.DelayMs)
 	}
+	if b := req.Backoff; b != nil && (b.BaseMs <= 0 || b.MaxMs < b.BaseMs) {
+		return nil, fmt.Errorf("%w: backoff needs 0 < base_ms <= max_ms (got %d, %d)", ErrBadRequest, b.BaseMs, b.MaxMs)
+	}
 	return &req, nil
 }
 
@@ -248,7 +259,11 @@ func (s *Server) nackMessages(r *Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = s.queues.Nack(r.Context(), &messages.NackOpts{Delay: time.Duration(req.DelayMs) * time.Millisecond, Error: req.Error}, req.Receipts...)
+	opts := &messages.NackOpts{Delay: time.Duration(req.DelayMs) * time.Millisecond, Error: req.Error}
+	if b := req.Backoff; b != nil {
+		opts.Backoff = messages.ExponentialBackoff(time.Duration(b.BaseMs)*time.Millisecond, time.Duration(b.MaxMs)*time.Millisecond)
+	}
+	err = s.queues.Nack(r.Context(), opts, req.Receipts...)
 	if err != nil {
 		return nil, err
 	}
