@@ -152,6 +152,11 @@ func newQueueCmd(g *globals) *cobra.Command {
 		Short: "Receive (lease) messages and print them; --ack deletes them after printing",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// The library reads Max 0 as "the default, 1"; asked for on the command
+			// line, 0 would lease a message nobody asked for.
+			if recvMax < 1 || recvMax > 10000 {
+				return fmt.Errorf("--max %d: must be between 1 and 10000", recvMax)
+			}
 			c, done, err := queueClient(cmd, g)
 			if err != nil {
 				return err

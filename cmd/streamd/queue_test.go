@@ -45,6 +45,8 @@ func TestCLIQueueAndDLQ(t *testing.T) {
 
 	_, err = runQueueCLI(t, "", "queue", "send", q, "not json")
 	require.ErrorContains(t, err, "invalid JSON")
+	_, err = runQueueCLI(t, "", "queue", "receive", q, "--max", "0")
+	require.ErrorContains(t, err, "--max 0", "receiving 0 messages is refused, not read as 1")
 
 	out, err = runQueueCLI(t, "", "queue", "receive", q, "-n", "1", "--ack")
 	require.NoError(t, err)
