@@ -39,6 +39,16 @@ func newQueueCmd(g *globals) *cobra.Command {
 		Short: "Create a queue, or update an existing queue's settings",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// The flags' defaults are the library's; the library reads 0 as "the
+			// default", so an explicit 0 would be quietly replaced.
+			switch {
+			case qc.MaxDeliveryAttempts < 1:
+				return fmt.Errorf("--max-attempts %d: must be at least 1", qc.MaxDeliveryAttempts)
+			case qc.MaxPayloadBytes < 1:
+				return fmt.Errorf("--max-payload %d: must be at least 1", qc.MaxPayloadBytes)
+			case qc.VisibilityTimeout == 0:
+				return fmt.Errorf("--visibility-timeout 0: must be at least 1ms")
+			}
 			c, done, err := queueClient(cmd, g)
 			if err != nil {
 				return err
@@ -289,6 +299,9 @@ func newDLQCmd(g *globals) *cobra.Command {
 				}
 				return printStats(g, cmd, dlqs)
 			}
+			if listLimit == 0 {
+				return fmt.Errorf("--limit 0: must be at least 1")
+			}
 			msgs, err := c.Peek(cmd.Context(), args[0], &messages.PeekOpts{Limit: listLimit, AfterOffset: listAfter})
 			if err != nil {
 				return err
@@ -313,6 +326,9 @@ func newDLQCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
+			if ro.BatchSize == 0 {
+				return fmt.Errorf("--batch 0: must be at least 1")
+			}
 			n, err := c.Redrive(cmd.Context(), args[0], &ro)
 			if err != nil {
 				return err

@@ -47,6 +47,19 @@ func TestCLIQueueAndDLQ(t *testing.T) {
 	require.ErrorContains(t, err, "invalid JSON")
 	_, err = runQueueCLI(t, "", "queue", "receive", q, "--max", "0")
 	require.ErrorContains(t, err, "--max 0", "receiving 0 messages is refused, not read as 1")
+	// An explicit 0 is refused, not replaced by the library's default.
+	for _, args := range [][]string{
+		{"queue", "create", q + "-zero", "--max-attempts", "0"},
+		{"queue", "create", q + "-zero", "--max-payload", "0"},
+		{"queue", "create", q + "-zero", "--visibility-timeout", "0s"},
+		{"dlq", "list", dlq, "--limit", "0"},
+		{"dlq", "replay", dlq, "--batch", "0"},
+	} {
+		_, err = runQueueCLI(t, "", args...)
+		require.ErrorContains(t, err, " 0: must be at least", "%v", args)
+	}
+	_, err = runQueueCLI(t, "", "queue", "stats", q+"-zero")
+	require.ErrorContains(t, err, "not found", "no queue was created")
 
 	out, err = runQueueCLI(t, "", "queue", "receive", q, "-n", "1", "--ack")
 	require.NoError(t, err)
