@@ -126,6 +126,9 @@ func TestQueueEndpoints(t *testing.T) {
 		{"receipt of another queue", "/v1/queues/" + q + "/ack", `{"receipts":[{"queue":"other","offset":1}]}`, 400},
 		{"wait too long", "/v1/queues/" + q + "/receive", `{"wait_ms":999999}`, 400},
 		{"backoff max under base", "/v1/queues/" + q + "/nack", `{"receipts":[{"offset":1}],"backoff":{"base_ms":100,"max_ms":10}}`, 400},
+		{"receive max 0 (not read as 1)", "/v1/queues/" + q + "/receive", `{"max":0}`, 400},
+		{"queue with max_delivery_attempts 0", "/v1/queues", fmt.Sprintf(`{"name":%q,"max_delivery_attempts":0}`, q+"z"), 400},
+		{"queue with visibility_timeout_ms 0", "/v1/queues", fmt.Sprintf(`{"name":%q,"visibility_timeout_ms":0}`, q+"z"), 400},
 	} {
 		code, body := c.do("POST", tc.path, adminToken, tc.body)
 		require.Equal(t, tc.want, code, "%s: %v", tc.name, body)

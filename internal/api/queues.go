@@ -66,13 +66,26 @@ func (s *Server) listQueues(r *Request) (any, error) {
 	return map[string]any{"queues": qs}, nil
 }
 
+// createQueueRequest's numbers are pointers: an absent one takes the default, a
+// given one must be positive (the library would read 0 as "the default").
 type createQueueRequest struct {
 	DeadLetterQueue     string `json:"dead_letter_queue"`
 	FIFO                bool   `json:"fifo"`
-	MaxDeliveryAttempts int    `json:"max_delivery_attempts"`
-	MaxPayloadBytes     int    `json:"max_payload_bytes"`
+	MaxDeliveryAttempts *int   `json:"max_delivery_attempts"`
+	MaxPayloadBytes     *int   `json:"max_payload_bytes"`
 	Name                string `json:"name"`
-	VisibilityTimeoutMs int64  `json:"visibility_timeout_ms"`
+	VisibilityTimeoutMs *int64 `json:"visibility_timeout_ms"`
+}
+
+// positive returns *p, 0 for nil, and an error naming field when *p < 1.
+func positive[T int | int64](field string, p *T) (T, error) {
+	if p == nil {
+		return 0, nil
+	}
+	if *p < 1 {
+		return 0, fmt.Errorf("%w: %s %d must be at least 1", ErrBadRequest, field, *p)
+	}
+	return *p, nil
 }
 
 func (s *Server) createQueue(r *Request) (any, error) {
@@ -80,9 +93,21 @@ func (s *Server) createQueue(r *Request) (any, error) {
 	if err := r.Decode(&req); err != nil {
 		return nil, err
 	}
-	err := s.queues.CreateQueue(r.Context(), req.Name, &messages.QueueConfig{DeadLetterQueue: req.DeadLetterQueue,
-		FIFO: req.FIFO, MaxDeliveryAttempts: req.MaxDeliveryAttempts, MaxPayloadBytes: req.MaxPayloadBytes,
-		VisibilityTimeout: time.Duration(req.VisibilityTimeoutMs) * time.Millisecond})
+	attempts, err := positive("max_delivery_attempts", req.MaxDeliveryAttempts)
+	if err != nil {
+		return nil, err
+	}
+	payload, err := positive("max_payload_bytes", req.MaxPayloadBytes)
+	if err != nil {
+		return nil, err
+	}
+	vt, err := positive("visibility_timeout_ms", req.VisibilityTimeoutMs)
+	if err != nil {
+		return nil, err
+	}
+	err = s.queues.CreateQueue(r.Context(), req.Name, &messages.QueueConfig{DeadLetterQueue: req.DeadLetterQueue,
+		FIFO: req.FIFO, MaxDeliveryAttempts: attempts, MaxPayloadBytes: payload,
+		VisibilityTimeout: time.Duration(vt) * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +203,7 @@ func (s *Server) peekMessages(r *Request) (any, error) {
 }
 
 type receiveRequest struct {
-	Max                 int   `json:"max"`
+	Max                 *int  `json:"max"` // absent: 1
 	VisibilityTimeoutMs int64 `json:"visibility_timeout_ms"`
 	WaitMs              int64 `json:"wait_ms"`
 }
@@ -188,10 +213,14 @@ func (s *Server) receiveMessages(r *Request) (any, error) {
 	if err := r.Decode(&req); err != nil {
 		return nil, err
 	}
+	n, err := positive("max", req.Max)
+	if err != nil {
+		return nil, err
+	}
 	if req.WaitMs < 0 || req.WaitMs > 30000 || req.VisibilityTimeoutMs < 0 {
 		return nil, fmt.Errorf("%w: wait_ms must be in [0, 30000] and visibility_timeout_ms not negative", ErrBadRequest)
 	}
-	msgs, err := s.queues.Receive(r.Context(), r.PathValue("queue"), &messages.ReceiveOpts{Max: req.Max,
+	msgs, err := s.queues.Receive(r.Context(), r.PathValue("queue"), &messages.ReceiveOpts{Max: n,
 		VisibilityTimeout: time.Duration(req.VisibilityTimeoutMs) * time.Millisecond,
 		Wait:              time.Duration(req.WaitMs) * time.Millisecond})
 	if err != nil {
