@@ -140,6 +140,8 @@ func TestProduceFetchAndBadInput(t *testing.T) {
 		{"unknown stream", "POST", "/v1/streams/no-such-" + s + "/records", `{"records":[{"data":{}}]}`, 404},
 		{"invalid stream name", "POST", "/v1/streams", `{"name":"bad name","partitions":1}`, 400},
 		{"decrease partitions", "POST", "/v1/streams", fmt.Sprintf(`{"name":%q,"partitions":1}`, s), 409},
+		{"zero partitions (not read as 1)", "POST", "/v1/streams", fmt.Sprintf(`{"name":%q,"partitions":0}`, s+"-zero"), 400},
+		{"partitions past int32", "POST", "/v1/streams", fmt.Sprintf(`{"name":%q,"partitions":4294967297}`, s+"-zero"), 400},
 		{"body too large", "POST", "/v1/streams/" + s + "/records", `{"records":[{"data":"` + strings.Repeat("x", 5000) + `"}]}`, 413},
 		{"offset not a number", "GET", "/v1/streams/" + s + "/partitions/0/records?offset=abc", "", 400},
 		{"offset past the end", "GET", "/v1/streams/" + s + "/partitions/0/records?offset=99", "", 416},
@@ -151,6 +153,8 @@ func TestProduceFetchAndBadInput(t *testing.T) {
 	}
 	require.Equal(t, 2, count(t, sc, s), "bad requests wrote nothing")
 	require.Zero(t, count(t, sc, "no-such-"+s))
+	code, _ = c.do("GET", "/v1/streams/"+s+"-zero", adminToken, "")
+	require.Equal(t, http.StatusNotFound, code, "no stream was created")
 }
 
 func TestConfigValidation(t *testing.T) {

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -39,7 +40,7 @@ func (s *Server) listStreams(r *Request) (any, error) {
 
 type createStreamRequest struct {
 	Name       string `json:"name"`
-	Partitions int32  `json:"partitions"`
+	Partitions *int   `json:"partitions"` // absent: 1
 }
 
 func (s *Server) createStream(r *Request) (any, error) {
@@ -50,10 +51,17 @@ func (s *Server) createStream(r *Request) (any, error) {
 	if err := r.Decode(&req); err != nil {
 		return nil, err
 	}
-	if req.Partitions == 0 {
-		req.Partitions = 1
+	n, err := positive("partitions", req.Partitions)
+	if err != nil {
+		return nil, err
 	}
-	if err := s.streams.CreateStream(r.Context(), req.Name, req.Partitions); err != nil {
+	if req.Partitions == nil {
+		n = 1
+	}
+	if n > math.MaxInt32 {
+		return nil, fmt.Errorf("%w: partitions %d is too many", ErrBadRequest, n)
+	}
+	if err := s.streams.CreateStream(r.Context(), req.Name, int32(n)); err != nil {
 		return nil, err
 	}
 	info, err := s.streams.DescribeStream(r.Context(), req.Name)
