@@ -187,3 +187,20 @@ func TestMigrateFreshDatabase(t *testing.T) {
 	out, err = runOn("migrate") // twice is safe
 	require.NoError(t, err, out)
 }
+
+// TestCLIZeroFlagsRefused: a flag whose 0 the library reads as "the default" is
+// refused when given as 0, before anything runs.
+func TestCLIZeroFlagsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, args := range [][]string{
+		{"consume", "--stream", "s", "--group", "g", "--batch-size", "0"},
+		{"consume", "--stream", "s", "--group", "g", "--session-timeout", "0s"},
+		{"forward", "--stream", "s", "--batch-size", "-1"},
+		{"forward", "--stream", "s", "--confirm-timeout", "0s"},
+		{"retention", "apply", "--batch-size", "0"},
+	} {
+		_, err := run(t, ctx, "", args...)
+		require.ErrorContains(t, err, ": must be more than 0", "%v", args)
+	}
+}

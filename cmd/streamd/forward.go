@@ -25,6 +25,9 @@ batch twice (the AMQP message id is the event id), never lose one. Run several f
 one stream to share its partitions.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requirePositive(cmd, "batch-size", "confirm-timeout", "session-timeout"); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			if cfg.AMQPURL == "" {

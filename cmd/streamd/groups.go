@@ -267,6 +267,9 @@ func newConsumeCmd(g *globals) *cobra.Command {
 		Short: "Consume a stream as a member of a consumer group, printing events as JSON lines",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requirePositive(cmd, "batch-size", "session-timeout"); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			pool, err := g.pool(ctx)

@@ -39,15 +39,8 @@ func newQueueCmd(g *globals) *cobra.Command {
 		Short: "Create a queue, or update an existing queue's settings",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			// The flags' defaults are the library's; the library reads 0 as "the
-			// default", so an explicit 0 would be quietly replaced.
-			switch {
-			case qc.MaxDeliveryAttempts < 1:
-				return fmt.Errorf("--max-attempts %d: must be at least 1", qc.MaxDeliveryAttempts)
-			case qc.MaxPayloadBytes < 1:
-				return fmt.Errorf("--max-payload %d: must be at least 1", qc.MaxPayloadBytes)
-			case qc.VisibilityTimeout == 0:
-				return fmt.Errorf("--visibility-timeout 0: must be at least 1ms")
+			if err := requirePositive(cmd, "max-attempts", "max-payload", "visibility-timeout"); err != nil {
+				return err
 			}
 			c, done, err := queueClient(cmd, g)
 			if err != nil {
@@ -162,10 +155,9 @@ func newQueueCmd(g *globals) *cobra.Command {
 		Short: "Receive (lease) messages and print them; --ack deletes them after printing",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			// The library reads Max 0 as "the default, 1"; asked for on the command
-			// line, 0 would lease a message nobody asked for.
-			if recvMax < 1 || recvMax > 10000 {
-				return fmt.Errorf("--max %d: must be between 1 and 10000", recvMax)
+			// (--max 0 would lease a message: the library reads 0 as its default, 1.)
+			if err := requirePositive(cmd, "max"); err != nil {
+				return err
 			}
 			c, done, err := queueClient(cmd, g)
 			if err != nil {
@@ -299,8 +291,8 @@ func newDLQCmd(g *globals) *cobra.Command {
 				}
 				return printStats(g, cmd, dlqs)
 			}
-			if listLimit == 0 {
-				return fmt.Errorf("--limit 0: must be at least 1")
+			if err := requirePositive(cmd, "limit"); err != nil {
+				return err
 			}
 			msgs, err := c.Peek(cmd.Context(), args[0], &messages.PeekOpts{Limit: listLimit, AfterOffset: listAfter})
 			if err != nil {
@@ -326,8 +318,8 @@ func newDLQCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
-			if ro.BatchSize == 0 {
-				return fmt.Errorf("--batch 0: must be at least 1")
+			if err := requirePositive(cmd, "batch"); err != nil {
+				return err
 			}
 			n, err := c.Redrive(cmd.Context(), args[0], &ro)
 			if err != nil {

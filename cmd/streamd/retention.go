@@ -36,6 +36,9 @@ nothing. --force ignores protectConsumers. A stream another streamd instance is
 processing is reported as busy.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requirePositive(cmd, "batch-size"); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			pool, err := g.pool(ctx)
 			if err != nil {

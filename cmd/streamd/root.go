@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -167,4 +169,27 @@ func row(tw *tabwriter.Writer, cols ...any) {
 		parts[i] = fmt.Sprint(c)
 	}
 	fmt.Fprintln(tw, strings.Join(parts, "\t"))
+}
+
+// requirePositive returns an error naming the first of the flags (integers or
+// durations whose defaults are positive) that was set to 0 or less. The libraries
+// read 0 as "the default", so an explicit 0 would otherwise be quietly replaced.
+func requirePositive(cmd *cobra.Command, names ...string) error {
+	for _, name := range names {
+		f := cmd.Flags().Lookup(name)
+		if f == nil {
+			return fmt.Errorf("internal error: no flag --%s", name)
+		}
+		v := f.Value.String()
+		bad := false
+		if d, err := time.ParseDuration(v); err == nil && f.Value.Type() == "duration" {
+			bad = d <= 0
+		} else if n, err := strconv.ParseFloat(v, 64); err == nil {
+			bad = n <= 0
+		}
+		if bad {
+			return fmt.Errorf("--%s %s: must be more than 0", name, v)
+		}
+	}
+	return nil
 }
