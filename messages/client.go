@@ -23,6 +23,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
 	"time"
 
@@ -189,8 +190,8 @@ type QueueConfig struct {
 
 func (q *QueueConfig) validate(name string) error {
 	switch {
-	case q.MaxDeliveryAttempts < 0:
-		return invalid(ErrInvalidArgument, "queue %s: QueueConfig.MaxDeliveryAttempts %d is negative", name, q.MaxDeliveryAttempts)
+	case q.MaxDeliveryAttempts < 0 || q.MaxDeliveryAttempts > math.MaxInt32:
+		return invalid(ErrInvalidArgument, "queue %s: QueueConfig.MaxDeliveryAttempts %d must be between 1 and %d", name, q.MaxDeliveryAttempts, math.MaxInt32)
 	case q.MaxPayloadBytes < 0 || q.MaxPayloadBytes > 64<<20:
 		return invalid(ErrInvalidArgument, "queue %s: QueueConfig.MaxPayloadBytes %d must be between 1 and 67108864", name, q.MaxPayloadBytes)
 	case q.VisibilityTimeout < 0:

@@ -2,6 +2,7 @@ package messages_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -236,4 +237,59 @@ func TestQueueFunctionsDoNotScanTheTable(t *testing.T) {
 			require.Zero(t, seq, "%s scanned streamd.messages", st.sql)
 		}()
 	}
+}
+
+// TestWorkerNilWrappedErrors: a handler that returns RetryAfter(nil, d) or
+// TermError(nil) gets a nack and a dead letter (with "terminated" as the reason), not
+// a nil-pointer panic that kills the process.
+func TestWorkerNilWrappedErrors(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool := testdb.Pool(t)
+	dlq := newQueue(t, pool, nil)
+	q := newQueue(t, pool, &messages.QueueConfig{DeadLetterQueue: dlq, MaxDeliveryAttempts: 10})
+	c := newClient(t, pool, nil)
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("retry")}, messages.OutgoingMessage{Data: data("term")})
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	retried := 0
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Work(wctx, q, &messages.WorkerConfig{PollWait: 50 * time.Millisecond}, func(_ context.Context, m *messages.Message) error {
+			if string(m.Data) == `"term"` {
+				return messages.TermError(nil)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if retried++; retried == 1 {
+				return messages.RetryAfter(nil, 0)
+			}
+			return nil
+		})
+	}()
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return retried == 2 && count(t, pool, q) == 0 && count(t, pool, dlq) == 1
+	}, 30*time.Second, 20*time.Millisecond, "retried once then acked; termed into the dead-letter queue")
+	stop()
+	require.NoError(t, <-done)
+	dead, err := c.Peek(ctx, dlq, nil)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, "terminated", dead[0].LastError)
+
+	// ExtendEvery must be shorter than the lease Work takes, its default included.
+	err = c.Work(ctx, q, &messages.WorkerConfig{ExtendEvery: 45 * time.Second}, func(context.Context, *messages.Message) error { return nil })
+	require.ErrorIs(t, err, messages.ErrInvalidArgument)
+	require.ErrorContains(t, err, "VisibilityTimeout 30s")
+	// A max delivery attempts past int32 is refused, not truncated.
+	_, err = c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), MaxDeliveryAttempts: 1<<32 + 1})
+	require.ErrorIs(t, err, messages.ErrInvalidArgument)
+	require.Zero(t, count(t, pool, q), "nothing written")
+	require.ErrorIs(t, c.CreateQueue(ctx, q+"-big", &messages.QueueConfig{MaxDeliveryAttempts: 1 << 32}), messages.ErrInvalidArgument)
 }

@@ -1,6 +1,7 @@
 package messages
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,11 +23,19 @@ type Handler func(ctx context.Context, m *Message) error
 
 type termError struct{ err error }
 
-func (e *termError) Error() string { return "term: " + e.err.Error() }
+func (e *termError) Error() string { return "term: " + e.reason() }
 func (e *termError) Unwrap() error { return e.err }
 
+// reason is the dead letter's last error: err's text, or "terminated" for a nil err.
+func (e *termError) reason() string {
+	if e.err == nil {
+		return "terminated"
+	}
+	return e.err.Error()
+}
+
 // TermError wraps err so that a Handler returning it dead-letters the message now
-// (Term), with err's text as the reason.
+// (Term), with err's text as the reason ("terminated" when err is nil).
 func TermError(err error) error { return &termError{err: err} }
 
 type retryError struct {
@@ -34,11 +43,17 @@ type retryError struct {
 	delay time.Duration
 }
 
-func (e *retryError) Error() string { return e.err.Error() }
+func (e *retryError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("retry after %v", e.delay)
+	}
+	return e.err.Error()
+}
 func (e *retryError) Unwrap() error { return e.err }
 
 // RetryAfter wraps err so that a Handler returning it nacks the message with delay d
-// instead of the worker's backoff.
+// instead of the worker's backoff (err may be nil: the nack then records "retry after
+// d").
 func RetryAfter(err error, d time.Duration) error { return &retryError{err: err, delay: d} }
 
 // ExponentialBackoff returns a backoff schedule: base for the first attempt, doubling
@@ -52,6 +67,9 @@ func ExponentialBackoff(base, max time.Duration) func(attempt int) time.Duration
 		return min(d, max)
 	}
 }
+
+// defaultWorkerVisibilityTimeout is WorkerConfig.VisibilityTimeout's default.
+const defaultWorkerVisibilityTimeout = 30 * time.Second
 
 // WorkerConfig configures Work. A nil *WorkerConfig means the defaults.
 type WorkerConfig struct {
@@ -86,8 +104,11 @@ func (w *WorkerConfig) validate() error {
 		return invalid(ErrInvalidArgument, "WorkerConfig.SettleTimeout %v is negative", w.SettleTimeout)
 	case w.VisibilityTimeout < 0 || (w.VisibilityTimeout > 0 && w.VisibilityTimeout < time.Millisecond):
 		return invalid(ErrInvalidArgument, "WorkerConfig.VisibilityTimeout %v must be at least 1ms", w.VisibilityTimeout)
-	case w.ExtendEvery > 0 && w.VisibilityTimeout > 0 && w.ExtendEvery >= w.VisibilityTimeout:
-		return invalid(ErrInvalidArgument, "WorkerConfig.ExtendEvery %v must be shorter than VisibilityTimeout %v", w.ExtendEvery, w.VisibilityTimeout)
+	case w.ExtendEvery > 0 && w.ExtendEvery >= cmp.Or(w.VisibilityTimeout, defaultWorkerVisibilityTimeout):
+		// (Against the lease Work will take, the default one included: extended
+		// after it ended, every lease would be lost.)
+		return invalid(ErrInvalidArgument, "WorkerConfig.ExtendEvery %v must be shorter than VisibilityTimeout %v",
+			w.ExtendEvery, cmp.Or(w.VisibilityTimeout, defaultWorkerVisibilityTimeout))
 	}
 	return nil
 }
@@ -128,7 +149,7 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 		w.Concurrency = 10
 	}
 	if w.VisibilityTimeout == 0 {
-		w.VisibilityTimeout = 30 * time.Second
+		w.VisibilityTimeout = defaultWorkerVisibilityTimeout
 	}
 	if w.ExtendEvery == 0 {
 		w.ExtendEvery = w.VisibilityTimeout / 3
@@ -249,7 +270,7 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 	case herr == nil:
 		err = acks.ack(m.Receipt)
 	case errors.As(herr, &term):
-		err = c.Term(sctx, term.err.Error(), m.Receipt)
+		err = c.Term(sctx, term.reason(), m.Receipt)
 	case errors.As(herr, &retry):
 		err = c.Nack(sctx, &NackOpts{Delay: max(retry.delay, 0), Error: herr.Error()}, m.Receipt)
 	case ctx.Err() != nil:
