@@ -293,3 +293,114 @@ func TestWorkerNilWrappedErrors(t *testing.T) {
 	require.Zero(t, count(t, pool, q), "nothing written")
 	require.ErrorIs(t, c.CreateQueue(ctx, q+"-big", &messages.QueueConfig{MaxDeliveryAttempts: 1 << 32}), messages.ErrInvalidArgument)
 }
+
+// TestDeadLetterQueueGoneMeanwhile: a message keeps the dead-letter queue it was sent
+// with; when that queue has been deleted since, the message is not moved into a queue
+// that is not there (it was, and was lost): it is retried past its attempts like a
+// message without one, and Term deletes it.
+func TestDeadLetterQueueGoneMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, q, dlq := setupDLQ(t, nil, 1)
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
+	require.NoError(t, err)
+	require.NoError(t, c.CreateQueue(ctx, q, &messages.QueueConfig{MaxDeliveryAttempts: 1, VisibilityTimeout: 10 * time.Second}))
+	require.NoError(t, c.DeleteQueue(ctx, dlq), "no queue's settings name it any more")
+
+	for attempt := 1; attempt <= 3; attempt++ {
+		m, err := c.Receive(ctx, q, nil)
+		require.NoError(t, err)
+		require.Len(t, m, 1, "attempt %d: still in its queue", attempt)
+		require.Equal(t, attempt, m[0].DeliveryAttempts)
+		require.NoError(t, c.Nack(ctx, nil, m[0].Receipt))
+	}
+	m, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.NoError(t, c.Term(ctx, "give up", m[0].Receipt))
+	require.Zero(t, count(t, c.Pool(), q))
+	require.Zero(t, count(t, c.Pool(), dlq), "nothing landed in the deleted queue")
+}
+
+// TestDeadLetterAndRedriveKeepTheTenant: a message's tenant_id moves with it to the
+// dead-letter queue and back (row-level security keys on it); it used to take the
+// tenant setting of whoever's session did the move (none for a worker or an admin).
+func TestDeadLetterAndRedriveKeepTheTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, q, dlq := setupDLQ(t, nil, 1)
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
+	require.NoError(t, err)
+	_, err = c.Pool().Exec(ctx, "UPDATE streamd.messages SET tenant_id = 'acme' WHERE stream_name = $1", q)
+	require.NoError(t, err)
+	tenantOf := func(queue string) *string {
+		var tn *string
+		require.NoError(t, c.Pool().QueryRow(ctx, "SELECT tenant_id FROM streamd.messages WHERE stream_name = $1", queue).Scan(&tn))
+		return tn
+	}
+	m, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.NoError(t, c.Term(ctx, "x", m[0].Receipt))
+	require.Equal(t, "acme", *tenantOf(dlq))
+	n, err := c.Redrive(ctx, dlq, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, "acme", *tenantOf(q))
+}
+
+// TestDeleteQueueWaitsForSends: a queue's deletion waits for a send still in its
+// transaction (SendTx) and then deletes its messages too; it used to go ahead, and
+// the send's rows were left, committed, in a queue that no longer existed.
+func TestDeleteQueueWaitsForSends(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := testdb.Pool(t)
+	q := newQueue(t, pool, nil)
+	c := newClient(t, pool, nil)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = c.SendTx(ctx, tx, q, messages.OutgoingMessage{Data: data(1)})
+	require.NoError(t, err)
+
+	deleted := make(chan error, 1)
+	go func() { deleted <- c.DeleteQueue(ctx, q) }()
+	select {
+	case err := <-deleted:
+		t.Fatalf("DeleteQueue returned (%v) while a send to the queue was uncommitted", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-deleted)
+	require.Zero(t, count(t, pool, q), "the send's message went with its queue")
+}
+
+// TestNackAppliesTheCurrentReceipt: one Nack naming a message by a stale receipt and
+// by its current one applies the current receipt's delay (the stale one's is ignored)
+// and reports the stale one as lost.
+func TestNackAppliesTheCurrentReceipt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q := setup(t, clock, &messages.QueueConfig{VisibilityTimeout: time.Second, MaxDeliveryAttempts: 10})
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
+	require.NoError(t, err)
+	first, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	clock.Advance(2 * time.Second) // the first lease expires
+	second, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, second, 1)
+	// Attempt 1 (stale) would wait an hour, attempt 2 (current) not at all.
+	sched := func(attempt int) time.Duration {
+		if attempt == 1 {
+			return time.Hour
+		}
+		return 0
+	}
+	err = c.Nack(ctx, &messages.NackOpts{Backoff: sched}, first[0].Receipt, second[0].Receipt)
+	require.ErrorIs(t, err, messages.ErrLeaseLost)
+	again, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, again, 1, "visible at once: the current receipt's delay")
+}

@@ -118,8 +118,11 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 		if m.Delay != 0 && !m.DeliverAt.IsZero() {
 			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: set Delay or DeliverAt, not both", queue, i+1)
 		}
-		if m.MaxDeliveryAttempts < 0 || m.MaxDeliveryAttempts > math.MaxInt32 {
-			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: max delivery attempts %d must be between 1 and %d", queue, i+1, m.MaxDeliveryAttempts, math.MaxInt32)
+		if m.MaxDeliveryAttempts < 0 {
+			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: max delivery attempts %d is negative", queue, i+1, m.MaxDeliveryAttempts)
+		}
+		if m.MaxDeliveryAttempts > math.MaxInt32 {
+			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: max delivery attempts %d exceeds %d", queue, i+1, m.MaxDeliveryAttempts, math.MaxInt32)
 		}
 		if len(m.MessageID) > 512 {
 			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: message id is longer than 512 bytes", queue, i+1)

@@ -55,6 +55,28 @@ BEGIN
 END;
 $$;
 
+-- Whether a message's dead-letter queue (its dead_letter_stream) can take it now: a
+-- standard queue of that name exists. A message keeps the name it was sent with, and
+-- that queue may since have been deleted (or made again as a FIFO queue): such a
+-- message is treated as having no dead-letter queue (retried until acked, or deleted
+-- by a term) rather than moved to a queue that is not there.
+CREATE OR REPLACE FUNCTION streamd.queue_dlq_ok(p_dlq text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_dlq IS NOT NULL AND EXISTS (SELECT 1 FROM streamd.queues q WHERE q.queue_name = p_dlq AND NOT q.fifo)
+$$;
+
+-- Serialises a queue's deletion with everything that puts messages into it: a
+-- function that inserts into a queue takes this lock shared (and then reads the
+-- queue), queue_delete takes it exclusive. Without it, a send (or a dead-letter move,
+-- or a redrive) that committed while the queue was being deleted left rows of a queue
+-- that no longer existed, and a redrive into a queue deleted meanwhile lost them.
+-- Advisory lock class 0x53445134 ("SDQ4"), key hashtext(queue name).
+CREATE OR REPLACE FUNCTION streamd.queue_lock_shared(p_queues text[]) RETURNS void
+LANGUAGE sql AS $$
+    SELECT count(pg_advisory_xact_lock_shared(1396986164, hashtext(q)))
+    FROM (SELECT DISTINCT q FROM unnest(p_queues) q WHERE q IS NOT NULL ORDER BY q) l
+$$;
+
 -- Creates a queue, or updates an existing one's settings. A queue cannot switch between
 -- standard and FIFO; its dead-letter queue must exist, differ from it and be standard.
 CREATE OR REPLACE FUNCTION streamd.queue_create(
@@ -124,6 +146,7 @@ LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_user text;
 BEGIN
+    PERFORM pg_advisory_xact_lock(1396986164, hashtext(p_queue));
     PERFORM 1 FROM streamd.queues q WHERE q.queue_name = p_queue FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
@@ -226,6 +249,7 @@ DECLARE
     v_offs bigint[];
     v_tenant text := nullif(current_setting('streamd.tenant_id', true), '');
 BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1396986164, hashtext(p_queue)); -- see queue_lock_shared
     v_q := streamd.queue_get(p_queue);
     IF v_n = 0 THEN
         RETURN;
@@ -356,27 +380,28 @@ DECLARE
     v_now timestamptz := coalesce(p_now, now());
     v_n   integer;
 BEGIN
+    PERFORM streamd.queue_lock_shared(ARRAY(SELECT DISTINCT m.dead_letter_stream FROM streamd.messages m
+                                            WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)));
     WITH d AS (
         DELETE FROM streamd.messages m
         WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)
-          AND (p_discard OR m.dead_letter_stream IS NOT NULL)
+          AND (p_discard OR streamd.queue_dlq_ok(m.dead_letter_stream))
         RETURNING m.*
     ), ins AS (
         INSERT INTO streamd.messages (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
                                       not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error,
-                                      origin_stream, origin_offset, origin_attempts, dead_lettered_at, dedup)
+                                      origin_stream, origin_offset, origin_attempts, dead_lettered_at, dedup, tenant_id)
         SELECT d.dead_letter_stream,
                CASE WHEN d.dedup AND EXISTS (SELECT 1 FROM streamd.messages x
                                              WHERE x.message_id = d.message_id AND x.stream_name = d.dead_letter_stream
                                                AND x.dedup)
                     THEN d.message_id || '@' || p_queue || ':' || d."offset" ELSE d.message_id END,
                d.data, d.metadata, d.enqueued_at, v_now, v_now,
-               coalesce(dq.max_delivery_attempts, 5), dq.dead_letter_queue, d.group_key,
-               coalesce(e.err, d.last_error), p_queue, d."offset", d.delivery_attempts, v_now, d.dedup
+               dq.max_delivery_attempts, dq.dead_letter_queue, d.group_key,
+               coalesce(e.err, d.last_error), p_queue, d."offset", d.delivery_attempts, v_now, d.dedup, d.tenant_id
         FROM d
-        LEFT JOIN streamd.queues dq ON dq.queue_name = d.dead_letter_stream
+        JOIN streamd.queues dq ON dq.queue_name = d.dead_letter_stream AND NOT dq.fifo
         LEFT JOIN unnest(p_offsets, coalesce(p_errors, '{}'::text[])) e(o, err) ON e.o = d."offset"
-        WHERE d.dead_letter_stream IS NOT NULL
         ORDER BY d."offset"
         RETURNING 1
     )
@@ -469,7 +494,8 @@ BEGIN
         SELECT array_agg(c.ctid) FILTER (WHERE NOT c.exhausted), array_agg(c.o) FILTER (WHERE c.exhausted)
         INTO v_ctids, v_dead
         FROM (SELECT m.ctid, m."offset" AS o,
-                     (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts) AS exhausted
+                     (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts
+                      AND streamd.queue_dlq_ok(m.dead_letter_stream)) AS exhausted
               FROM streamd.messages m
               WHERE m.stream_name = p_queue AND m.not_before <= v_now AND m.visibility_timeout <= v_now
               ORDER BY m.not_before, m."offset"
@@ -493,7 +519,8 @@ BEGIN
         FROM unnest(v_groups) k
         CROSS JOIN LATERAL (
             SELECT m."offset" AS o, m.visibility_timeout AS vis,
-                   (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts) AS exhausted
+                   (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts
+                      AND streamd.queue_dlq_ok(m.dead_letter_stream)) AS exhausted
             FROM streamd.messages m
             WHERE m.stream_name = p_queue AND m.group_key = k
             ORDER BY m."offset" LIMIT 1) h;
@@ -599,7 +626,8 @@ BEGIN
            array_agg(c.err) FILTER (WHERE c.exhausted), array_agg(c.o), array_agg(c.t)
     INTO v_retry, v_dead, v_dead_err, v_offs, v_toks
     FROM (SELECT m."offset" AS o, r.e AS err, r.t,
-                 (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts) AS exhausted
+                 (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts
+                      AND streamd.queue_dlq_ok(m.dead_letter_stream)) AS exhausted
           FROM streamd.messages m
           JOIN unnest(p_offsets, p_tokens, p_errors) r(o, t, e) ON m."offset" = r.o AND m.lease_token = r.t
           WHERE m.stream_name = p_queue
@@ -613,8 +641,8 @@ BEGIN
         SET visibility_timeout = v_now + make_interval(secs => coalesce(r.d, 0) / 1000.0),
             not_before = v_now + make_interval(secs => coalesce(r.d, 0) / 1000.0),
             lease_token = NULL, last_error = coalesce(r.e, m.last_error)
-        FROM unnest(p_offsets, p_delays_ms, p_errors) r(o, d, e)
-        WHERE m.stream_name = p_queue AND m."offset" = r.o AND r.o = ANY(v_retry);
+        FROM unnest(p_offsets, p_tokens, p_delays_ms, p_errors) r(o, t, d, e)
+        WHERE m.stream_name = p_queue AND m."offset" = r.o AND m.lease_token = r.t AND r.o = ANY(v_retry);
     END IF;
     IF v_q.fifo THEN
         PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_now);
@@ -678,7 +706,7 @@ BEGIN
         v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
     END IF;
     SELECT array_agg(c.o), array_agg(c.t), array_agg(c.e), array_agg(c.moved) INTO v_offs, v_toks, v_errs, v_moved
-    FROM (SELECT m."offset" AS o, r.t, r.e, m.dead_letter_stream IS NOT NULL AS moved
+    FROM (SELECT m."offset" AS o, r.t, r.e, streamd.queue_dlq_ok(m.dead_letter_stream) AS moved
           FROM streamd.messages m
           JOIN unnest(p_offsets, p_tokens, p_reasons) r(o, t, e) ON m."offset" = r.o AND m.lease_token = r.t
           WHERE m.stream_name = p_queue
@@ -718,6 +746,8 @@ BEGIN
     IF v_offs IS NULL THEN
         RETURN 0;
     END IF;
+    PERFORM streamd.queue_lock_shared(ARRAY(SELECT DISTINCT m.origin_stream FROM streamd.messages m
+                                            WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)));
     -- FIFO origins: lock (or create) the groups first, as a send does.
     INSERT INTO streamd.message_groups AS g (stream_name, group_key, visible_at)
     SELECT DISTINCT m.origin_stream, coalesce(m.group_key, ''), v_now
@@ -726,18 +756,23 @@ BEGIN
     ORDER BY 1, 2
     ON CONFLICT (stream_name, group_key) DO UPDATE SET visible_at = g.visible_at;
 
+    -- Only rows whose origin exists in this statement's snapshot: the insert below
+    -- joins the same snapshot's queues, so a row is deleted only when it is inserted.
     WITH d AS (
-        DELETE FROM streamd.messages m WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs) RETURNING m.*
+        DELETE FROM streamd.messages m WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)
+          AND EXISTS (SELECT 1 FROM streamd.queues oq WHERE oq.queue_name = m.origin_stream)
+        RETURNING m.*
     ), ins AS (
         INSERT INTO streamd.messages (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                      not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error, dedup)
+                                      not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error, dedup,
+                                      tenant_id)
         SELECT d.origin_stream,
                CASE WHEN d.dedup AND EXISTS (SELECT 1 FROM streamd.messages x
                                              WHERE x.message_id = d.message_id AND x.stream_name = d.origin_stream
                                                AND x.dedup)
                     THEN d.message_id || '~' || p_dlq || ':' || d."offset" ELSE d.message_id END,
                d.data, d.metadata, d.enqueued_at, v_now, v_now, oq.max_delivery_attempts, oq.dead_letter_queue,
-               CASE WHEN oq.fifo THEN coalesce(d.group_key, '') END, d.last_error, d.dedup
+               CASE WHEN oq.fifo THEN coalesce(d.group_key, '') END, d.last_error, d.dedup, d.tenant_id
         FROM d JOIN streamd.queues oq ON oq.queue_name = d.origin_stream
         ORDER BY d."offset"
         RETURNING 1
