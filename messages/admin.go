@@ -2,6 +2,7 @@ package messages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -143,7 +144,9 @@ func (c *Client) Discard(ctx context.Context, queue string, offsets ...int64) ([
 type RedriveOpts struct {
 	// BatchSize is how many messages move per transaction. Defaults to 100.
 	BatchSize int
-	// Limit is the most messages to move. Defaults to 0: all.
+	// Limit is the most messages to move. Defaults to 0: the dead letters the queue
+	// holds when Redrive starts (a message that fails again and comes back meanwhile
+	// waits for the next redrive, so a poison message cannot keep Redrive going).
 	Limit int
 	// Rate bounds the messages moved per second. Defaults to 0: unbounded.
 	Rate float64
@@ -171,13 +174,25 @@ func (c *Client) Redrive(ctx context.Context, dlq string, opts *RedriveOpts) (in
 	if o.Rate > 0 && float64(o.BatchSize) > o.Rate {
 		o.BatchSize = max(1, int(o.Rate)) // at most a second's worth per batch
 	}
+	if o.Limit == 0 {
+		// queue_stats reads the queue through its index (a plain count here would be
+		// planned as a scan of the whole table: see migration 0008).
+		err := c.pool.QueryRow(ctx, `SELECT total FROM streamd.queue_stats($1, NULL)`, dlq).Scan(&o.Limit)
+		if errors.Is(err, pgx.ErrNoRows) {
+			_, err = c.GetQueue(ctx, dlq) // ErrQueueNotFound, or ErrInvalidName
+			return 0, err
+		}
+		if err != nil {
+			return 0, fmt.Errorf("redrive %s: %w", dlq, sqlerr.Wrap(err))
+		}
+		if o.Limit == 0 {
+			return 0, nil
+		}
+	}
 	moved := 0
 	start := time.Now()
-	for o.Limit == 0 || moved < o.Limit {
-		batch := o.BatchSize
-		if o.Limit > 0 {
-			batch = min(batch, o.Limit-moved)
-		}
+	for moved < o.Limit {
+		batch := min(o.BatchSize, o.Limit-moved)
 		var n int
 		if err := c.pool.QueryRow(ctx, "SELECT streamd.queue_redrive($1, $2, $3)", dlq, batch, c.sqlNow()).Scan(&n); err != nil {
 			return moved, fmt.Errorf("redrive %s: %w", dlq, sqlerr.Wrap(err))

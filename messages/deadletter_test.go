@@ -404,3 +404,34 @@ func TestNackAppliesTheCurrentReceipt(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, again, 1, "visible at once: the current receipt's delay")
 }
+
+// TestRedriveEndsWithPoison: Redrive without a limit moves the dead letters there when
+// it started, and returns, even while a poison message keeps failing and coming back
+// (it used to chase it until its ctx ended).
+func TestRedriveEndsWithPoison(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, q, dlq := setupDLQ(t, nil, 1)
+	for i := range 3 {
+		_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(i)})
+		require.NoError(t, err)
+		m, err := c.Receive(ctx, q, nil)
+		require.NoError(t, err)
+		require.NoError(t, c.Term(ctx, "poison", m[0].Receipt))
+	}
+	// A worker that fails every message at once: each redriven message comes back.
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Work(wctx, q, &messages.WorkerConfig{PollWait: 20 * time.Millisecond},
+			func(context.Context, *messages.Message) error { return messages.TermError(nil) })
+	}()
+	n, err := c.Redrive(ctx, dlq, &messages.RedriveOpts{BatchSize: 1, Rate: 20})
+	require.NoError(t, err, "Redrive returned")
+	require.Equal(t, 3, n)
+	stop()
+	require.NoError(t, <-done)
+	_, err = c.Redrive(ctx, "no-such-"+dlq, nil)
+	require.ErrorIs(t, err, messages.ErrQueueNotFound)
+}

@@ -43,8 +43,10 @@ type redriveTaskRequest struct {
 }
 
 // createRedriveTask queues a background redrive of a dead-letter queue: the leader
-// moves up to max_messages (0: all) back to their origins at rate messages per second
-// (0: unbounded).
+// moves up to max_messages back to their origins at rate messages per second (0:
+// unbounded). max_messages 0 means the dead letters the queue holds now: the task
+// records that count, so a poison message that fails again and comes back cannot
+// keep it running.
 func (s *Server) createRedriveTask(r *Request) (any, error) {
 	var req redriveTaskRequest
 	if err := r.Decode(&req); err != nil {
@@ -58,7 +60,8 @@ func (s *Server) createRedriveTask(r *Request) (any, error) {
 		return nil, err
 	}
 	t, err := scanRedriveTask(s.pool.QueryRow(r.Context(), `INSERT INTO streamd.redrive_tasks (dlq, rate, max_messages, created_by)
-		VALUES ($1, $2, $3, $4) RETURNING `+redriveColumns, dlq, req.Rate, req.MaxMessages, r.Principal))
+		SELECT $1, $2, CASE WHEN $3::bigint > 0 THEN $3::bigint ELSE coalesce((SELECT total FROM streamd.queue_stats($1, NULL)), 0) END, $4
+		RETURNING `+redriveColumns, dlq, req.Rate, req.MaxMessages, r.Principal))
 	if err != nil {
 		return nil, err
 	}

@@ -73,4 +73,9 @@ func TestRedriveTask(t *testing.T) {
 	require.Contains(t, string(raw), `"moved":3`)
 	code, _ = c.do("DELETE", fmt.Sprintf("/v1/queues/%s/redrive-tasks/%d", dlq, id), adminToken, "")
 	require.Equal(t, http.StatusNotFound, code, "a finished task cannot be canceled")
+
+	// max_messages 0 is the dead letters there now (2), recorded in the task.
+	code, body = c.do("POST", "/v1/queues/"+dlq+"/redrive-tasks", adminToken, `{}`)
+	require.Equal(t, http.StatusAccepted, code, "%v", body)
+	require.EqualValues(t, 2, body["max_messages"], "%v", body)
 }
