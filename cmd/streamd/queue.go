@@ -331,7 +331,7 @@ func newDLQCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	replay.Flags().IntVar(&ro.Limit, "limit", 0, "most messages to replay (default all)")
+	replay.Flags().IntVar(&ro.Limit, "limit", 0, "most messages to replay (default: the dead letters there when the replay starts)")
 	replay.Flags().Float64Var(&ro.Rate, "rate", 100, "most messages per second (0: unbounded)")
 	replay.Flags().IntVar(&ro.BatchSize, "batch", 100, "messages per transaction")
 
