@@ -2,6 +2,8 @@ package consumergroup
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -112,4 +114,102 @@ func TestCommittedOffsetBelowLogStartResetsToLogStart(t *testing.T) {
 	require.Equal(t, []int64{6, 7, 8, 9}, offsets, "resumed at the log start")
 	mu.Unlock()
 	require.Equal(t, 1.0, testutil.ToFloat64(c.metrics.offsetResets.WithLabelValues(s, "g", "below_log_start")))
+}
+
+// TestRevokeStopsRetries: a member retrying a failing batch without end (MaxRetries
+// -1) hands a revoked partition over at the revoke, without waiting for its retries;
+// it used to go on retrying past RebalanceTimeout and be expelled, losing (OnLost)
+// every partition it held.
+func TestRevokeStopsRetries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	s := testdb.Name("revokeretry")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 2))
+	produce(t, pool, s, 0, 20)
+
+	var (
+		mu   sync.Mutex
+		lost [][]int32
+	)
+	cfg := testConfig(s, "g")
+	cfg.MaxRetries = -1
+	cfg.RebalanceTimeout = 4 * time.Second
+	cfg.OnLost = func(_ context.Context, ps []int32) {
+		mu.Lock()
+		lost = append(lost, append([]int32(nil), ps...))
+		mu.Unlock()
+	}
+	a, err := New(pool, cfg)
+	require.NoError(t, err)
+	stopA := runConsumer(t, a, func(context.Context, *Batch) error { return errors.New("always fails") })
+	waitFor(t, 20*time.Second, "a to own both partitions", func() bool { return len(a.Assignment()) == 2 })
+
+	cfgB := testConfig(s, "g")
+	cfgB.MaxRetries = -1
+	b, err := New(pool, cfgB)
+	require.NoError(t, err)
+	stopB := runConsumer(t, b, func(context.Context, *Batch) error { return errors.New("always fails") })
+	start := time.Now()
+	waitFor(t, 20*time.Second, "the partitions shared", func() bool {
+		return len(a.Assignment()) == 1 && len(b.Assignment()) == 1
+	})
+	require.Less(t, time.Since(start), cfg.RebalanceTimeout, "handed over at the revoke, not at RebalanceTimeout")
+	mu.Lock()
+	require.Empty(t, lost, "a was never expelled")
+	mu.Unlock()
+	require.NoError(t, stopB())
+	require.NoError(t, stopA())
+}
+
+// TestFencedWhileBlockedIsLost: under ErrorBlock, a handler that reports ErrFenced
+// (its CommitTx was fenced) while the batch is blocked ends the partition as lost
+// (OnLost), not as a clean handover (OnRevoked: another member may own it already).
+func TestFencedWhileBlockedIsLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	s := testdb.Name("blockfenced")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 1))
+	produce(t, pool, s, 0, 3)
+
+	var (
+		mu            sync.Mutex
+		lost, revoked [][]int32
+		calls         atomic.Int32
+	)
+	cfg := testConfig(s, "g")
+	cfg.MaxRetries = 1
+	cfg.OnHandlerError = ErrorBlock
+	cfg.OnLost = func(_ context.Context, ps []int32) {
+		mu.Lock()
+		lost = append(lost, append([]int32(nil), ps...))
+		mu.Unlock()
+	}
+	cfg.OnRevoked = func(_ context.Context, ps []int32) {
+		mu.Lock()
+		revoked = append(revoked, append([]int32(nil), ps...))
+		mu.Unlock()
+	}
+	c, err := New(pool, cfg)
+	require.NoError(t, err)
+	stop := runConsumer(t, c, func(context.Context, *Batch) error {
+		switch calls.Add(1) {
+		case 1, 2: // the first try and its retry
+			return errors.New("fails")
+		case 3: // blocked, retried: fenced
+			return fmt.Errorf("commit: %w", ErrFenced)
+		}
+		return nil
+	})
+	waitFor(t, 20*time.Second, "the fenced partition reported", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(lost) > 0 || len(revoked) > 0
+	})
+	mu.Lock()
+	require.Equal(t, [][]int32{{0}}, lost, "OnLost")
+	require.Empty(t, revoked, "not OnRevoked")
+	mu.Unlock()
+	require.NoError(t, stop())
 }

@@ -46,6 +46,32 @@ func newWorker(ctx context.Context, c *Consumer, m *member, p int32, h Handler, 
 
 func (w *worker) stop() { w.stopOnce.Do(func() { close(w.stopCh) }) }
 
+// stopped reports whether the worker was told to stop (its partition is being
+// revoked).
+func (w *worker) stopped() bool {
+	select {
+	case <-w.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// untilStopped returns ctx, cancelled also when the worker is told to stop: retries
+// wait on it, so that a revoke does not wait for them (past RebalanceTimeout the
+// whole member would be expelled, losing every partition it holds).
+func (w *worker) untilStopped(ctx context.Context) (context.Context, context.CancelFunc) {
+	sctx, cancel := context.WithCancel(ctx)
+	go func() { // owner: the caller, through cancel; exits when sctx ends
+		select {
+		case <-w.stopCh:
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+	return sctx, cancel
+}
+
 func (w *worker) cancel() {
 	w.lost.Store(true)
 	w.stop()
@@ -206,7 +232,9 @@ func (w *worker) process(ctx context.Context, res *streams.FetchResult) (int64, 
 	b := w.newBatch(res.Events, res.HighWatermark)
 	err := w.attempt(ctx, b, w.c.cfg.MaxRetries)
 	if err != nil {
-		if ctx.Err() != nil || w.lost.Load() {
+		// Stopped while retrying: the batch stays uncommitted and the partition's
+		// next owner gets it again (at-least-once).
+		if ctx.Err() != nil || w.lost.Load() || w.stopped() {
 			return 0, false
 		}
 		if w.c.cfg.OnHandlerError == ErrorBlock {
@@ -230,9 +258,12 @@ func (w *worker) process(ctx context.Context, res *streams.FetchResult) (int64, 
 }
 
 // attempt calls the handler up to 1+retries times (retries < 0: until it succeeds or
-// the worker stops), with exponential backoff.
+// the worker stops), with exponential backoff. It stops retrying once the worker is
+// told to stop (a revoke), returning the last error.
 func (w *worker) attempt(ctx context.Context, b *Batch, retries int) error {
 	bo := newBackoff(w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
+	sctx, cancel := w.untilStopped(ctx)
+	defer cancel()
 	for i := 0; ; i++ {
 		err := w.call(ctx, b)
 		if err == nil {
@@ -249,8 +280,11 @@ func (w *worker) attempt(ctx context.Context, b *Batch, retries int) error {
 		if retries >= 0 && i >= retries {
 			return err
 		}
-		if !bo.wait(ctx) {
-			return ctx.Err()
+		if !bo.wait(sctx) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err // stopped
 		}
 	}
 }
@@ -278,15 +312,8 @@ func (w *worker) call(ctx context.Context, b *Batch) (err error) {
 // the worker is stopped or cancelled first (the batch stays uncommitted).
 func (w *worker) block(ctx context.Context, b *Batch) bool {
 	w.c.log.Error("handler keeps failing; partition blocked until it succeeds", "partition", w.partition, "offset", b.Events[0].Offset)
-	stopCtx, cancel := context.WithCancel(ctx)
+	stopCtx, cancel := w.untilStopped(ctx)
 	defer cancel()
-	go func() { // owner: block; exits when block returns
-		select {
-		case <-w.stopCh:
-			cancel()
-		case <-stopCtx.Done():
-		}
-	}()
 	for {
 		bo := newBackoff(w.c.cfg.RetryBackoffMax, w.c.cfg.RetryBackoffMax)
 		if !bo.wait(stopCtx) {
@@ -295,6 +322,9 @@ func (w *worker) block(ctx context.Context, b *Batch) bool {
 		if err := w.call(ctx, b); err == nil {
 			return true
 		} else if ctx.Err() != nil || errors.Is(err, ErrFenced) {
+			if errors.Is(err, ErrFenced) {
+				w.lost.Store(true) // not a clean handover: OnLost, not OnRevoked
+			}
 			return false
 		}
 		w.c.metrics.handlerErrors.WithLabelValues(w.labels()...).Inc()
@@ -305,18 +335,29 @@ func (w *worker) block(ctx context.Context, b *Batch) bool {
 // goes to the dead letter queue (fenced like a commit).
 func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) bool {
 	for i := range res.Events {
+		if w.stopped() {
+			return false // revoked: the rest go, uncommitted, to the next owner
+		}
 		one := w.newBatch(res.Events[i:i+1], res.HighWatermark)
 		first := time.Now()
 		err := w.attempt(ctx, one, w.c.cfg.MaxRetries)
 		if err == nil {
 			continue
 		}
-		if ctx.Err() != nil || w.lost.Load() {
+		if ctx.Err() != nil || w.lost.Load() || w.stopped() {
 			return false
 		}
 		e := res.Events[i]
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		_, derr := w.m.deadLetter(dctx, w.c.pool, w.partition, e.Offset, err.Error(), w.c.cfg.MaxRetries+1, first)
+		var derr error
+		// A lost connection or a restarted server is retried, as a commit is;
+		// giving up would hand a healthy partition back for a blip.
+		for bo := newBackoff(50*time.Millisecond, time.Second); ; {
+			_, derr = w.m.deadLetter(dctx, w.c.pool, w.partition, e.Offset, err.Error(), w.c.cfg.MaxRetries+1, first)
+			if derr == nil || errors.Is(derr, ErrFenced) || !sqlerr.Retriable(derr) || !bo.wait(dctx) {
+				break
+			}
+		}
 		cancel()
 		if derr != nil {
 			w.c.log.Error("dead letter failed", "partition", w.partition, "offset", e.Offset, "error", derr)
