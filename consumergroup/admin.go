@@ -218,19 +218,21 @@ func (a *Admin) DeleteGroup(ctx context.Context, stream, group string, force boo
 // Pause stops the group processing the partitions until Resume (whichever member owns
 // them, across handovers).
 func (a *Admin) Pause(ctx context.Context, stream, group string, partitions ...int32) error {
-	return setPaused(ctx, a.pool, stream, group, partitions, true)
+	return setPaused(ctx, a.pool, stream, group, partitions, true, false)
 }
 
 // Resume undoes Pause.
 func (a *Admin) Resume(ctx context.Context, stream, group string, partitions ...int32) error {
-	return setPaused(ctx, a.pool, stream, group, partitions, false)
+	return setPaused(ctx, a.pool, stream, group, partitions, false, false)
 }
 
-func setPaused(ctx context.Context, db streams.DBTX, stream, group string, partitions []int32, paused bool) error {
+// setPaused pauses or resumes partitions of a group; create makes the group when it
+// does not exist (a Consumer pausing before it joined), else that is ErrGroupNotFound.
+func setPaused(ctx context.Context, db streams.DBTX, stream, group string, partitions []int32, paused, create bool) error {
 	if len(partitions) == 0 {
 		return nil
 	}
-	_, err := db.Exec(ctx, "SELECT streamd.set_partitions_paused($1, $2, $3, $4)", stream, group, partitions, paused)
+	_, err := db.Exec(ctx, "SELECT streamd.set_partitions_paused($1, $2, $3, $4, $5)", stream, group, partitions, paused, create)
 	if err != nil {
 		return fmt.Errorf("set paused=%v for %v of group %s of %s: %w", paused, partitions, group, stream, sqlerr.Wrap(err))
 	}

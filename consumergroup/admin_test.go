@@ -181,4 +181,15 @@ func TestPauseResume(t *testing.T) {
 		defer h.mu.Unlock()
 		return h.seen[[2]int64{0, 0}] > 0
 	})
+
+	// The admin pauses only groups that exist: a mistyped group is not made.
+	admin := NewAdmin(pool)
+	require.ErrorIs(t, admin.Pause(ctx, stream, group+"-typo", 0), ErrGroupNotFound)
+	require.ErrorIs(t, admin.Resume(ctx, stream, group+"-typo", 0), ErrGroupNotFound)
+	groups, err := admin.ListGroups(ctx, stream)
+	require.NoError(t, err)
+	for _, g := range groups {
+		require.NotEqual(t, group+"-typo", g.Group)
+	}
+	require.NoError(t, admin.Pause(ctx, stream, group, 1))
 }

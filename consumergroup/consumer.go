@@ -376,12 +376,12 @@ func (c *Consumer) commitRetry(ctx context.Context, m *member, offsets []Partiti
 // Pause stops the group processing partitions (whichever member owns them, across
 // handovers) until Resume. An in-flight batch finishes.
 func (c *Consumer) Pause(ctx context.Context, partitions ...int32) error {
-	return setPaused(ctx, c.pool, c.cfg.Stream, c.cfg.Group, partitions, true)
+	return setPaused(ctx, c.pool, c.cfg.Stream, c.cfg.Group, partitions, true, true)
 }
 
 // Resume undoes Pause.
 func (c *Consumer) Resume(ctx context.Context, partitions ...int32) error {
-	return setPaused(ctx, c.pool, c.cfg.Stream, c.cfg.Group, partitions, false)
+	return setPaused(ctx, c.pool, c.cfg.Stream, c.cfg.Group, partitions, false, true)
 }
 
 // Assignment returns the partitions this member processes now, ascending.

@@ -125,14 +125,18 @@ END;
 $$;
 
 -- Pauses or resumes partitions for the whole group: whichever member owns them stops
--- (or resumes) fetching them, across handovers, until resumed.
-CREATE OR REPLACE FUNCTION streamd.set_partitions_paused(p_stream_name text, p_group_id text, p_partitions integer[], p_paused boolean)
+-- (or resumes) fetching them, across handovers, until resumed. p_create: a group that
+-- does not exist yet is made (a consumer pausing before it joins); without it, an
+-- unknown group is SD102 (an operator's typo must not make a group).
+DROP FUNCTION IF EXISTS streamd.set_partitions_paused(text, text, integer[], boolean);
+CREATE OR REPLACE FUNCTION streamd.set_partitions_paused(p_stream_name text, p_group_id text, p_partitions integer[],
+                                                         p_paused boolean, p_create boolean)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_bad integer;
 BEGIN
-    PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, true);
+    PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, p_create);
     PERFORM streamd.cg_assign(p_stream_name, p_group_id, now());
     SELECT min(u.p) INTO v_bad FROM unnest(p_partitions) AS u(p)
      WHERE NOT EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
