@@ -115,7 +115,8 @@ type Config struct {
 	// CommitManual programs commit here with Consumer.Commit. Defaults to nil.
 	OnRevoked Hook
 	// RebalanceTimeout bounds how long this member may keep a partition that another
-	// member waits for; past it the group expels this member. Defaults to 60s.
+	// member waits for; past it the group expels this member. Defaults to
+	// MaxPollInterval (a batch may take that long).
 	RebalanceTimeout time.Duration
 	// Registerer receives the consumer's metrics. Defaults to nil (no metrics).
 	Registerer prometheus.Registerer
@@ -168,7 +169,10 @@ func (c Config) withDefaults() Config {
 		c.MaxRetries = 5
 	}
 	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = 60 * time.Second
+		// As Kafka ties its rebalance timeout to max.poll.interval.ms: a handler
+		// within MaxPollInterval must not get its member expelled because a
+		// rebalance caught it mid-batch.
+		c.RebalanceTimeout = c.MaxPollInterval
 	}
 	if c.RetryBackoff == 0 {
 		c.RetryBackoff = 100 * time.Millisecond

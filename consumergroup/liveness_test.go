@@ -213,3 +213,14 @@ func TestFencedWhileBlockedIsLost(t *testing.T) {
 	mu.Unlock()
 	require.NoError(t, stop())
 }
+
+// TestRebalanceTimeoutFollowsMaxPollInterval: by default a member may keep a
+// partition through a rebalance as long as its batch may run (MaxPollInterval), as in
+// Kafka; it was a fixed 60s, so a 2-minute batch within a 5-minute MaxPollInterval got
+// its member expelled whenever a rebalance caught it.
+func TestRebalanceTimeoutFollowsMaxPollInterval(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 5*time.Minute, Config{}.withDefaults().RebalanceTimeout)
+	require.Equal(t, 2*time.Minute, Config{MaxPollInterval: 2 * time.Minute}.withDefaults().RebalanceTimeout)
+	require.Equal(t, 7*time.Second, Config{RebalanceTimeout: 7 * time.Second}.withDefaults().RebalanceTimeout)
+}

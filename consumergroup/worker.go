@@ -46,17 +46,6 @@ func newWorker(ctx context.Context, c *Consumer, m *member, p int32, h Handler, 
 
 func (w *worker) stop() { w.stopOnce.Do(func() { close(w.stopCh) }) }
 
-// stopped reports whether the worker was told to stop (its partition is being
-// revoked).
-func (w *worker) stopped() bool {
-	select {
-	case <-w.stopCh:
-		return true
-	default:
-		return false
-	}
-}
-
 // untilStopped returns ctx, cancelled also when the worker is told to stop: retries
 // wait on it, so that a revoke does not wait for them (past RebalanceTimeout the
 // whole member would be expelled, losing every partition it holds).
@@ -234,7 +223,7 @@ func (w *worker) process(ctx context.Context, res *streams.FetchResult) (int64, 
 	if err != nil {
 		// Stopped while retrying: the batch stays uncommitted and the partition's
 		// next owner gets it again (at-least-once).
-		if ctx.Err() != nil || w.lost.Load() || w.stopped() {
+		if ctx.Err() != nil || w.lost.Load() || w.stopping() {
 			return 0, false
 		}
 		if w.c.cfg.OnHandlerError == ErrorBlock {
@@ -335,7 +324,7 @@ func (w *worker) block(ctx context.Context, b *Batch) bool {
 // goes to the dead letter queue (fenced like a commit).
 func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) bool {
 	for i := range res.Events {
-		if w.stopped() {
+		if w.stopping() {
 			return false // revoked: the rest go, uncommitted, to the next owner
 		}
 		one := w.newBatch(res.Events[i:i+1], res.HighWatermark)
@@ -344,7 +333,7 @@ func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) b
 		if err == nil {
 			continue
 		}
-		if ctx.Err() != nil || w.lost.Load() || w.stopped() {
+		if ctx.Err() != nil || w.lost.Load() || w.stopping() {
 			return false
 		}
 		e := res.Events[i]
