@@ -224,3 +224,47 @@ func TestRebalanceTimeoutFollowsMaxPollInterval(t *testing.T) {
 	require.Equal(t, 2*time.Minute, Config{MaxPollInterval: 2 * time.Minute}.withDefaults().RebalanceTimeout)
 	require.Equal(t, 7*time.Second, Config{RebalanceTimeout: 7 * time.Second}.withDefaults().RebalanceTimeout)
 }
+
+// TestResetLatestPositionIsCommitted: a group starting at the log's end commits that
+// position when it takes the partition, so a member that stops before its first batch
+// does not make the next owner start at a later end and skip what came between.
+func TestResetLatestPositionIsCommitted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	s := testdb.Name("resetlatest")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 1))
+	produce(t, pool, s, 0, 5) // offsets 0-4, before the group: not for it
+
+	cfg := testConfig(s, "g")
+	cfg.AutoOffsetReset = ResetLatest
+	a, err := New(pool, cfg)
+	require.NoError(t, err)
+	stopA := runConsumer(t, a, func(context.Context, *Batch) error { return nil })
+	waitFor(t, 20*time.Second, "the start position committed", func() bool {
+		off, ok, err := committedOffset(ctx, pool, s, "g", 0)
+		require.NoError(t, err)
+		return ok && off == 5
+	})
+	require.NoError(t, stopA())
+
+	produce(t, pool, s, 5, 3) // offsets 5-7, while no member runs
+	var h handled
+	b, err := New(pool, cfg)
+	require.NoError(t, err)
+	stopB := runConsumer(t, b, func(_ context.Context, bt *Batch) error {
+		for _, e := range bt.Events {
+			h.add(e.Partition, e.Offset)
+		}
+		return nil
+	})
+	waitFor(t, 20*time.Second, "offsets 5-7 handled", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.seen[[2]int64{0, 5}] > 0 && h.seen[[2]int64{0, 6}] > 0 && h.seen[[2]int64{0, 7}] > 0
+	})
+	h.mu.Lock()
+	require.Zero(t, h.seen[[2]int64{0, 4}], "nothing from before the group")
+	h.mu.Unlock()
+	require.NoError(t, stopB())
+}

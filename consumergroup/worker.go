@@ -115,7 +115,7 @@ func (w *worker) run() {
 		}
 	}()
 
-	pos, err := w.startPosition(ctx)
+	pos, reset, err := w.startPosition(ctx)
 	for err != nil {
 		if ctx.Err() != nil || w.stopping() {
 			return
@@ -124,7 +124,17 @@ func (w *worker) run() {
 		if !newBackoff(200*time.Millisecond, time.Second).wait(fetchCtx) {
 			return
 		}
-		pos, err = w.startPosition(ctx)
+		pos, reset, err = w.startPosition(ctx)
+	}
+	// A position taken from the log's end (or a time) depends on when it was taken:
+	// committed now, it holds for whoever owns the partition next, even if this
+	// worker stops before its first batch (else the next owner would start at a
+	// later end and skip what came between). CommitAuto only: the other modes commit
+	// what the program says.
+	if reset && w.c.cfg.AutoOffsetReset != ResetEarliest && w.c.cfg.CommitMode == CommitAuto {
+		if !w.commit(ctx, pos) {
+			return
+		}
 	}
 	fetchBackoff := newBackoff(50*time.Millisecond, 2*time.Second)
 	opts := &streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait}
@@ -173,14 +183,15 @@ func (w *worker) run() {
 	}
 }
 
-// startPosition is the committed offset, else the reset policy's.
-func (w *worker) startPosition(ctx context.Context) (int64, error) {
+// startPosition is the committed offset, else the reset policy's (reset true).
+func (w *worker) startPosition(ctx context.Context) (pos int64, reset bool, err error) {
 	off, ok, err := committedOffset(ctx, w.c.pool, w.c.cfg.Stream, w.c.cfg.Group, w.partition)
 	if err != nil || ok {
-		return off, err
+		return off, false, err
 	}
 	w.c.metrics.offsetResets.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, "no_commit").Inc()
-	return w.resetPosition(ctx)
+	pos, err = w.resetPosition(ctx)
+	return pos, true, err
 }
 
 func (w *worker) resetPosition(ctx context.Context) (int64, error) {
