@@ -2,6 +2,7 @@ package messages_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -434,4 +435,46 @@ func TestRedriveEndsWithPoison(t *testing.T) {
 	require.NoError(t, <-done)
 	_, err = c.Redrive(ctx, "no-such-"+dlq, nil)
 	require.ErrorIs(t, err, messages.ErrQueueNotFound)
+}
+
+// TestDeadLetterRacesASendOfTheSameID: a message dead-lettered while a send of the
+// same message id to the dead-letter queue is still uncommitted waits for that send
+// and then lands under the suffixed id; its move used to fail on the dedup index
+// (23505), which stopped Work.
+func TestDeadLetterRacesASendOfTheSameID(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, q, dlq := setupDLQ(t, nil, 5)
+	pool := c.Pool()
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("a"), MessageID: "same-id"})
+	require.NoError(t, err)
+	m, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	require.Len(t, m, 1)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = c.SendTx(ctx, tx, dlq, messages.OutgoingMessage{Data: data("b"), MessageID: "same-id"})
+	require.NoError(t, err)
+
+	termed := make(chan error, 1)
+	go func() { termed <- c.Term(ctx, "bad", m[0].Receipt) }()
+	// Commit the send only once the move waits for it on the dedup index.
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%queue_term%'`).Scan(&n))
+		return n > 0
+	}, 20*time.Second, 5*time.Millisecond, "the move waits for the uncommitted send")
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-termed)
+
+	dead, err := c.Peek(ctx, dlq, nil)
+	require.NoError(t, err)
+	require.Len(t, dead, 2)
+	ids := []string{dead[0].MessageID, dead[1].MessageID}
+	require.Contains(t, ids, "same-id")
+	require.Contains(t, ids, fmt.Sprintf("same-id@%s:%d", q, m[0].Offset))
 }

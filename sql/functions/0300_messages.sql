@@ -377,11 +377,19 @@ CREATE OR REPLACE FUNCTION streamd.queue_dead_letter(
 ) RETURNS integer
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
-    v_n   integer;
+    v_now   timestamptz := coalesce(p_now, now());
+    v_n     integer;
+    v_force boolean := false;
 BEGIN
     PERFORM streamd.queue_lock_shared(ARRAY(SELECT DISTINCT m.dead_letter_stream FROM streamd.messages m
                                             WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)));
+    -- The check for an id the dead-letter queue holds cannot see a send (or another
+    -- move) of that id not yet committed: the insert then waits for it and, once it
+    -- commits, fails on the dedup index. The move is then made again with every named
+    -- id suffixed (the suffix names the message's origin, so it is free). The
+    -- subtransaction costs only this path.
+    LOOP
+    BEGIN
     WITH d AS (
         DELETE FROM streamd.messages m
         WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)
@@ -392,9 +400,9 @@ BEGIN
                                       not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error,
                                       origin_stream, origin_offset, origin_attempts, dead_lettered_at, dedup, tenant_id)
         SELECT d.dead_letter_stream,
-               CASE WHEN d.dedup AND EXISTS (SELECT 1 FROM streamd.messages x
+               CASE WHEN d.dedup AND (v_force OR EXISTS (SELECT 1 FROM streamd.messages x
                                              WHERE x.message_id = d.message_id AND x.stream_name = d.dead_letter_stream
-                                               AND x.dedup)
+                                               AND x.dedup))
                     THEN d.message_id || '@' || p_queue || ':' || d."offset" ELSE d.message_id END,
                d.data, d.metadata, d.enqueued_at, v_now, v_now,
                dq.max_delivery_attempts, dq.dead_letter_queue, d.group_key,
@@ -407,6 +415,13 @@ BEGIN
     )
     SELECT count(*) INTO v_n FROM d;
     RETURN v_n;
+    EXCEPTION WHEN unique_violation THEN
+        IF v_force THEN
+            RAISE;
+        END IF;
+        v_force := true;
+    END;
+    END LOOP;
 END;
 $$;
 
@@ -728,9 +743,10 @@ $$;
 CREATE OR REPLACE FUNCTION streamd.queue_redrive(p_dlq text, p_limit integer, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
-    v_now  timestamptz := coalesce(p_now, now());
-    v_offs bigint[];
-    v_n    integer;
+    v_now   timestamptz := coalesce(p_now, now());
+    v_offs  bigint[];
+    v_n     integer;
+    v_force boolean := false;
 BEGIN
     PERFORM streamd.queue_get(p_dlq);
     IF p_limit IS NULL OR p_limit < 1 THEN
@@ -758,6 +774,10 @@ BEGIN
 
     -- Only rows whose origin exists in this statement's snapshot: the insert below
     -- joins the same snapshot's queues, so a row is deleted only when it is inserted.
+    -- As in queue_dead_letter: an uncommitted send of the same id makes the insert
+    -- fail once the send commits; the move is then made again with named ids suffixed.
+    LOOP
+    BEGIN
     WITH d AS (
         DELETE FROM streamd.messages m WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)
           AND EXISTS (SELECT 1 FROM streamd.queues oq WHERE oq.queue_name = m.origin_stream)
@@ -767,9 +787,9 @@ BEGIN
                                       not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error, dedup,
                                       tenant_id)
         SELECT d.origin_stream,
-               CASE WHEN d.dedup AND EXISTS (SELECT 1 FROM streamd.messages x
+               CASE WHEN d.dedup AND (v_force OR EXISTS (SELECT 1 FROM streamd.messages x
                                              WHERE x.message_id = d.message_id AND x.stream_name = d.origin_stream
-                                               AND x.dedup)
+                                               AND x.dedup))
                     THEN d.message_id || '~' || p_dlq || ':' || d."offset" ELSE d.message_id END,
                d.data, d.metadata, d.enqueued_at, v_now, v_now, oq.max_delivery_attempts, oq.dead_letter_queue,
                CASE WHEN oq.fifo THEN coalesce(d.group_key, '') END, d.last_error, d.dedup, d.tenant_id
@@ -779,6 +799,13 @@ BEGIN
     )
     SELECT count(*) INTO v_n FROM ins;
     RETURN v_n;
+    EXCEPTION WHEN unique_violation THEN
+        IF v_force THEN
+            RAISE;
+        END IF;
+        v_force := true;
+    END;
+    END LOOP;
 END;
 $$;
 
