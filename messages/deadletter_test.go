@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -477,4 +478,37 @@ func TestDeadLetterRacesASendOfTheSameID(t *testing.T) {
 	ids := []string{dead[0].MessageID, dead[1].MessageID}
 	require.Contains(t, ids, "same-id")
 	require.Contains(t, ids, fmt.Sprintf("same-id@%s:%d", q, m[0].Offset))
+}
+
+// TestWorkStopsWithEveryConnectionBusy: Work returns soon after its ctx ends even when
+// its receive is waiting for a pool connection (it used to wait out the receive's
+// 30-second statement bound).
+func TestWorkStopsWithEveryConnectionBusy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := testdb.Config(t)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	q := newQueue(t, pool, nil)
+	c := newClient(t, pool, nil)
+	held, err := pool.Acquire(ctx) // the only connection
+	require.NoError(t, err)
+	defer held.Release()
+
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Work(wctx, q, &messages.WorkerConfig{PollWait: 50 * time.Millisecond},
+			func(context.Context, *messages.Message) error { return nil })
+	}()
+	time.Sleep(200 * time.Millisecond) // let Work wait for the connection
+	stop()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Work did not return within 10s of its ctx ending")
+	}
 }

@@ -181,6 +181,17 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	// The connection is taken under the caller's ctx (waiting for one sends nothing,
+	// so giving up is safe: a stopping Work with every connection busy does not wait
+	// for receiveStatementTimeout); the statement then runs under its own.
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("receive from queue %s: %w", queue, sqlerr.Wrap(err))
+	}
+	defer conn.Release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), receiveStatementTimeout)
 	defer cancel()
 	var vt *int64
@@ -194,13 +205,12 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 		FROM streamd.queue_receive($1, $2, $3, $4)`
 	var (
 		rows   pgx.Rows
-		err    error
 		ackErr error
 		br     pgx.BatchResults
 		acked  map[receiptKey]bool
 	)
 	if len(o.Ack) == 0 {
-		rows, err = c.pool.Query(ctx, receiveSQL, queue, o.Max, vt, c.sqlNow())
+		rows, err = conn.Query(ctx, receiveSQL, queue, o.Max, vt, c.sqlNow())
 	} else {
 		// One round trip: the ack and the receive are sent together and run in one
 		// implicit transaction (one Sync), so a failed receive undoes the ack too.
@@ -208,7 +218,7 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 		b := &pgx.Batch{}
 		b.Queue(ackSQL, queue, offs, toks, c.sqlNow())
 		b.Queue(receiveSQL, queue, o.Max, vt, c.sqlNow())
-		br = c.pool.SendBatch(ctx, b)
+		br = conn.SendBatch(ctx, b)
 		defer br.Close()
 		ackRows, qerr := br.Query()
 		if qerr != nil {
