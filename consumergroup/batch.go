@@ -2,9 +2,11 @@ package consumergroup
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -50,10 +52,17 @@ func (b *Batch) Commit(ctx context.Context) error {
 // so a commit accepted here can never be overtaken. ErrFenced (and tx must be rolled
 // back) when this member no longer owns the partition. Required in
 // CommitTransactional mode; usable in any mode.
+//
+// ErrAlreadyCommitted (roll tx back, and return the error) when an earlier attempt of
+// this batch committed but its handler still failed (the commit's acknowledgement was
+// lost): the writes must not happen twice, and the worker counts the batch as done.
 func (b *Batch) CommitTx(ctx context.Context, tx pgx.Tx) error {
-	err := b.w.m.commit(ctx, tx, []PartitionOffset{{Partition: b.Partition, Offset: b.NextOffset()}}, nil)
+	m := b.w.m
+	_, err := tx.Exec(ctx, "SELECT streamd.commit_batch($1, $2, $3, $4, $5, $6, $7, NULL)",
+		m.stream, m.group, m.consumerID, m.epoch, b.Partition, b.Events[0].Offset, b.NextOffset())
 	if err != nil {
-		return err
+		return fmt.Errorf("commit batch [%d, %d) of %s/%d for group %s: %w",
+			b.Events[0].Offset, b.NextOffset(), m.stream, b.Partition, m.group, sqlerr.Wrap(err))
 	}
 	b.txCommitted = true
 	return nil

@@ -337,3 +337,56 @@ func TestCommitTxCrashLeavesNeither(t *testing.T) {
 	require.Equal(t, 1, rows)
 	require.EqualValues(t, 2, calls.Load())
 }
+
+// TestCommitTxOnceWhenTheAckIsLost: G4 with a lost acknowledgement. The handler's
+// transaction, with CommitTx, commits, but the handler fails anyway (as when the
+// connection drops after the server committed); the worker runs the batch again, and
+// that attempt's CommitTx is refused (ErrAlreadyCommitted), so its writes roll back:
+// each event's effect exists once, and the worker moves on.
+func TestCommitTxOnceWhenTheAckIsLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	table := pgx.Identifier{strings.ReplaceAll(testdb.Name("cg_once"), "-", "_")}.Sanitize()
+	_, err := pool.Exec(ctx, "CREATE TABLE "+table+` (partition int, "offset" bigint)`) // no key: duplicates would show
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
+	produce(t, pool, stream, 0, 3)
+
+	cfg := testConfig(stream, group)
+	cfg.CommitMode = CommitTransactional
+	var calls atomic.Int32
+	var refused atomic.Bool
+	c, err := New(pool, cfg)
+	require.NoError(t, err)
+	runConsumer(t, c, func(ctx context.Context, b *Batch) error {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			for _, e := range b.Events {
+				if _, err := tx.Exec(ctx, "INSERT INTO "+table+` VALUES ($1, $2)`, e.Partition, e.Offset); err != nil {
+					return err
+				}
+			}
+			err := b.CommitTx(ctx, tx)
+			if errors.Is(err, ErrAlreadyCommitted) {
+				refused.Store(true)
+			}
+			return err
+		})
+		if err == nil && calls.Add(1) == 1 {
+			return errors.New("connection reset (the commit went through)")
+		}
+		return err
+	})
+	waitFor(t, 10*time.Second, "the second attempt refused", refused.Load)
+	produce(t, pool, stream, 3, 2)
+	waitFor(t, 10*time.Second, "the later events committed", func() bool {
+		off, ok, err := committedOffset(ctx, pool, stream, group, 0)
+		return err == nil && ok && off == 5
+	})
+	var rows, distinct int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT "offset") FROM `+table).Scan(&rows, &distinct))
+	require.Equal(t, 5, distinct)
+	require.Equal(t, 5, rows, "each event's effect once")
+}

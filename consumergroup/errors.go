@@ -29,6 +29,10 @@ var (
 	ErrDeadLetterNotFound = errors.New("dead letter not found")
 	// ErrNotOwned: a Consumer call named a partition this member does not own now.
 	ErrNotOwned = errors.New("partition not owned by this member")
+	// ErrAlreadyCommitted: Batch.CommitTx found the batch committed by an earlier
+	// attempt (whose acknowledgement was lost); the transaction must be rolled back and
+	// the handler may return the error: the worker counts the batch as done.
+	ErrAlreadyCommitted = errors.New("batch already committed")
 )
 
 func init() {
@@ -38,4 +42,5 @@ func init() {
 	sqlerr.Register(sqlerr.GroupNotEmpty, ErrGroupNotEmpty)
 	sqlerr.Register(sqlerr.GroupInvalidArg, ErrInvalidArgument)
 	sqlerr.Register(sqlerr.DeadLetterNotFound, ErrDeadLetterNotFound)
+	sqlerr.Register(sqlerr.AlreadyCommitted, ErrAlreadyCommitted)
 }

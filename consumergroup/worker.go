@@ -300,6 +300,12 @@ func (w *worker) call(ctx context.Context, b *Batch) (err error) {
 		}
 	}()
 	if err := w.h(ctx, b); err != nil {
+		if errors.Is(err, ErrAlreadyCommitted) {
+			// An earlier attempt's CommitTx committed the batch; this attempt's
+			// transaction could not. The batch is done.
+			b.txCommitted = true
+			return nil
+		}
 		return err
 	}
 	if w.c.cfg.CommitMode == CommitTransactional && !b.txCommitted {

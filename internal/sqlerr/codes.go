@@ -19,6 +19,7 @@ const (
 	GroupNotEmpty      = "SD104"
 	GroupInvalidArg    = "SD105"
 	DeadLetterNotFound = "SD106"
+	AlreadyCommitted   = "SD107"
 
 	// Queues (sql/functions/0300_messages.sql).
 	QueueNotFound        = "SD201"

@@ -500,6 +500,37 @@ BEGIN
 END;
 $$;
 
+-- Commits a handler's batch [p_from, p_next) of one partition, fenced like
+-- commit_offsets, and only once: when the group's offset is already past p_from, an
+-- earlier attempt of this batch committed (its acknowledgement was lost, and the
+-- worker ran the batch again) and SD107 is raised, so the handler's transaction, which
+-- would repeat its writes, cannot commit (G4, exactly-once effects with CommitTx).
+CREATE OR REPLACE FUNCTION streamd.commit_batch(
+    p_stream_name text,
+    p_group_id    text,
+    p_consumer_id text,
+    p_epoch       bigint,
+    p_partition   integer,
+    p_from        bigint,
+    p_next        bigint,
+    p_now         timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_stored bigint;
+BEGIN
+    PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], coalesce(p_now, now()));
+    SELECT co."offset" INTO v_stored FROM streamd.consumer_offsets co
+     WHERE co.stream_name = p_stream_name AND co.group_id = p_group_id AND co.partition = p_partition;
+    IF v_stored > p_from THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD107',
+            MESSAGE = format('group %L of stream %L: partition %s is committed at %s, past this batch''s start %s: an earlier attempt committed it',
+                             p_group_id, p_stream_name, p_partition, v_stored, p_from);
+    END IF;
+    PERFORM streamd.commit_offsets(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], ARRAY[p_next], NULL, p_now);
+END;
+$$;
+
 -- Seed 003: records a heartbeat for a member, without the epoch check of
 -- group_heartbeat (kept for the seed's callers; the Go client uses group_heartbeat).
 CREATE OR REPLACE FUNCTION streamd.update_consumer_heartbeat(p_stream_name text, p_group_id text, p_consumer_id text)
