@@ -307,7 +307,33 @@ func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assign
 // batches (handlers see ctx cancelled), OnRevoked runs, and the member leaves (a
 // static member stays registered until its session expires or it restarts).
 func (c *Consumer) shutdown(ctx context.Context, m *member, finish func(clean bool)) {
+	// Heartbeats go on while the in-flight batches finish, commit and OnRevoked runs:
+	// a handler slower than the session timeout would otherwise get the member
+	// expelled mid-handover, its final commits refused and its batches redelivered.
+	// At most MaxPollInterval: a handler that ignores its cancelled ctx longer than
+	// that must not keep the partitions from the others.
+	hbCtx, stopHB := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.MaxPollInterval)
+	hbDone := make(chan struct{})
+	go func() { // owner: shutdown; ends at stopHB or after MaxPollInterval
+		defer close(hbDone)
+		t := time.NewTicker(c.cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-hbCtx.Done():
+				return
+			case <-t.C:
+				hctx, cancel := context.WithTimeout(hbCtx, c.cfg.SessionTimeout)
+				if _, err := m.heartbeat(hctx, c.pool, nil); err != nil && hbCtx.Err() == nil {
+					c.log.Warn("heartbeat while shutting down failed", "error", err)
+				}
+				cancel()
+			}
+		}
+	}()
 	finish(true)
+	stopHB()
+	<-hbDone
 	if c.killed.Load() || c.cfg.InstanceID != "" {
 		return
 	}

@@ -268,3 +268,51 @@ func TestResetLatestPositionIsCommitted(t *testing.T) {
 	h.mu.Unlock()
 	require.NoError(t, stopB())
 }
+
+// TestShutdownHeartbeatsWhileBatchesFinish: a member shutting down keeps its session
+// alive while an in-flight batch, slower than the session timeout, finishes: the batch
+// is committed and handed over cleanly (OnRevoked, not OnLost). It used to stop
+// heartbeating, was expelled mid-handover, and its final commit was refused.
+func TestShutdownHeartbeatsWhileBatchesFinish(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	s := testdb.Name("slowclose")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 1))
+	produce(t, pool, s, 0, 3)
+
+	var (
+		mu            sync.Mutex
+		lost, revoked [][]int32
+	)
+	cfg := testConfig(s, "g") // SessionTimeout 1.5s
+	cfg.OnLost = func(_ context.Context, ps []int32) {
+		mu.Lock()
+		lost = append(lost, ps)
+		mu.Unlock()
+	}
+	cfg.OnRevoked = func(_ context.Context, ps []int32) {
+		mu.Lock()
+		revoked = append(revoked, ps)
+		mu.Unlock()
+	}
+	c, err := New(pool, cfg)
+	require.NoError(t, err)
+	inHandler := make(chan struct{})
+	var once sync.Once
+	stop := runConsumer(t, c, func(context.Context, *Batch) error {
+		once.Do(func() { close(inHandler) })
+		time.Sleep(3 * time.Second) // ignores its cancelled ctx, outlives the session timeout
+		return nil
+	})
+	<-inHandler
+	require.NoError(t, stop())
+	off, ok, err := committedOffset(ctx, pool, s, "g", 0)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.EqualValues(t, 3, off, "the slow batch was committed")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, lost)
+	require.Equal(t, [][]int32{{0}}, revoked)
+}
