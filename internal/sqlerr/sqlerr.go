@@ -6,6 +6,7 @@ package sqlerr
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -73,7 +74,8 @@ func Code(err error) string {
 
 // Retriable reports whether an operation that failed with err may be retried: the
 // connection broke, the server is shutting down or restarting, the transaction was a
-// serialization or deadlock victim, or no connection could be had. Callers that retry
+// serialization or deadlock victim, a lock_timeout or statement_timeout the database
+// sets ran out, or no connection could be had. Callers that retry
 // writes must make them idempotent (event ids, lease tokens, epochs).
 func Retriable(err error) bool {
 	if err == nil {
@@ -89,6 +91,11 @@ func Retriable(err error) bool {
 		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "08": // connection exception
 			return true
 		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03": // shutdown, crash, cannot connect now
+			return true
+		case pgErr.Code == "55P03": // lock_not_available: a lock_timeout the role or database sets
+			return true
+		case pgErr.Code == "57014" && strings.Contains(pgErr.Message, "statement timeout"):
+			// A statement_timeout, not a cancel the caller asked for (same code).
 			return true
 		}
 		return false
