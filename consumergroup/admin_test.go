@@ -193,3 +193,34 @@ func TestPauseResume(t *testing.T) {
 	}
 	require.NoError(t, admin.Pause(ctx, stream, group, 1))
 }
+
+// TestOpenCommitTxDoesNotBlockTheGroup: a transaction that wrote a partition's first
+// offset (its foreign key check holds FOR KEY SHARE on the group's row) and stays open,
+// as a handler's transaction after CommitTx, does not block the group's operations: a
+// resume and a join go through. They locked the group row FOR UPDATE, waited for the
+// transaction's end, and could deadlock with it.
+func TestOpenCommitTxDoesNotBlockTheGroup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 2)
+	group := testdb.Name("g")
+	c, err := New(pool, testConfig(stream, group))
+	require.NoError(t, err)
+	require.NoError(t, c.Pause(ctx, 1)) // makes the group
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	// What the foreign key check of a first offset row takes.
+	_, err = tx.Exec(ctx, `SELECT 1 FROM streamd.consumer_groups WHERE stream_name = $1 AND group_id = $2 FOR KEY SHARE`, stream, group)
+	require.NoError(t, err)
+
+	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, NewAdmin(pool).Resume(octx, stream, group, 1), "resume while the transaction is open")
+	stop := runConsumer(t, c, func(context.Context, *Batch) error { return nil })
+	waitFor(t, 5*time.Second, "joined and assigned while the transaction is open", func() bool { return len(c.Assignment()) == 2 })
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, stop())
+}

@@ -4,13 +4,18 @@
 --   SD101 fenced (not a member at that epoch, or not the owner)
 --   SD102 group not found          SD103 invalid group id
 --   SD104 group has live members   SD105 invalid argument
---   SD106 dead letter not found
+--   SD106 dead letter not found    SD107 batch already committed
 --
 -- Lock order, everywhere: the consumer_groups row, then consumer_registrations rows,
 -- then consumer_partitions rows in ascending partition order. Commits lock only
 -- partition rows (FOR SHARE, ascending), so they never deadlock with a rebalance, and a
 -- handover (which updates the partition row) waits for an in-flight commit or makes it
 -- find nothing: the fence is checked and the offset written in one transaction.
+-- Group operations lock the group row FOR NO KEY UPDATE, not FOR UPDATE: a commit's
+-- first offset row takes FOR KEY SHARE on it (its foreign key check), which FOR UPDATE
+-- conflicts with; a handler's transaction kept open after its CommitTx then blocked
+-- every join, heartbeat and release of the group, and a rebalance racing such a
+-- commit could deadlock. Only delete_group, which deletes the row, takes FOR UPDATE.
 
 -- The LISTEN/NOTIFY channel of a group: a fixed-length identifier whatever the names.
 CREATE OR REPLACE FUNCTION streamd.cg_channel(p_stream_name text, p_group_id text) RETURNS text
@@ -45,7 +50,7 @@ BEGIN
         ON CONFLICT DO NOTHING;
     END IF;
     SELECT * INTO v_group FROM streamd.consumer_groups g
-     WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR UPDATE;
+     WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'SD102',
             MESSAGE = format('group %L of stream %L does not exist', p_group_id, p_stream_name);
@@ -318,7 +323,7 @@ BEGIN
           < (SELECT s.partitions FROM streamd.streams s WHERE s.stream_name = p_stream_name) THEN
         -- Lock order: group row first, then our registration (below).
         PERFORM 1 FROM streamd.consumer_groups g
-         WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR UPDATE;
+         WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR NO KEY UPDATE;
         IF streamd.cg_expire(p_stream_name, p_group_id, v_now) > 0 THEN
             UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
              WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
@@ -398,7 +403,7 @@ DECLARE
     v_now timestamptz := coalesce(p_now, now());
 BEGIN
     PERFORM 1 FROM streamd.consumer_groups g
-     WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR UPDATE;
+     WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -565,7 +570,7 @@ BEGIN
                                AND cp.target_since + cr.rebalance_timeout_ms * interval '1 millisecond' < now())
               ORDER BY 1, 2 LOOP
         PERFORM 1 FROM streamd.consumer_groups cg
-         WHERE cg.stream_name = g.stream_name AND cg.group_id = g.group_id FOR UPDATE;
+         WHERE cg.stream_name = g.stream_name AND cg.group_id = g.group_id FOR NO KEY UPDATE;
         v_n := streamd.cg_expire(g.stream_name, g.group_id, now());
         IF v_n > 0 THEN
             UPDATE streamd.consumer_groups cg SET group_epoch = cg.group_epoch + 1, updated_at = now()
