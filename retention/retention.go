@@ -275,6 +275,15 @@ func (r *Runner) apply(ctx context.Context, conn *pgx.Conn, stream string, now *
 	return res, nil
 }
 
+// nilIfEmpty: an empty Config.Streams means every stream, as nil does (sent as an
+// empty array, it would match none).
+func nilIfEmpty(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}
+
 // RunOnce applies every enabled policy (or those of Config.Streams) once, stream by
 // stream, and returns what it did. Streams another runner is processing are skipped;
 // a stream that fails is logged and the others still run; the errors are joined.
@@ -282,7 +291,7 @@ func (r *Runner) RunOnce(ctx context.Context) ([]*StreamResult, error) {
 	rows, err := r.pool.Query(ctx, `
 		SELECT stream_name FROM streamd.retention_policies
 		 WHERE enabled AND ($1::text[] IS NULL OR stream_name = ANY($1))
-		 ORDER BY stream_name`, r.cfg.Streams)
+		 ORDER BY stream_name`, nilIfEmpty(r.cfg.Streams))
 	if err != nil {
 		return nil, fmt.Errorf("retention: list policies: %w", err)
 	}
@@ -315,6 +324,11 @@ func (r *Runner) RunOnce(ctx context.Context) ([]*StreamResult, error) {
 			}
 			out = append(out, res)
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		// Cut short (or its last stream was): the caller must not count the pass as
+		// done (a coordinator slot stays open for the next leader).
+		errs = append(errs, fmt.Errorf("retention: pass stopped: %w", err))
 	}
 	return out, errors.Join(errs...)
 }

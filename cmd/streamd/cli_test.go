@@ -204,3 +204,52 @@ func TestCLIZeroFlagsRefused(t *testing.T) {
 		require.ErrorContains(t, err, ": must be more than 0", "%v", args)
 	}
 }
+
+// TestServeStopsWithALongPollRunning: serve's shutdown does not wait out
+// --shutdown-timeout for a long poll (a receive waiting 30 s): past half of it the
+// remaining requests are cancelled and serve stops cleanly. It used to return the
+// shutdown's deadline error.
+func TestServeStopsWithALongPollRunning(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := run(t, ctx, "", "serve", "--http-addr", addr, "--auth-disabled", "--shutdown-timeout", "4s",
+			"--retention-streams", "none-in-this-test", "--coordinator-name", testdb.Name("serve-lp"))
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	}, 30*time.Second, 20*time.Millisecond)
+	q := testdb.Name("lp")
+	resp, err := http.Post("http://"+addr+"/v1/queues", "application/json", strings.NewReader(fmt.Sprintf(`{"name":%q}`, q)))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+	polling := make(chan struct{})
+	go func() {
+		close(polling)
+		resp, err := http.Post("http://"+addr+"/v1/queues/"+q+"/receive", "application/json", strings.NewReader(`{"wait_ms":30000}`))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-polling
+	time.Sleep(300 * time.Millisecond) // the receive is waiting
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "a clean stop")
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}

@@ -116,11 +116,19 @@ func envDuration(name string, def time.Duration) time.Duration {
 }
 
 func splitEnv(name string) []string {
-	v := os.Getenv(name)
-	if v == "" {
-		return nil
+	return splitList(os.Getenv(name))
+}
+
+// splitList splits a comma-separated list, trimming spaces and dropping empty items;
+// nil for an empty list.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
 	}
-	return strings.Split(v, ",")
+	return out
 }
 
 // envErrors collects environment values that did not parse; validate reports them.
@@ -230,7 +238,10 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		return err
 	}
 	fleet := newGauges(pool, reg)
-	retainer, err := retention.New(pool, &retention.Config{Logger: g.logger, Registerer: reg, Streams: c.retentionOnly})
+	// An empty --retention-streams (say, from an unset variable) means every stream,
+	// not none: pgx would send an empty list, which matches no stream.
+	retainer, err := retention.New(pool, &retention.Config{Logger: g.logger, Registerer: reg,
+		Streams: splitList(strings.Join(c.retentionOnly, ","))})
 	if err != nil {
 		return err
 	}
@@ -284,7 +295,13 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err != nil {
 		return fmt.Errorf("--http-addr %s: %w", c.httpAddr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	// Requests' contexts end when shutdown gives up waiting for them (see below), so
+	// that long polls (fetch and receive waits of up to 30 s) return instead of
+	// holding the shutdown to its timeout.
+	reqCtx, cancelReqs := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelReqs()
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		BaseContext: func(net.Listener) context.Context { return reqCtx }}
 	g.logger.Info("streamd serving", "http_addr", ln.Addr().String(), "tls", c.tlsCert != "", "holder", elector.Holder(), "pid", os.Getpid())
 
 	// Goroutines: the HTTP server and the elector (which runs the jobs while
@@ -311,9 +328,20 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	g.logger.Info("streamd stopping")
 	// Stop accepting, finish in-flight requests, then end the term and release the
 	// lease (the elector does that on return) so a successor takes over at once.
+	// Requests still running after half of --shutdown-timeout (long polls, mostly)
+	// see their context cancelled, and get the rest of it to answer.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.shutdownTimeout)
 	defer cancel()
-	shutdownErr := srv.Shutdown(sctx)
+	shut := make(chan error, 1)
+	go func() { shut <- srv.Shutdown(sctx) }() // owner: serve; ends by sctx at the latest
+	var shutdownErr error
+	select {
+	case shutdownErr = <-shut:
+	case <-time.After(c.shutdownTimeout / 2):
+		g.logger.Info("cancelling the requests still running (long polls)")
+		cancelReqs()
+		shutdownErr = <-shut
+	}
 	stopElector()
 	if err := <-electorDone; err != nil {
 		g.logger.Warn("elector stopped with an error", "err", err)

@@ -109,3 +109,13 @@ func TestServeConfigErrorsNameTheSetting(t *testing.T) {
 		require.ErrorContains(t, err, tc.want, "%v", tc.args)
 	}
 }
+
+// TestSplitList: --retention-streams and $STREAMD_RETENTION_STREAMS lists are trimmed,
+// and an empty one means every stream (nil), not none; "a, b" used to keep " b",
+// which matched no stream.
+func TestSplitList(t *testing.T) {
+	t.Parallel()
+	require.Nil(t, splitList(""))
+	require.Nil(t, splitList(" , "))
+	require.Equal(t, []string{"a", "b"}, splitList("a, b,"))
+}

@@ -79,3 +79,43 @@ func TestRedriveTask(t *testing.T) {
 	require.Equal(t, http.StatusAccepted, code, "%v", body)
 	require.EqualValues(t, 2, body["max_messages"], "%v", body)
 }
+
+// TestRedriveTaskKeepsLowRates: a task at 2 messages a second moves about that many,
+// whatever the tick (it moved at least one per tick: 50 a second at a 20 ms tick).
+func TestRedriveTaskKeepsLowRates(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, sc := newServer(t)
+	pool := sc.Pool()
+	mc, err := messages.NewClient(pool, nil)
+	require.NoError(t, err)
+	q, dlq := testdb.Name("rl"), testdb.Name("rl-dlq")
+	require.NoError(t, mc.CreateQueue(ctx, dlq, nil))
+	require.NoError(t, mc.CreateQueue(ctx, q, &messages.QueueConfig{DeadLetterQueue: dlq}))
+	for i := 0; i < 10; i++ {
+		_, err := mc.Send(ctx, q, messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprint(i))})
+		require.NoError(t, err)
+	}
+	got, err := mc.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+	require.NoError(t, err)
+	for _, m := range got {
+		require.NoError(t, mc.Term(ctx, "x", m.Receipt))
+	}
+	code, body := c.do("POST", "/v1/queues/"+dlq+"/redrive-tasks", adminToken, `{"rate":2}`)
+	require.Equal(t, http.StatusAccepted, code, "%v", body)
+
+	svc := coordinator.Redrive(pool, nil, 20*time.Millisecond)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- svc.Run(rctx) }()
+	time.Sleep(1500 * time.Millisecond)
+	stop()
+	require.NoError(t, <-done)
+	var moved int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.messages WHERE stream_name = $1", q).Scan(&moved))
+	limit := int(2*time.Since(start).Seconds()) + 2 // the rate, plus a second's worth of credit
+	require.GreaterOrEqual(t, moved, 1)
+	require.LessOrEqual(t, moved, limit, "moved %d in %v at 2/s", moved, time.Since(start))
+}

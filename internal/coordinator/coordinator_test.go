@@ -205,3 +205,24 @@ func TestDeposedLeaderCannotStartOrFinish(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.start_coordinator_run($1, 1, $2, 'b', $3)", job, lease, e2).Scan(&started))
 	require.False(t, started, "a finished slot does not run again")
 }
+
+// TestFinishedRunsAreForgotten: a job's runs more than 1000 slots old are deleted as
+// later ones finish; coordinator_runs grew by a row per slot forever.
+func TestFinishedRunsAreForgotten(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	job := testdb.Name("prune-job")
+	_, err := pool.Exec(ctx, `INSERT INTO streamd.coordinator_runs (job, slot, holder, epoch, finished_at)
+		SELECT $1, s, 'h', 7, CASE WHEN s < 1100 THEN now() END FROM generate_series(0, 1100) s`, job)
+	require.NoError(t, err)
+	var ok bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.finish_coordinator_run($1, 1100, 7, NULL)", job).Scan(&ok))
+	require.True(t, ok)
+	var n, lo int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), min(slot) FROM streamd.coordinator_runs WHERE job = $1", job).Scan(&n, &lo))
+	require.Equal(t, int64(1001), n)
+	require.Equal(t, int64(100), lo)
+	_, err = pool.Exec(ctx, "DELETE FROM streamd.coordinator_runs WHERE job = $1", job)
+	require.NoError(t, err)
+}

@@ -97,8 +97,19 @@ func (j *Jobs) runJob(ctx context.Context, l Leadership, job Job) {
 	for {
 		now := j.now()
 		slot := now.UnixNano() / int64(job.Interval)
-		j.runSlot(ctx, l, job, slot)
 		next := time.Unix(0, (slot+1)*int64(job.Interval))
+		// A slot whose start could not be recorded (a connection lost to a database
+		// restart, a timeout) is tried again within the slot, not skipped.
+		for wait := j.retryAfter; !j.runSlot(ctx, l, job, slot) && ctx.Err() == nil; wait = min(2*wait, 30*time.Second) {
+			if j.now().Add(wait).After(next) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -107,18 +118,20 @@ func (j *Jobs) runJob(ctx context.Context, l Leadership, job Job) {
 	}
 }
 
-func (j *Jobs) runSlot(ctx context.Context, l Leadership, job Job, slot int64) {
+// runSlot runs job for slot unless it ran already; it returns false when the slot's
+// start could not be recorded (the caller tries again).
+func (j *Jobs) runSlot(ctx context.Context, l Leadership, job Job, slot int64) bool {
 	var started bool
 	err := j.pool.QueryRow(ctx, "SELECT streamd.start_coordinator_run($1, $2, $3, $4, $5)",
 		job.Name, slot, l.Lease, l.Holder, l.Epoch).Scan(&started)
 	if err != nil {
 		if ctx.Err() == nil {
-			j.logger.Warn("start coordinator run failed", "job", job.Name, "err", err)
+			j.logger.Warn("start coordinator run failed; trying again", "job", job.Name, "err", err)
 		}
-		return
+		return false
 	}
 	if !started {
-		return // finished already, or no longer leader
+		return true // finished already, or no longer leader
 	}
 	runErr := job.Run(ctx)
 	result, msg := "ok", (*string)(nil)
@@ -129,13 +142,14 @@ func (j *Jobs) runSlot(ctx context.Context, l Leadership, job Job, slot int64) {
 		j.logger.Warn("coordinator job failed", "job", job.Name, "slot", slot, "err", runErr)
 	}
 	if ctx.Err() != nil && runErr != nil {
-		return // deposed mid-run: the successor re-runs this slot
+		return true // deposed mid-run: the successor re-runs this slot
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, err := j.pool.Exec(fctx, "SELECT streamd.finish_coordinator_run($1, $2, $3, $4)", job.Name, slot, l.Epoch, msg); err != nil {
 		j.logger.Warn("finish coordinator run failed", "job", job.Name, "err", err)
-		return
+		return true
 	}
 	j.runs.WithLabelValues(job.Name, result).Inc()
+	return true
 }

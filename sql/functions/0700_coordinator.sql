@@ -64,12 +64,18 @@ END;
 $$;
 
 -- Marks the run finished, fenced by the epoch that started it. Returns whether it did.
+-- A finish also forgets the job's runs more than 1000 slots old: the table keeps the
+-- recent history (for operators and the exactly-once-per-slot tests), not every slot
+-- since the first (86,400 rows a day for a job run every second).
 CREATE OR REPLACE FUNCTION streamd.finish_coordinator_run(p_job text, p_slot bigint, p_epoch bigint, p_error text)
 RETURNS boolean
 LANGUAGE sql AS $$
     WITH u AS (
         UPDATE streamd.coordinator_runs SET finished_at = clock_timestamp(), error = p_error
          WHERE job = p_job AND slot = p_slot AND epoch = p_epoch AND finished_at IS NULL
-        RETURNING 1)
+        RETURNING 1),
+    old AS (
+        DELETE FROM streamd.coordinator_runs
+         WHERE job = p_job AND slot < p_slot - 1000 AND EXISTS (SELECT 1 FROM u))
     SELECT EXISTS (SELECT 1 FROM u)
 $$;
