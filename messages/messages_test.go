@@ -453,11 +453,11 @@ func TestBadInputWritesNothing(t *testing.T) {
 			return sqlerr.Wrap(err)
 		}, messages.ErrInvalidName, "a/b"},
 		{"oversize payload", func() error {
-			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: data(string(make([]byte, 200)))})
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: data(strings.Repeat("x", 200))})
 			return err
 		}, messages.ErrPayloadTooLarge, "allows 100"},
 		{"oversize with headers", func() error {
-			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), Headers: map[string]string{"h": string(make([]byte, 120))}})
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), Headers: map[string]string{"h": strings.Repeat("x", 120)}})
 			return err
 		}, messages.ErrPayloadTooLarge, "allows 100"},
 		{"invalid JSON", func() error {
@@ -465,6 +465,15 @@ func TestBadInputWritesNothing(t *testing.T) {
 			return err
 		}, messages.ErrInvalidJSON, "message 2"},
 		{"empty data", func() error { _, err := c.Send(ctx, q, messages.OutgoingMessage{}); return err }, messages.ErrInvalidJSON, "no data"},
+		// What json.Valid accepts and PostgreSQL refuses (they came back as bare PgErrors).
+		{"JSON with \u0000", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":"\u0000"}`)})
+			return err
+		}, messages.ErrInvalidJSON, "message 2"},
+		{"message id with NUL", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: data(1), MessageID: "a\x00"})
+			return err
+		}, messages.ErrInvalidArgument, "message 2"},
 		{"negative delay", func() error {
 			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: data(1), Delay: -time.Second})
 			return err

@@ -1,6 +1,7 @@
 package messages
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/streamd/streamd/internal/pgtext"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
@@ -111,6 +113,17 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 		}
 		if !json.Valid(m.Data) {
 			return nil, invalid(ErrInvalidJSON, "queue %s: message %d: data is not valid JSON", queue, i+1)
+		}
+		if why := pgtext.JSONProblem(m.Data); why != "" {
+			return nil, invalid(ErrInvalidJSON, "queue %s: message %d: data: %s", queue, i+1, why)
+		}
+		if why := cmp.Or(pgtext.TextProblem(m.MessageID), pgtext.TextProblem(m.GroupKey)); why != "" {
+			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: message id or group key: %s", queue, i+1, why)
+		}
+		for k, v := range m.Headers {
+			if why := cmp.Or(pgtext.TextProblem(k), pgtext.TextProblem(v)); why != "" {
+				return nil, invalid(ErrInvalidArgument, "queue %s: message %d: header %q: %s", queue, i+1, k, why)
+			}
 		}
 		if m.Delay < 0 {
 			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: delay %v is negative", queue, i+1, m.Delay)

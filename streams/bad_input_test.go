@@ -48,6 +48,11 @@ func TestBadInput(t *testing.T) {
 		{"invalid stream name", produce(streams.Record{Stream: "bad name!", Data: ok.Data}), streams.ErrInvalidName},
 		{"empty stream name", produce(streams.Record{Data: ok.Data}), streams.ErrInvalidName},
 		{"invalid JSON", produce(ok, streams.Record{Stream: s, Data: json.RawMessage(`{"a":`)}), streams.ErrInvalidJSON},
+		// What json.Valid accepts and PostgreSQL refuses (they came back as bare PgErrors).
+		{"JSON with \u0000", produce(ok, streams.Record{Stream: s, Data: json.RawMessage(`{"a":"\u0000"}`)}), streams.ErrInvalidJSON},
+		{"JSON not UTF-8", produce(ok, streams.Record{Stream: s, Data: json.RawMessage("{\"a\":\"\xff\"}")}), streams.ErrInvalidJSON},
+		{"key with NUL", produce(ok, streams.Record{Stream: s, Key: "k\x00", Data: ok.Data}), streams.ErrInvalidArgument},
+		{"header not UTF-8", produce(ok, streams.Record{Stream: s, Headers: map[string]string{"h": "\xff"}, Data: ok.Data}), streams.ErrInvalidArgument},
 		{"payload too large", produce(ok, streams.Record{Stream: s, Data: big}), streams.ErrPayloadTooLarge},
 		{"binary payload too large", produce(ok, streams.Record{Stream: s, Bytes: make([]byte, 65)}), streams.ErrPayloadTooLarge},
 		{"negative partition", produce(ok, streams.Record{Stream: s, Partition: streams.PartitionOf(-1), Data: ok.Data}), streams.ErrPartitionNotFound},

@@ -12,6 +12,7 @@
 package streams
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/streamd/streamd/internal/pgtext"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
@@ -268,6 +270,22 @@ func validateRecord(r *Record) error {
 	}
 	if r.Data != nil && !json.Valid(r.Data) {
 		return invalid(ErrInvalidJSON, "stream %s: record data is not valid JSON", r.Stream)
+	}
+	if r.Data != nil {
+		if why := pgtext.JSONProblem(r.Data); why != "" {
+			return invalid(ErrInvalidJSON, "stream %s: record data: %s", r.Stream, why)
+		}
+	}
+	for _, f := range [...]struct{ name, v string }{{"key", r.Key}, {"event id", r.EventID}, {"event type", r.EventType},
+		{"correlation id", r.CorrelationID}, {"causation id", r.CausationID}} {
+		if why := pgtext.TextProblem(f.v); why != "" {
+			return invalid(ErrInvalidArgument, "stream %s: record %s: %s", r.Stream, f.name, why)
+		}
+	}
+	for k, v := range r.Headers {
+		if why := cmp.Or(pgtext.TextProblem(k), pgtext.TextProblem(v)); why != "" {
+			return invalid(ErrInvalidArgument, "stream %s: record header %q: %s", r.Stream, k, why)
+		}
 	}
 	if r.Version < 0 {
 		return invalid(ErrInvalidArgument, "stream %s: version %d is negative", r.Stream, r.Version)
