@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -152,4 +153,22 @@ func TestEventsAreAppendOnly(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, res.Events, 3)
 	require.JSONEq(t, `1`, string(res.Events[0].Data))
+}
+
+// TestAppendReserveWithoutItsHeadRow: the COPY path's reservation fails with the
+// typed error when the partition's head row is gone (a stream deleted while the COPY
+// waited for it) instead of returning a row of NULLs the client could not scan.
+func TestAppendReserveWithoutItsHeadRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	s := testdb.Name("reserve")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 1))
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "DELETE FROM streamd.stream_partitions WHERE stream_name = $1", s)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT * FROM streamd.append_reserve($1, 0, 3, 10)", s)
+	require.ErrorIs(t, sqlerr.Wrap(err), streams.ErrPartitionNotFound)
 }

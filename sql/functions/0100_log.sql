@@ -381,6 +381,11 @@ BEGIN
            last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
      WHERE h.stream_name = p_stream_name AND h.partition = p_partition
     RETURNING h.next_offset - p_count, h.last_appended_at INTO base, ts;
+    IF NOT FOUND THEN
+        -- The stream was deleted while this waited for its head row: the same error
+        -- as append() gives, not a row of NULLs.
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
     PERFORM set_config('streamd.append_trusted', 'on', true);
     RETURN NEXT;
 END;
