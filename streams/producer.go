@@ -115,7 +115,11 @@ type Producer struct {
 	mu     sync.Mutex
 	closed bool
 	parts  map[partKey]*partQueue
-	idle   *sync.Cond // signalled when a partition queue drains
+	idle   *sync.Cond // signalled when records finish
+	// Flush waits for the records of its epoch and earlier only: records produced
+	// meanwhile (by other goroutines, under steady load) do not keep it waiting.
+	epoch      uint64
+	unfinished map[uint64]int // per epoch: records enqueued and not yet done
 
 	metaMu sync.Mutex
 	meta   map[string]*streamMeta
@@ -136,8 +140,9 @@ type partQueue struct {
 }
 
 type pendingRecord struct {
-	rec  Record
-	done func(Position, error)
+	rec   Record
+	done  func(Position, error)
+	epoch uint64 // Producer.epoch when enqueued
 }
 
 type streamMeta struct {
@@ -169,6 +174,7 @@ func NewProducer(pool *pgxpool.Pool, cfg *ProducerConfig) (*Producer, error) {
 		cancel:      cancel,
 		parts:       map[partKey]*partQueue{},
 		meta:        map[string]*streamMeta{},
+		unfinished:  map[uint64]int{},
 	}
 	p.idle = sync.NewCond(&p.mu)
 	return p, nil
@@ -228,6 +234,8 @@ func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Posit
 		done(Position{}, ErrProducerClosed)
 		return
 	}
+	pr.epoch = p.epoch
+	p.unfinished[pr.epoch]++
 	key := partKey{rec.Stream, partition}
 	q := p.parts[key]
 	if q == nil {
@@ -297,28 +305,64 @@ func (p *Producer) send(q *partQueue, batch []*pendingRecord) {
 	}
 	start := time.Now()
 	pos, err := p.appendWithRetry(recs)
-	<-p.inFlightSem
 	p.metrics.observeBatch(len(batch), time.Since(start), err)
-	if errors.Is(err, ErrPartitionNotFound) || errors.Is(err, ErrStreamNotFound) {
-		p.forgetMeta(q.key.stream)
+	errs := make([]error, len(batch))
+	for i := range errs {
+		errs[i] = err
+	}
+	if err != nil && len(batch) > 1 && perRecordError(err) {
+		// One record's fault (an unregistered event type, a payload over a limit
+		// lowered since the metadata was read, ...) fails the whole statement: append
+		// the records one by one, in order, so that only the bad ones fail.
+		pos = make([]Position, len(batch))
+		for i := range recs {
+			var one []Position
+			if one, errs[i] = p.appendWithRetry(recs[i : i+1]); errs[i] == nil {
+				pos[i] = one[0]
+			}
+		}
+	}
+	<-p.inFlightSem
+	if errors.Is(err, ErrPartitionNotFound) || errors.Is(err, ErrStreamNotFound) || errors.Is(err, ErrInvalidArgument) ||
+		errors.Is(err, ErrPayloadTooLarge) {
+		p.forgetMeta(q.key.stream) // the stream changed: read its metadata again
 	}
 	for i, b := range batch {
-		if err != nil {
-			b.done(Position{}, err)
+		if errs[i] != nil {
+			b.done(Position{}, errs[i])
 		} else {
 			b.done(pos[i], nil)
 		}
 		<-p.bufSem
 	}
 	p.mu.Lock()
+	for _, b := range batch {
+		if p.unfinished[b.epoch]--; p.unfinished[b.epoch] <= 0 {
+			delete(p.unfinished, b.epoch)
+		}
+	}
 	q.sending = false
 	if len(q.pending) == 0 {
 		delete(p.parts, q.key)
-		p.idle.Broadcast()
 	} else {
 		p.maybeSendLocked(q)
 	}
+	p.idle.Broadcast()
 	p.mu.Unlock()
+}
+
+// perRecordError reports whether a batch's error may come from one of its records
+// alone (so that the others would append on their own).
+func perRecordError(err error) bool {
+	switch {
+	case errors.Is(err, ErrPayloadTooLarge), errors.Is(err, ErrInvalidJSON), errors.Is(err, ErrInvalidArgument):
+		return true
+	}
+	switch sqlerr.Code(err) {
+	case sqlerr.UnknownEventType, "22P02", "22P05", "22021":
+		return true
+	}
+	return false
 }
 
 func (p *Producer) appendWithRetry(recs []Record) ([]Position, error) {
@@ -379,6 +423,17 @@ func (p *Producer) route(ctx context.Context, rec *Record) (int32, error) {
 	}
 	switch {
 	case rec.Partition != nil:
+		if *rec.Partition >= m.partitions && time.Since(m.fetchedAt) > time.Second {
+			// The stream may have grown since the metadata was read: read it again
+			// (at most once a second) before refusing.
+			fresh, err := p.loadMeta(ctx, rec.Stream)
+			if err != nil {
+				return 0, err
+			}
+			fresh.sticky, fresh.stickyLeft = m.sticky%fresh.partitions, m.stickyLeft
+			m = fresh
+			p.meta[rec.Stream] = m
+		}
 		if *rec.Partition >= m.partitions {
 			return 0, invalid(ErrPartitionNotFound, "stream %s has no partition %d (it has %d)", rec.Stream, *rec.Partition, m.partitions)
 		}
@@ -419,31 +474,42 @@ func (p *Producer) forgetMeta(stream string) {
 }
 
 // Flush sends every buffered record at once, ignoring Linger, and waits until all of
-// them are committed or failed, or ctx ends.
+// them are committed or failed, or ctx ends. Records produced after Flush was called
+// do not make it wait longer. The sends start before Flush returns, even when ctx has
+// ended.
 func (p *Producer) Flush(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		p.mu.Lock()
-		for _, q := range p.parts {
-			q.lingerDue = true
-			p.maybeSendLocked(q)
-		}
-		for len(p.parts) > 0 && ctx.Err() == nil {
-			p.idle.Wait()
-		}
-		p.mu.Unlock()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		// Wake the waiter so its goroutine exits.
+	stop := context.AfterFunc(ctx, func() { // wake the wait below when ctx ends
 		p.mu.Lock()
 		p.idle.Broadcast()
 		p.mu.Unlock()
-		return ctx.Err()
+	})
+	defer stop()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	target := p.epoch
+	p.epoch++
+	for _, q := range p.parts {
+		q.lingerDue = true
+		p.maybeSendLocked(q)
 	}
+	for p.unfinishedUpToLocked(target) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		p.idle.Wait()
+	}
+	return nil
+}
+
+// unfinishedUpToLocked reports whether records of epoch target or earlier are not
+// done yet. p.mu must be held.
+func (p *Producer) unfinishedUpToLocked(target uint64) bool {
+	for e := range p.unfinished {
+		if e <= target {
+			return true
+		}
+	}
+	return false
 }
 
 // Close flushes the buffered records, waiting for them until ctx ends, then stops

@@ -178,3 +178,106 @@ func TestProducerBatchesConcurrentCalls(t *testing.T) {
 	_, err = prod.Produce(ctx, streams.Record{Stream: s, Data: json.RawMessage(`1`)})
 	require.ErrorIs(t, err, streams.ErrProducerClosed)
 }
+
+// TestProducerFlushUnderLoad: Flush returns once the records buffered when it was
+// called are done, while other goroutines keep producing; it used to wait for every
+// partition queue to drain, that is, for the traffic to stop.
+func TestProducerFlushUnderLoad(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool := testdb.Pool(t)
+	s := testdb.Name("flushload")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 4))
+	prod, err := streams.NewProducer(pool, &streams.ProducerConfig{Linger: 5 * time.Millisecond})
+	require.NoError(t, err)
+	defer prod.Close(context.Background())
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				prod.ProduceAsync(ctx, streams.Record{Stream: s, Key: fmt.Sprint(w, "-", i), Data: json.RawMessage(`1`)},
+					func(streams.Position, error) {})
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(200 * time.Millisecond) // traffic flowing
+	var flushed atomic.Bool
+	prod.ProduceAsync(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(0), Data: json.RawMessage(`"mine"`)},
+		func(_ streams.Position, err error) {
+			if err == nil {
+				flushed.Store(true)
+			}
+		})
+	fctx, fcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer fcancel()
+	require.NoError(t, prod.Flush(fctx), "Flush returned while others kept producing")
+	require.True(t, flushed.Load(), "the record buffered before Flush is done")
+}
+
+// TestProducerBadRecordFailsAlone: a record the database refuses (an event type the
+// stream does not register) fails alone; the others of its batch are appended. The
+// whole batch used to fail with it.
+func TestProducerBadRecordFailsAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	s := testdb.Name("badalone")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 1))
+	_, err := pool.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, false, true)", s)
+	require.NoError(t, err)
+	known := testdb.Name("Known")
+	_, err = pool.Exec(ctx, "INSERT INTO streamd.event_types (name) VALUES ($1)", known)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DELETE FROM streamd.event_types WHERE name = $1", known) })
+
+	prod, err := streams.NewProducer(pool, &streams.ProducerConfig{Linger: 100 * time.Millisecond})
+	require.NoError(t, err)
+	defer prod.Close(ctx)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i, typ := range []string{known, known + "-unknown", known} {
+		wg.Add(1)
+		prod.ProduceAsync(ctx, streams.Record{Stream: s, EventType: typ, Data: json.RawMessage(`1`)},
+			func(_ streams.Position, err error) { errs[i] = err; wg.Done() })
+	}
+	wg.Wait()
+	require.NoError(t, errs[0])
+	require.Error(t, errs[1])
+	require.NoError(t, errs[2])
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.events WHERE stream_name = $1", s).Scan(&n))
+	require.Equal(t, 2, n)
+}
+
+// TestProducerSeesNewPartitions: after a stream grows, a record for one of its new
+// partitions is appended once the producer's metadata is over a second old; it was
+// refused with ErrPartitionNotFound until MetadataMaxAge (30 s) passed.
+func TestProducerSeesNewPartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, nil)
+	s := testdb.Name("grow")
+	require.NoError(t, c.CreateStream(ctx, s, 1))
+	prod, err := streams.NewProducer(pool, nil)
+	require.NoError(t, err)
+	defer prod.Close(ctx)
+	_, err = prod.Produce(ctx, streams.Record{Stream: s, Data: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	require.NoError(t, c.CreateStream(ctx, s, 3))
+	time.Sleep(1100 * time.Millisecond)
+	pos, err := prod.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(2), Data: json.RawMessage(`2`)})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, pos.Partition)
+}
