@@ -239,7 +239,9 @@ func TestProducerBadRecordFailsAlone(t *testing.T) {
 	known := testdb.Name("Known")
 	_, err = pool.Exec(ctx, "INSERT INTO streamd.event_types (name) VALUES ($1)", known)
 	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DELETE FROM streamd.event_types WHERE name = $1", known) })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DELETE FROM streamd.event_types WHERE name = $1", known)
+	})
 
 	prod, err := streams.NewProducer(pool, &streams.ProducerConfig{Linger: 100 * time.Millisecond})
 	require.NoError(t, err)
