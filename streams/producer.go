@@ -203,7 +203,8 @@ func (p *Producer) Produce(ctx context.Context, rec Record) (Position, error) {
 
 // ProduceAsync enqueues rec and returns; done is called exactly once, from a producer
 // goroutine, with the record's position after its batch committed, or with the error.
-// done must not block for long: it delays the partition's next batch. ProduceAsync
+// done must not block for long: it delays the partition's next batch. It must not call
+// the Producer (Produce, Flush, Close): they wait for batches that wait for done. ProduceAsync
 // blocks only while the buffer is full (MaxBufferedRecords) or while it loads the
 // stream's metadata.
 func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Position, error)) {
