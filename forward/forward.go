@@ -89,10 +89,76 @@ type Forwarder struct {
 	cfg     Config
 	metrics *metrics
 
-	mu   sync.Mutex // guards conn and ch
+	mu   sync.Mutex // guards conn, ch and ret
 	conn *amqp.Connection
 	ch   *amqp.Channel
-	ret  map[string]bool // message ids the broker returned as unroutable
+	ret  *returns // the returns of ch
+}
+
+// returns records the messages the broker returned as unroutable on one channel.
+// The broker sends a message's basic.return before its confirm, and the AMQP library
+// hands the return to the notify channel before it resolves the confirm; but the
+// goroutine that records it runs on its own. sync closes that gap: once it returns,
+// every return handed over before the call is recorded.
+type returns struct {
+	mu   sync.Mutex
+	ids  map[string]bool
+	req  chan chan struct{} // sync requests, served by the recording goroutine
+	done chan struct{}      // closed when the channel closed and everything was recorded
+}
+
+// record runs until the library closes in, recording each return, and serves sync
+// requests between them.
+func (r *returns) record(in <-chan amqp.Return) {
+	defer close(r.done)
+	add := func(ret amqp.Return) {
+		r.mu.Lock()
+		r.ids[ret.MessageId] = true
+		r.mu.Unlock()
+	}
+	for {
+		select {
+		case ret, ok := <-in:
+			if !ok {
+				return
+			}
+			add(ret)
+		case s := <-r.req:
+			for drained := false; !drained; { // what is already handed over
+				select {
+				case ret, ok := <-in:
+					if !ok {
+						close(s)
+						return
+					}
+					add(ret)
+				default:
+					drained = true
+				}
+			}
+			close(s)
+		}
+	}
+}
+
+// sync waits until every return handed over before the call is recorded.
+func (r *returns) sync(ctx context.Context) error {
+	s := make(chan struct{})
+	select {
+	case r.req <- s:
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-s:
+		return nil
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // New returns a Forwarder. It fails when cfg is invalid, naming the field.
@@ -152,7 +218,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 // handle publishes one batch and waits for every confirm; returning nil lets the
 // consumer group commit the batch's offset (CommitAuto).
 func (f *Forwarder) handle(ctx context.Context, b *consumergroup.Batch) error {
-	ch, err := f.channel()
+	ch, rets, err := f.channel()
 	if err != nil {
 		return err
 	}
@@ -176,7 +242,13 @@ func (f *Forwarder) handle(ctx context.Context, b *consumergroup.Batch) error {
 			return fmt.Errorf("forward %s/%d@%d: broker did not confirm (acked=%v): %v", b.Stream, b.Partition, b.Events[i].Offset, ok, err)
 		}
 	}
-	if id := f.returned(b.Events); id != "" {
+	// The confirms are in; the returns sent before them are recorded once sync
+	// returns (else an unroutable message could be committed as delivered).
+	if err := rets.sync(cctx); err != nil {
+		f.fail(ch)
+		return fmt.Errorf("forward %s/%d: wait for the broker's returns: %w", b.Stream, b.Partition, err)
+	}
+	if id := rets.returned(b.Events); id != "" {
 		return fmt.Errorf("forward %s/%d: message %s was unroutable (exchange %q, routing key %q)", b.Stream, b.Partition, id, f.cfg.Exchange, f.cfg.RoutingKey)
 	}
 	f.metrics.records.Add(float64(len(b.Events)))
@@ -217,18 +289,19 @@ func publishing(e *streams.Event) amqp.Publishing {
 	return p
 }
 
-// channel returns the open confirm-mode channel, dialling when there is none.
-func (f *Forwarder) channel() (*amqp.Channel, error) {
+// channel returns the open confirm-mode channel and its returns, dialling when there
+// is none.
+func (f *Forwarder) channel() (*amqp.Channel, *returns, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.ch != nil && !f.ch.IsClosed() {
-		return f.ch, nil
+		return f.ch, f.ret, nil
 	}
 	f.closeLocked()
 	conn, err := amqp.Dial(f.cfg.AMQPURL)
 	if err != nil {
 		f.metrics.connects.WithLabelValues("error").Inc()
-		return nil, fmt.Errorf("forward: connect to broker: %w", err)
+		return nil, nil, fmt.Errorf("forward: connect to broker: %w", err)
 	}
 	ch, err := conn.Channel()
 	if err == nil {
@@ -240,31 +313,24 @@ func (f *Forwarder) channel() (*amqp.Channel, error) {
 	if err != nil {
 		_ = conn.Close()
 		f.metrics.connects.WithLabelValues("error").Inc()
-		return nil, fmt.Errorf("forward: open confirm channel: %w", err)
+		return nil, nil, fmt.Errorf("forward: open confirm channel: %w", err)
 	}
 	f.metrics.connects.WithLabelValues("ok").Inc()
-	f.conn, f.ch, f.ret = conn, ch, map[string]bool{}
-	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
-	ret := f.ret
-	go func() { // owner: the channel; exits when the channel closes (closes returns)
-		for r := range returns {
-			f.mu.Lock()
-			ret[r.MessageId] = true
-			f.mu.Unlock()
-		}
-	}()
+	rets := &returns{ids: map[string]bool{}, req: make(chan chan struct{}), done: make(chan struct{})}
+	f.conn, f.ch, f.ret = conn, ch, rets
+	go rets.record(ch.NotifyReturn(make(chan amqp.Return, 16))) // owner: the channel; ends when it closes
 	f.cfg.Logger.Info("forwarder connected to broker", "stream", f.cfg.Stream)
-	return ch, nil
+	return ch, rets, nil
 }
 
-// returned reports the first event of events the broker returned as unroutable.
-// The broker sends basic.return before the confirm, so after the confirms it is known.
-func (f *Forwarder) returned(events []streams.Event) string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+// returned reports the first event of events the broker returned as unroutable (call
+// sync first).
+func (r *returns) returned(events []streams.Event) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for i := range events {
-		if f.ret[events[i].EventID] {
-			delete(f.ret, events[i].EventID)
+		if r.ids[events[i].EventID] {
+			delete(r.ids, events[i].EventID)
 			return events[i].EventID
 		}
 	}

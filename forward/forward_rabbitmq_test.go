@@ -161,3 +161,33 @@ func TestKilledForwarderResumes(t *testing.T) {
 	}
 	require.Equal(t, next, total)
 }
+
+// TestUnroutableIsNeverCommitted: events the broker cannot route (no queue bound to
+// the routing key) are returned, and the forwarder never commits them as delivered,
+// however the return and the confirm race inside the AMQP library; it blocks on them,
+// reporting them unroutable.
+func TestUnroutableIsNeverCommitted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := testdb.Name("fwd-unroutable")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, stream, 1))
+	recs := make([]streams.Record, 20)
+	for i := range recs {
+		recs[i] = streams.Record{Stream: stream, Data: json.RawMessage(strconv.Itoa(i))}
+	}
+	_, err := streams.NewClient(pool, nil).Produce(ctx, recs...)
+	require.NoError(t, err)
+	f, err := forward.New(pool, forward.Config{AMQPURL: amqpURL(t), Stream: stream,
+		RoutingKey: testdb.Name("nowhere"), MaxBatchSize: 1, SessionTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(rctx) }()
+	time.Sleep(4 * time.Second) // the first event is published and returned again and again
+	cancel()
+	require.NoError(t, <-done)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.consumer_offsets WHERE stream_name = $1 AND \"offset\" > 0", stream).Scan(&n))
+	require.Zero(t, n, "an unroutable event was committed as delivered")
+}
