@@ -183,3 +183,51 @@ func TestVersionedLargeBatchFallsBackFromCopy(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT max(key_version) FROM streamd.events WHERE stream_name = $1", stream).Scan(&maxVersion))
 	require.Equal(t, int64(40), maxVersion)
 }
+
+// TestUnboundRoleReadsEvents: a role bound to no tenant, granted SELECT on the log,
+// reads it (the policies let it pass); it failed with "permission denied for table
+// tenant_roles", which the policies read with the caller's rights.
+func TestUnboundRoleReadsEvents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, testdb.URL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	stream := testdb.Name("unbound")
+	_, err = admin.Exec(ctx, "SELECT streamd.create_stream($1, 1)", stream)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "INSERT INTO streamd.events (stream_name, data) VALUES ($1, '1')", stream)
+	require.NoError(t, err)
+
+	role := strings.ReplaceAll(testdb.Name("streamd_reader"), "-", "_")
+	ident := pgx.Identifier{role}.Sanitize()
+	_, err = admin.Exec(ctx, "CREATE ROLE "+ident+" LOGIN NOSUPERUSER NOBYPASSRLS")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, testdb.URL(t))
+		if err == nil {
+			_ = pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+				_, _ = tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('streamd.tenant_roles'))")
+				_, _ = tx.Exec(ctx, "DROP OWNED BY "+ident)
+				_, err := tx.Exec(ctx, "DROP ROLE IF EXISTS "+ident)
+				return err
+			})
+			_ = c.Close(ctx)
+		}
+	})
+	require.NoError(t, pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('streamd.tenant_roles'))"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "GRANT USAGE ON SCHEMA streamd TO "+ident+"; GRANT SELECT ON streamd.events TO "+ident)
+		return err
+	}))
+	var n int
+	require.NoError(t, pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+ident); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, "SELECT count(*) FROM streamd.events WHERE stream_name = $1", stream).Scan(&n)
+	}))
+	require.Equal(t, 1, n)
+}
