@@ -237,6 +237,11 @@ func TestOtherAppendPathsGetVersions(t *testing.T) {
 	require.Equal(t, 1, n)
 	_, err = f.store.Append(f.ctx, plain, "k", eventstore.NoVersion, ev("x", 1))
 	require.ErrorIs(t, err, eventstore.ErrNotVersioned)
+	// With AnyVersion too (it appended, reporting version 0).
+	_, err = f.store.Append(f.ctx, plain, "k", eventstore.AnyVersion, ev("x", 1))
+	require.ErrorIs(t, err, eventstore.ErrNotVersioned)
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM streamd.events WHERE stream_name = $1`, plain).Scan(&n))
+	require.Equal(t, 1, n, "nothing written")
 }
 
 // A retried append (same event ids) returns the stored versions and writes nothing

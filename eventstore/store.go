@@ -184,7 +184,7 @@ func (s *Store) AppendTx(ctx context.Context, tx streams.DBTX, stream, key strin
 }
 
 const appendSQL = `SELECT ord, partition, "offset", "timestamp", duplicate, key_version
-FROM streamd.append_versioned($1, NULL, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
+FROM streamd.append_versioned($1, NULL, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, true)`
 
 func (s *Store) appendTo(ctx context.Context, db streams.DBTX, stream, key string, expected ExpectedVersion, session string, events []Event) (*AppendResult, error) {
 	res, err := s.appendEvents(ctx, db, stream, key, expected, session, events)

@@ -29,6 +29,11 @@
 -- is refused (SD005). Two concurrent appends of the same new event_id to different
 -- partitions (keyless events) make the second fail with unique_violation (23505); its
 -- retry then finds the first and reports the duplicate.
+-- p_require_versions (the event store's appends): a stream that does not keep key
+-- versions is SD405 even with no expected version and no session (streamd.append,
+-- which sends streams that only enforce event types here, leaves it false).
+DROP FUNCTION IF EXISTS streamd.append_versioned(text, integer[], text[], text[], text[], text[], bytea[], text[], text[],
+                                                 text[], integer[], bigint[], text, timestamptz);
 CREATE OR REPLACE FUNCTION streamd.append_versioned(
     p_stream_name       text,
     p_partitions        integer[],
@@ -43,7 +48,8 @@ CREATE OR REPLACE FUNCTION streamd.append_versioned(
     p_versions          integer[],
     p_expected_versions bigint[],
     p_session_id        text,
-    p_now               timestamptz
+    p_now               timestamptz,
+    p_require_versions  boolean DEFAULT false
 ) RETURNS TABLE (ord integer, partition integer, "offset" bigint, "timestamp" timestamptz, duplicate boolean, key_version bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -78,7 +84,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD001', MESSAGE = format('stream %L does not exist', p_stream_name);
     END IF;
     IF NOT v_stream.key_versions
-       AND (p_session_id IS NOT NULL OR EXISTS (SELECT 1 FROM unnest(p_expected_versions) AS x(v) WHERE x.v IS NOT NULL)) THEN
+       AND (p_require_versions OR p_session_id IS NOT NULL
+            OR EXISTS (SELECT 1 FROM unnest(p_expected_versions) AS x(v) WHERE x.v IS NOT NULL)) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD405',
             MESSAGE = format('stream %L does not keep key versions: expected versions and sessions need them (streamd.set_stream_event_sourcing)', p_stream_name);
     END IF;
