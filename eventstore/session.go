@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -40,9 +39,10 @@ type Session struct {
 	id      string
 	timeout time.Duration
 
-	mu      sync.Mutex
-	expires time.Time
-	closed  bool
+	mu       sync.Mutex
+	expires  time.Time
+	closed   bool // Close was called: no more appends
+	released bool // Close released the key in the database
 }
 
 // Open opens key of stream for exclusive writing. When another live session holds the
@@ -133,13 +133,23 @@ func (sess *Session) check() error {
 }
 
 // Renew extends the session by its timeout from now. It fails with ErrSessionHeld
-// when another session took the key over after this one expired; a session that
+// when another session took the key over after this one expired (even if that one
+// has closed since: this session lost its exclusive hold in between); a session that
 // expired but was not taken over is renewed.
 func (sess *Session) Renew(ctx context.Context) error {
 	if err := sess.check(); err != nil {
 		return err
 	}
-	return sess.open(ctx)
+	var exp time.Time
+	err := sess.store.pool.QueryRow(ctx, "SELECT streamd.renew_key_session($1, $2, $3, $4, $5)",
+		sess.stream, sess.key, sess.id, sess.timeout, sess.store.now()).Scan(&exp)
+	if err != nil {
+		return fmt.Errorf("renew %s/%s: %w", sess.stream, sess.key, sqlerr.Wrap(err))
+	}
+	sess.mu.Lock()
+	sess.expires = exp
+	sess.mu.Unlock()
+	return nil
 }
 
 // Append appends events to the session's key, as Store.Append does, after checking
@@ -168,18 +178,27 @@ func (sess *Session) SaveSnapshot(ctx context.Context, version int64, snap Snaps
 }
 
 // Close releases the key at once. Closing a session that no longer holds the key
-// (expired and taken over) is not an error; closing twice is a no-op.
+// (expired and taken over) is not an error; closing again after a Close that
+// succeeded is a no-op. The release runs even when ctx has ended (a deferred Close
+// with the request's cancelled ctx), bounded by 10 s; when it fails, the session
+// takes no more appends and Close may be called again to retry the release (else
+// the key is held until the session expires).
 func (sess *Session) Close(ctx context.Context) error {
 	sess.mu.Lock()
-	if sess.closed {
+	if sess.released {
 		sess.mu.Unlock()
 		return nil
 	}
 	sess.closed = true
 	sess.mu.Unlock()
-	_, err := sess.store.pool.Exec(ctx, "SELECT streamd.close_key_session($1, $2, $3)", sess.stream, sess.key, sess.id)
-	if err != nil && !errors.Is(err, context.Canceled) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_, err := sess.store.pool.Exec(rctx, "SELECT streamd.close_key_session($1, $2, $3)", sess.stream, sess.key, sess.id)
+	if err != nil {
 		return fmt.Errorf("close session on %s/%s: %w", sess.stream, sess.key, sqlerr.Wrap(err))
 	}
-	return err
+	sess.mu.Lock()
+	sess.released = true
+	sess.mu.Unlock()
+	return nil
 }

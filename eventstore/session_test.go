@@ -1,6 +1,7 @@
 package eventstore_test
 
 import (
+	"context"
 	"encoding/json"
 	"sync"
 	"testing"
@@ -195,4 +196,39 @@ func TestEventTypeRegistryEnforced(t *testing.T) {
 	ok, err := f.store.DeleteEventType(f.ctx, typ)
 	require.NoError(t, err)
 	require.True(t, ok)
+}
+
+// TestRenewAfterATakeoverFails: a session that expired, was taken over, and whose
+// taker has closed since, cannot renew: it lost its exclusive hold in between
+// (ErrSessionHeld). Renew used to take the key back silently.
+func TestRenewAfterATakeoverFails(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f := setup(t, &eventstore.Config{Clock: clk.now, SessionTimeout: time.Minute})
+	a, err := f.store.Open(f.ctx, f.stream, "k", nil)
+	require.NoError(t, err)
+	clk.add(2 * time.Minute)
+	b, err := f.store.Open(f.ctx, f.stream, "k", nil)
+	require.NoError(t, err)
+	_, err = b.Append(f.ctx, eventstore.NoVersion, ev("x", 1))
+	require.NoError(t, err)
+	require.NoError(t, b.Close(f.ctx))
+	require.ErrorIs(t, a.Renew(f.ctx), eventstore.ErrSessionHeld)
+	require.NoError(t, a.Close(f.ctx))
+}
+
+// TestCloseWithAnEndedContextReleases: a deferred Close with a cancelled ctx still
+// frees the key (it used to fail and leave the key held until expiry, and a second
+// Close did nothing).
+func TestCloseWithAnEndedContextReleases(t *testing.T) {
+	t.Parallel()
+	f := setup(t, &eventstore.Config{SessionTimeout: time.Hour, OpenTimeout: 50 * time.Millisecond})
+	sess, err := f.store.Open(f.ctx, f.stream, "k", nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(f.ctx)
+	cancel()
+	require.NoError(t, sess.Close(ctx))
+	other, err := f.store.Open(f.ctx, f.stream, "k", nil)
+	require.NoError(t, err, "the key is free")
+	require.NoError(t, other.Close(f.ctx))
 }

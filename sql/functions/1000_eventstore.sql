@@ -330,6 +330,33 @@ BEGIN
 END;
 $$;
 
+-- Renews a session: it holds the key again until now + p_timeout, provided the key is
+-- still its own (expired, perhaps, but not taken over since). A key another session
+-- took over, or freed by a takeover that was closed since, is SD404: open_key_session
+-- would have taken it back silently, and the renewed holder would not know it had lost
+-- exclusive access in between.
+CREATE OR REPLACE FUNCTION streamd.renew_key_session(p_stream_name text, p_key text, p_session_id text, p_timeout interval, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_exp timestamptz;
+BEGIN
+    IF p_timeout IS NULL OR p_timeout <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = format('renew session: the session timeout must be positive, got %s', p_timeout);
+    END IF;
+    UPDATE streamd.key_heads h SET session_expires_at = v_now + p_timeout, updated_at = v_now
+     WHERE h.stream_name = p_stream_name AND h.key = p_key AND h.session_id = p_session_id
+    RETURNING h.session_expires_at INTO v_exp;
+    IF v_exp IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD404',
+            MESSAGE = format('key %L of stream %L is no longer held by session %L (taken over since it expired)',
+                             p_key, p_stream_name, p_session_id);
+    END IF;
+    RETURN v_exp;
+END;
+$$;
+
 -- Closes a session: the key is free at once. Returns false when p_session_id did not
 -- hold the key (never opened, closed already, or taken over after it expired).
 CREATE OR REPLACE FUNCTION streamd.close_key_session(p_stream_name text, p_key text, p_session_id text)
