@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -185,7 +186,9 @@ A bad field is refused with its name, and nothing is written.`,
 					cfg.Tags = nil
 				}
 				one, _ := json.Marshal(map[string]json.RawMessage{k: v})
-				if err := json.Unmarshal(one, cfg); err != nil {
+				dec := json.NewDecoder(bytes.NewReader(one))
+				dec.DisallowUnknownFields() // a misspelt key must not read as "no limit"
+				if err := dec.Decode(cfg); err != nil {
 					return fmt.Errorf("configuration: %s: %w", k, err)
 				}
 			}

@@ -55,6 +55,12 @@ func TestCLIRetentionAndStreamConfig(t *testing.T) {
 
 	out, err = runSub(t, newStreamConfigCmd, "set", name, `{"retention_config": {"maxEventCount": -4}}`)
 	require.ErrorContains(t, err, "retention_config.maxEventCount", out)
+	// A misspelt key is refused, not read as an empty section (no retention at all).
+	out, err = runSub(t, newStreamConfigCmd, "set", name, `{"retention_config": {"max_age": "1.00:00:00"}}`)
+	require.ErrorContains(t, err, "max_age", out)
+	out, err = runSub(t, newStreamConfigCmd, "get", name)
+	require.NoError(t, err, out)
+	require.Contains(t, out, `"maxEventCount": 4`, "the refused set changed nothing")
 
 	out, err = runSub(t, newRetentionCmd, "apply", "--dry-run", "--stream", name)
 	require.NoError(t, err, out)
