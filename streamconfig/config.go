@@ -163,6 +163,17 @@ func (c *Config) Validate() error {
 	if c == nil {
 		return nil
 	}
+	// Durations are stored in whole seconds: a fraction would be cut off silently (a
+	// 500ms archiveAfter stored as 0, which the next Get and Set then refused).
+	for _, d := range []struct {
+		field string
+		v     *Duration
+	}{{"retention_config.maxAge", c.retentionMaxAge()}, {"retention_config.tombstoneRetention", c.retentionTombstone()},
+		{"lifecycle_config.archiveAfter", c.lifecycleArchive()}, {"lifecycle_config.deleteAfter", c.lifecycleDelete()}} {
+		if d.v != nil && time.Duration(*d.v)%time.Second != 0 {
+			return fieldErr(d.field, "%s must be a whole number of seconds", time.Duration(*d.v))
+		}
+	}
 	if r := c.Retention; r != nil {
 		switch r.CleanupPolicy {
 		case "", CleanupDelete, CleanupCompact, CleanupCompactDelete:
@@ -223,4 +234,32 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+func (c *Config) retentionMaxAge() *Duration {
+	if c.Retention == nil {
+		return nil
+	}
+	return c.Retention.MaxAge
+}
+
+func (c *Config) retentionTombstone() *Duration {
+	if c.Retention == nil {
+		return nil
+	}
+	return c.Retention.TombstoneRetention
+}
+
+func (c *Config) lifecycleArchive() *Duration {
+	if c.Lifecycle == nil {
+		return nil
+	}
+	return c.Lifecycle.ArchiveAfter
+}
+
+func (c *Config) lifecycleDelete() *Duration {
+	if c.Lifecycle == nil {
+		return nil
+	}
+	return c.Lifecycle.DeleteAfter
 }
