@@ -302,3 +302,24 @@ func TestBadInput(t *testing.T) {
 	_, err := eventstore.New(f.pool, &eventstore.Config{OpenTimeout: -1})
 	require.ErrorContains(t, err, "Config.OpenTimeout")
 }
+
+// TestPartlyStoredAppendIsAMismatch: an append whose first event (the one carrying the
+// expected version) another append already stored, with new events after it, fails
+// with ErrVersionMismatch and writes nothing; its new events used to be appended with
+// no version check at all.
+func TestPartlyStoredAppendIsAMismatch(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	a := ev("x", 1)
+	a.EventID = "cmd-1/0"
+	_, err := f.store.Append(f.ctx, f.stream, "k", eventstore.NoVersion, a)
+	require.NoError(t, err)
+	b := ev("x", 2)
+	b.EventID = "cmd-1/1"
+	_, err = f.store.Append(f.ctx, f.stream, "k", eventstore.NoVersion, a, b)
+	require.ErrorIs(t, err, eventstore.ErrVersionMismatch)
+	require.Equal(t, 1, f.count(t), "nothing written")
+	// A full retry of the first append still succeeds (all duplicates).
+	_, err = f.store.Append(f.ctx, f.stream, "k", eventstore.NoVersion, a)
+	require.NoError(t, err)
+}

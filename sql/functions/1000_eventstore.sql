@@ -203,6 +203,19 @@ BEGIN
                 MESSAGE = format('version mismatch: key %L of stream %L is at version %s, the append expected %s',
                                  v_keys[v_bad], p_stream_name, v_kv[v_bad] - 1, p_expected_versions[v_bad]);
         END IF;
+        -- A retry is all duplicates (appends are atomic). New events of a key whose
+        -- expectation rode on an event already stored (by another append that shared
+        -- its id) were never checked: that append moved the key, so this one's
+        -- expectation no longer holds.
+        SELECT min(u.i) INTO v_bad FROM unnest(v_keys, v_dup) WITH ORDINALITY AS u(k, d, i)
+         WHERE u.k IS NOT NULL AND NOT u.d
+           AND EXISTS (SELECT 1 FROM unnest(v_keys, v_dup, p_expected_versions) AS w(k, d, x)
+                        WHERE w.k = u.k AND w.d AND w.x IS NOT NULL);
+        IF v_bad IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD401',
+                MESSAGE = format('version mismatch: key %L of stream %L: the append is partly stored already (an append with some of its event ids moved the key)',
+                                 v_keys[v_bad], p_stream_name);
+        END IF;
     END IF;
 
     -- Reserve offsets for the new events: one head-row update per partition.
