@@ -323,3 +323,34 @@ func TestPartlyStoredAppendIsAMismatch(t *testing.T) {
 	_, err = f.store.Append(f.ctx, f.stream, "k", eventstore.NoVersion, a)
 	require.NoError(t, err)
 }
+
+// TestConcurrentDuplicateInsertKeepsVersionsGapless: two plain INSERTs of the same
+// event id and key, the second waiting for the first (ON CONFLICT DO NOTHING): the key
+// gets one version for the one event stored. The second used to move the key's version
+// before its row was dropped, leaving a version with no event.
+func TestConcurrentDuplicateInsertKeepsVersionsGapless(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	tx1, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx1.Rollback(f.ctx) }()
+	const ins = `INSERT INTO streamd.events (stream_name, key, event_id, data) VALUES ($1, 'k', 'same-id', '1')
+		ON CONFLICT (stream_name, event_id) DO NOTHING`
+	_, err = tx1.Exec(f.ctx, ins, f.stream)
+	require.NoError(t, err)
+	second := make(chan error, 1)
+	go func() { _, err := f.pool.Exec(f.ctx, ins, f.stream); second <- err }()
+	require.Eventually(t, func() bool { // the second waits for the first's head row
+		var n int
+		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%same-id%'`).Scan(&n))
+		return n > 0
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, tx1.Commit(f.ctx))
+	require.NoError(t, <-second)
+	var events, version int64
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM streamd.events WHERE stream_name = $1 AND key = 'k'`, f.stream).Scan(&events))
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT last_version FROM streamd.key_heads WHERE stream_name = $1 AND key = 'k'`, f.stream).Scan(&version))
+	require.Equal(t, int64(1), events)
+	require.Equal(t, events, version, "the key's version counts its events")
+}

@@ -16,6 +16,7 @@ DECLARE
     v_kv     bigint;
     v_sid    text;
     v_exp    timestamptz;
+    v_named  boolean;
 BEGIN
     SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = NEW.stream_name;
     IF NOT FOUND THEN
@@ -36,7 +37,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD004',
             MESSAGE = format('payload of %s bytes exceeds the limit of %s bytes of stream %L', v_size, v_stream.max_payload_bytes, NEW.stream_name);
     END IF;
-    IF NEW.event_id IS NULL THEN
+    v_named := NEW.event_id IS NOT NULL;
+    IF NOT v_named THEN
         NEW.event_id := gen_random_uuid()::text;
     ELSIF EXISTS (SELECT 1 FROM streamd.events e WHERE e.stream_name = NEW.stream_name AND e.event_id = NEW.event_id) THEN
         RETURN NULL;
@@ -66,6 +68,14 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'SD002',
             MESSAGE = format('stream %L has no partition %s', NEW.stream_name, NEW.partition);
+    END IF;
+    -- A duplicate that committed while this waited for the head row (the same id, the
+    -- same key, so the same partition): skipped now, before the key's version moves
+    -- (it used to move, and the row was then dropped by ON CONFLICT or refused by the
+    -- unique index, leaving the key a version with no event). The offset taken stays a
+    -- hole, as the caveat above says.
+    IF v_named AND EXISTS (SELECT 1 FROM streamd.events e WHERE e.stream_name = NEW.stream_name AND e.event_id = NEW.event_id) THEN
+        RETURN NULL;
     END IF;
     -- Per-key versions (issue 9), under the head-row lock just taken. A key_version
     -- given by the INSERT is the version the writer expects this event to get
