@@ -43,6 +43,10 @@ type Result struct {
 	Applied []int
 	// ObjectsUpdated is true when functions or views were (re)created.
 	ObjectsUpdated bool
+	// NewerSchema is true when the database has migrations this binary does not know
+	// (a newer streamd migrated it): the functions and views are then left as that
+	// newer binary made them, not put back to this binary's older text.
+	NewerSchema bool
 }
 
 // Migrations returns the embedded migrations in version order.
@@ -129,8 +133,19 @@ func migrateConn(ctx context.Context, conn *pgx.Conn) (res Result, err error) {
 		}
 	}()
 
+	// CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema
+	// exists: a role that owns a schema a DBA made for it (all docs/operations.md
+	// asks) may lack it.
+	var haveSchema bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'streamd')").Scan(&haveSchema); err != nil {
+		return res, fmt.Errorf("migrate: look for the schema: %w", err)
+	}
+	if !haveSchema {
+		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS streamd"); err != nil {
+			return res, fmt.Errorf("migrate: create schema: %w", err)
+		}
+	}
 	if _, err := conn.Exec(ctx, `
-		CREATE SCHEMA IF NOT EXISTS streamd;
 		CREATE TABLE IF NOT EXISTS streamd.schema_migrations (
 			version    integer     PRIMARY KEY,
 			name       text        NOT NULL,
@@ -157,8 +172,15 @@ func migrateConn(ctx context.Context, conn *pgx.Conn) (res Result, err error) {
 	if err != nil {
 		return res, fmt.Errorf("migrate: read applied versions: %w", err)
 	}
+	known := map[int]bool{}
+	for _, m := range migrations {
+		known[m.Version] = true
+	}
 	for _, v := range versions {
 		applied[v] = true
+		if !known[v] {
+			res.NewerSchema = true
+		}
 	}
 
 	texts, hash, err := objects()
@@ -189,7 +211,7 @@ func migrateConn(ctx context.Context, conn *pgx.Conn) (res Result, err error) {
 		current = "" // a migration may drop objects: re-create them all
 	}
 
-	if current != hash {
+	if current != hash && !res.NewerSchema {
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			// Function bodies refer to each other in any order; check them when called.
 			if _, err := tx.Exec(ctx, "SET LOCAL check_function_bodies = off"); err != nil {

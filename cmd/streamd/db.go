@@ -77,6 +77,9 @@ func migrate(cmd *cobra.Command, g *globals, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
+	if res.NewerSchema {
+		g.logger.Warn("the database was migrated by a newer streamd: its functions and views are kept; upgrade this binary")
+	}
 	g.logger.Info("migrated", "applied", res.Applied, "objects_updated", res.ObjectsUpdated)
 	return nil
 }
