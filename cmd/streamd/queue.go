@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -36,7 +37,7 @@ func newQueueCmd(g *globals) *cobra.Command {
 	var qc messages.QueueConfig
 	create := &cobra.Command{
 		Use:   "create NAME",
-		Short: "Create a queue, or update an existing queue's settings",
+		Short: "Create a queue, or change the given settings of an existing one",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := requirePositive(cmd, "max-attempts", "max-payload", "visibility-timeout"); err != nil {
@@ -47,7 +48,33 @@ func newQueueCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
-			if err := c.CreateQueue(cmd.Context(), args[0], &qc); err != nil {
+			// On an existing queue only the flags given change: the others keep the
+			// queue's settings (their defaults would have replaced them, a dead-letter
+			// queue included).
+			cfg := qc
+			existing, err := c.GetQueue(cmd.Context(), args[0])
+			switch {
+			case err == nil:
+				fl := cmd.Flags()
+				if !fl.Changed("fifo") {
+					cfg.FIFO = existing.FIFO
+				}
+				if !fl.Changed("visibility-timeout") {
+					cfg.VisibilityTimeout = existing.VisibilityTimeout
+				}
+				if !fl.Changed("max-attempts") {
+					cfg.MaxDeliveryAttempts = existing.MaxDeliveryAttempts
+				}
+				if !fl.Changed("dead-letter-queue") {
+					cfg.DeadLetterQueue = existing.DeadLetterQueue
+				}
+				if !fl.Changed("max-payload") {
+					cfg.MaxPayloadBytes = existing.MaxPayloadBytes
+				}
+			case !errors.Is(err, messages.ErrQueueNotFound):
+				return err
+			}
+			if err := c.CreateQueue(cmd.Context(), args[0], &cfg); err != nil {
 				return err
 			}
 			q, err := c.GetQueue(cmd.Context(), args[0])

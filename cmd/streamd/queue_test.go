@@ -37,7 +37,14 @@ func TestCLIQueueAndDLQ(t *testing.T) {
 	require.NoError(t, err)
 	_, err = runQueueCLI(t, "", "queue", "create", q, "--max-attempts", "1", "--dead-letter-queue", dlq)
 	require.NoError(t, err)
-	out, err := runQueueCLI(t, "{\"n\":1}\n{\"n\":2}\n", "queue", "send", q, "--header", "k=v")
+	// Changing one setting keeps the others (the defaults used to replace them: the
+	// dead-letter queue was dropped, max attempts went back to 5).
+	out, err := runQueueCLI(t, "", "queue", "create", q, "--visibility-timeout", "45s")
+	require.NoError(t, err)
+	require.Contains(t, out, `"dead_letter_queue": "`+dlq+`"`)
+	require.Contains(t, out, `"max_delivery_attempts": 1`)
+	require.Contains(t, out, `"visibility_timeout": 45000000000`)
+	out, err = runQueueCLI(t, "{\"n\":1}\n{\"n\":2}\n", "queue", "send", q, "--header", "k=v")
 	require.NoError(t, err)
 	var sent []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &sent))

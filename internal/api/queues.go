@@ -69,12 +69,12 @@ func (s *Server) listQueues(r *Request) (any, error) {
 // createQueueRequest's numbers are pointers: an absent one takes the default, a
 // given one must be positive (the library would read 0 as "the default").
 type createQueueRequest struct {
-	DeadLetterQueue     string `json:"dead_letter_queue"`
-	FIFO                bool   `json:"fifo"`
-	MaxDeliveryAttempts *int   `json:"max_delivery_attempts"`
-	MaxPayloadBytes     *int   `json:"max_payload_bytes"`
-	Name                string `json:"name"`
-	VisibilityTimeoutMs *int64 `json:"visibility_timeout_ms"`
+	DeadLetterQueue     *string `json:"dead_letter_queue"` // absent: kept ("" removes it)
+	FIFO                *bool   `json:"fifo"`
+	MaxDeliveryAttempts *int    `json:"max_delivery_attempts"`
+	MaxPayloadBytes     *int    `json:"max_payload_bytes"`
+	Name                string  `json:"name"`
+	VisibilityTimeoutMs *int64  `json:"visibility_timeout_ms"`
 }
 
 // positive returns *p, 0 for nil, and an error naming field when *p < 1.
@@ -105,9 +105,36 @@ func (s *Server) createQueue(r *Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = s.queues.CreateQueue(r.Context(), req.Name, &messages.QueueConfig{DeadLetterQueue: req.DeadLetterQueue,
-		FIFO: req.FIFO, MaxDeliveryAttempts: attempts, MaxPayloadBytes: payload,
-		VisibilityTimeout: time.Duration(vt) * time.Millisecond})
+	cfg := &messages.QueueConfig{MaxDeliveryAttempts: attempts, MaxPayloadBytes: payload,
+		VisibilityTimeout: time.Duration(vt) * time.Millisecond}
+	if req.DeadLetterQueue != nil {
+		cfg.DeadLetterQueue = *req.DeadLetterQueue
+	}
+	if req.FIFO != nil {
+		cfg.FIFO = *req.FIFO
+	}
+	// An existing queue changes only the settings the request gives; the others keep
+	// their values (the defaults used to replace them, a dead-letter queue included).
+	if q, err := s.queues.GetQueue(r.Context(), req.Name); err == nil {
+		if req.DeadLetterQueue == nil {
+			cfg.DeadLetterQueue = q.DeadLetterQueue
+		}
+		if req.FIFO == nil {
+			cfg.FIFO = q.FIFO
+		}
+		if req.MaxDeliveryAttempts == nil {
+			cfg.MaxDeliveryAttempts = q.MaxDeliveryAttempts
+		}
+		if req.MaxPayloadBytes == nil {
+			cfg.MaxPayloadBytes = q.MaxPayloadBytes
+		}
+		if req.VisibilityTimeoutMs == nil {
+			cfg.VisibilityTimeout = q.VisibilityTimeout
+		}
+	} else if !errors.Is(err, messages.ErrQueueNotFound) && !errors.Is(err, messages.ErrInvalidName) {
+		return nil, err
+	}
+	err = s.queues.CreateQueue(r.Context(), req.Name, cfg)
 	if err != nil {
 		return nil, err
 	}
