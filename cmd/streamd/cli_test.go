@@ -253,3 +253,20 @@ func TestServeStopsWithALongPollRunning(t *testing.T) {
 		t.Fatal("serve did not stop")
 	}
 }
+
+// TestCLIProduceLineTooLong: a line over 16 MiB fails alone, named by its number; the
+// lines around it are produced and reported. produce used to stop reading there and
+// return without reporting the records already sent.
+func TestCLIProduceLineTooLong(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := testdb.Name("longline")
+	_, err := run(t, ctx, "", "stream", "create", s)
+	require.NoError(t, err)
+	input := "1\n" + strings.Repeat("x", 17<<20) + "\n3\n"
+	out, err := run(t, ctx, input, "produce", s)
+	require.ErrorContains(t, err, "1 of 3 records failed")
+	require.Contains(t, out, "line 2: line longer than")
+	require.Contains(t, out, s+"/0@0")
+	require.Contains(t, out, s+"/0@1", "the line after it was produced")
+}

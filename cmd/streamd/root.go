@@ -126,8 +126,8 @@ func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 // pool opens a connection pool on the resolved database. The private development
-// cluster is migrated on first use; any other database must have been migrated
-// (streamd migrate, or streamd serve), else the error says so.
+// cluster is migrated on every use (a no-op when nothing changed); any other database
+// must have been migrated (streamd migrate, or streamd serve), else the error says so.
 func (g *globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	pool, err := g.connect(ctx)
 	if err != nil {
@@ -138,11 +138,15 @@ func (g *globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
 		pool.Close()
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	if !migrated {
-		if g.databaseURL != "" || os.Getenv(localpg.EnvDatabaseURL) != "" {
-			pool.Close()
-			return nil, fmt.Errorf("the database has no streamd schema: run 'streamd migrate' first")
-		}
+	external := g.databaseURL != "" || os.Getenv(localpg.EnvDatabaseURL) != ""
+	if !migrated && external {
+		pool.Close()
+		return nil, fmt.Errorf("the database has no streamd schema: run 'streamd migrate' first")
+	}
+	if !external {
+		// The development cluster follows the checkout: migrated on every use (a no-op
+		// when nothing changed), not only on the first, so that a command run after a
+		// pull does not meet the older schema.
 		if _, err := schema.Migrate(ctx, pool); err != nil {
 			pool.Close()
 			return nil, err

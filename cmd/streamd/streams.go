@@ -3,7 +3,9 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -157,10 +159,32 @@ after its batch committed.`,
 				err error
 			}
 			var pending []chan result
-			sc := bufio.NewScanner(cmd.InOrStdin())
-			sc.Buffer(make([]byte, 64*1024), 16<<20)
-			for sc.Scan() {
-				line := sc.Bytes()
+			// Each line is a record, and a bad line fails alone, reported with its
+			// number; that includes a line over maxLine, which is skipped to its end
+			// (a bufio.Scanner stopped reading there, leaving the rest unsent and the
+			// records before it unreported).
+			const maxLine = 16 << 20
+			rd := bufio.NewReaderSize(cmd.InOrStdin(), 64*1024)
+			var readErr error
+			for {
+				line, tooLong, err := readLine(rd, maxLine)
+				if err != nil {
+					if !errors.Is(err, io.EOF) {
+						readErr = err
+					}
+					if line == nil && !tooLong {
+						break
+					}
+				}
+				if tooLong {
+					ch := make(chan result, 1)
+					ch <- result{err: fmt.Errorf("line longer than %d bytes: not sent", maxLine)}
+					pending = append(pending, ch)
+					if err != nil {
+						break
+					}
+					continue
+				}
 				rec := streams.Record{Stream: args[0], Key: key, EventType: eventType}
 				if len(hdr) > 0 {
 					rec.Headers = hdr
@@ -180,9 +204,9 @@ after its batch committed.`,
 				ch := make(chan result, 1)
 				prod.ProduceAsync(ctx, rec, func(p streams.Position, err error) { ch <- result{p, err} })
 				pending = append(pending, ch)
-			}
-			if err := sc.Err(); err != nil {
-				return fmt.Errorf("read stdin: %w", err)
+				if err != nil {
+					break
+				}
 			}
 			closeErr := prod.Close(ctx)
 			enc := json.NewEncoder(cmd.OutOrStdout())
@@ -199,6 +223,9 @@ after its batch committed.`,
 				} else {
 					fmt.Fprintf(cmd.OutOrStdout(), "%s/%d@%d\n", args[0], r.pos.Partition, r.pos.Offset)
 				}
+			}
+			if readErr != nil {
+				return fmt.Errorf("read stdin after line %d: %w", len(pending), readErr)
 			}
 			if failed > 0 {
 				return fmt.Errorf("%d of %d records failed", failed, len(pending))
@@ -287,4 +314,38 @@ func newFetchCmd(g *globals) *cobra.Command {
 	f.IntVarP(&max, "max", "n", 0, "stop after this many records (0: all)")
 	f.BoolVarP(&follow, "follow", "f", false, "keep waiting for new records")
 	return cmd
+}
+
+// readLine reads one line (without its "\n" or "\r\n") of at most max bytes. A longer
+// line is read to its end and dropped: tooLong, and a nil line. At the end of the input
+// it returns io.EOF, with the last line when it had no newline.
+func readLine(rd *bufio.Reader, max int) (line []byte, tooLong bool, err error) {
+	for {
+		chunk, isPrefix, err := rd.ReadLine()
+		if !tooLong {
+			if len(line)+len(chunk) > max {
+				tooLong, line = true, nil
+			} else {
+				line = append(line, chunk...)
+			}
+		}
+		if err != nil {
+			if tooLong {
+				return nil, true, err
+			}
+			if len(line) == 0 {
+				return nil, false, err
+			}
+			return line, false, err
+		}
+		if !isPrefix {
+			if tooLong {
+				return nil, true, nil
+			}
+			if line == nil {
+				line = []byte{}
+			}
+			return line, false, nil
+		}
+	}
 }
