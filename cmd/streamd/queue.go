@@ -386,7 +386,28 @@ func newDLQCmd(g *globals) *cobra.Command {
 			defer done()
 			var n int64
 			if discardAll {
-				n, err = c.Purge(cmd.Context(), args[0])
+				// The dead letters there now, page by page, as when named: a message
+				// in flight (someone receiving from the dead-letter queue) stays. A
+				// purge deleted those too, and emptied any queue named by mistake.
+				var after int64
+				for {
+					page, perr := c.Peek(cmd.Context(), args[0], &messages.PeekOpts{AfterOffset: after, Limit: 1000})
+					if perr != nil || len(page) == 0 {
+						err = perr
+						break
+					}
+					ids := make([]int64, len(page))
+					for i, m := range page {
+						ids[i] = m.Offset
+					}
+					after = ids[len(ids)-1]
+					got, derr := c.Discard(cmd.Context(), args[0], ids...)
+					if derr != nil {
+						err = derr
+						break
+					}
+					n += int64(len(got))
+				}
 			} else {
 				var got []int64
 				got, err = c.Discard(cmd.Context(), args[0], offs...)
@@ -401,7 +422,7 @@ func newDLQCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	discard.Flags().BoolVar(&discardAll, "all", false, "discard every message of the dead-letter queue")
+	discard.Flags().BoolVar(&discardAll, "all", false, "discard every dead letter not in flight")
 	cmd.AddCommand(list, replay, discard)
 	return cmd
 }

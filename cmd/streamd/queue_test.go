@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
 )
 
 // runQueueCLI runs the queue and dlq commands in-process against the test database,
@@ -105,4 +106,27 @@ func TestCLIQueueAndDLQ(t *testing.T) {
 	require.Contains(t, out, `"discarded": 0`)
 	_, err = runQueueCLI(t, "", "queue", "stats", testdb.Name("missing"))
 	require.ErrorContains(t, err, "queue not found")
+}
+
+// TestCLIDLQDiscardAllKeepsInFlight: dlq discard --all deletes the dead letters not
+// in flight, as discarding them by offset does; it purged the queue, in-flight
+// messages included (and any queue named by mistake).
+func TestCLIDLQDiscardAllKeepsInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, err := messages.NewClient(pool, nil)
+	require.NoError(t, err)
+	dlq := testdb.Name("dlq-all")
+	require.NoError(t, c.CreateQueue(ctx, dlq, nil))
+	t.Cleanup(func() { _ = c.DeleteQueue(context.Background(), dlq) })
+	_, err = c.Send(ctx, dlq, messages.OutgoingMessage{Data: json.RawMessage(`1`)}, messages.OutgoingMessage{Data: json.RawMessage(`2`)})
+	require.NoError(t, err)
+	leased, err := c.Receive(ctx, dlq, nil) // one in flight
+	require.NoError(t, err)
+	require.Len(t, leased, 1)
+	out, err := runQueueCLI(t, "", "dlq", "discard", dlq, "--all")
+	require.NoError(t, err)
+	require.Contains(t, out, `"discarded": 1`)
+	require.NoError(t, c.Ack(ctx, leased[0].Receipt), "the message in flight was kept")
 }
