@@ -164,7 +164,16 @@ func (c *Cluster) URL(db string) string {
 	if c.sockDir != "" {
 		host = c.sockDir
 	}
-	return fmt.Sprintf("host=%s port=%d user=postgres dbname=%s sslmode=disable", host, c.cfg.Port, db)
+	return fmt.Sprintf("host=%s port=%d user=postgres dbname=%s sslmode=disable", connValue(host), c.cfg.Port, connValue(db))
+}
+
+// connValue quotes a keyword/value connection string value when it needs it (a path
+// with a space: the checkout of "~/My Projects/streamd" broke every connection).
+func connValue(v string) string {
+	if v != "" && !strings.ContainsAny(v, " '\\") {
+		return v
+	}
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
 
 // DatabaseURL returns $STREAMD_DATABASE_URL when set; otherwise it ensures the local
