@@ -193,43 +193,55 @@ func migrateConn(ctx context.Context, conn *pgx.Conn) (res Result, err error) {
 		return res, fmt.Errorf("migrate: read object hash: %w", err)
 	}
 
+	// The pending migrations and the functions and views that go with them commit in
+	// one transaction: running servers see the old tables with the old functions, or
+	// the new with the new, never new tables under old function bodies (a migration
+	// that replaced a constraint made the old queue_send fail until the functions
+	// caught up), and a failure leaves nothing half applied.
+	var applying []Migration
 	for _, m := range migrations {
-		if applied[m.Version] {
-			continue
+		if !applied[m.Version] {
+			applying = append(applying, m)
 		}
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, "INSERT INTO streamd.schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
-			return err
-		})
-		if err != nil {
-			return res, fmt.Errorf("migrate: apply %s: %w", m.Name, err)
-		}
-		res.Applied = append(res.Applied, m.Version)
+	}
+	if len(applying) > 0 {
 		current = "" // a migration may drop objects: re-create them all
 	}
-
-	if current != hash && !res.NewerSchema {
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			// Function bodies refer to each other in any order; check them when called.
-			if _, err := tx.Exec(ctx, "SET LOCAL check_function_bodies = off"); err != nil {
-				return err
-			}
-			for _, t := range texts {
-				if _, err := tx.Exec(ctx, t); err != nil {
-					return err
-				}
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO streamd.schema_objects (hash) VALUES ($1)
-				ON CONFLICT (id) DO UPDATE SET hash = EXCLUDED.hash, applied_at = now()`, hash)
-			return err
-		})
-		if err != nil {
-			return res, fmt.Errorf("migrate: apply functions and views: %w", err)
-		}
-		res.ObjectsUpdated = true
+	updateObjects := current != hash && !res.NewerSchema
+	if len(applying) == 0 && !updateObjects {
+		return res, nil
 	}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, m := range applying {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return fmt.Errorf("apply %s: %w", m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO streamd.schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+				return fmt.Errorf("apply %s: %w", m.Name, err)
+			}
+		}
+		if !updateObjects {
+			return nil
+		}
+		// Function bodies refer to each other in any order; check them when called.
+		if _, err := tx.Exec(ctx, "SET LOCAL check_function_bodies = off"); err != nil {
+			return err
+		}
+		for _, t := range texts {
+			if _, err := tx.Exec(ctx, t); err != nil {
+				return fmt.Errorf("apply functions and views: %w", err)
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO streamd.schema_objects (hash) VALUES ($1)
+			ON CONFLICT (id) DO UPDATE SET hash = EXCLUDED.hash, applied_at = now()`, hash)
+		return err
+	})
+	if err != nil {
+		return res, fmt.Errorf("migrate: %w", err)
+	}
+	for _, m := range applying {
+		res.Applied = append(res.Applied, m.Version)
+	}
+	res.ObjectsUpdated = updateObjects
 	return res, nil
 }

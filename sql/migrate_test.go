@@ -131,3 +131,25 @@ func TestMigrateInAnOwnedSchemaWithoutCreateOnTheDatabase(t *testing.T) {
 	_, err = schema.MigrateConn(ctx, conn)
 	require.NoError(t, err)
 }
+
+// TestMigrationsAndFunctionsCommitTogether: when the functions and views fail to
+// apply, the migrations of the same run are not committed either (they used to be,
+// leaving new tables under old, or no, function bodies).
+func TestMigrationsAndFunctionsCommitTogether(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testdb.FreshDatabase(t))
+	require.NoError(t, err)
+	defer pool.Close()
+	// A table where a view goes makes the views fail after every migration applied.
+	_, err = pool.Exec(ctx, "CREATE SCHEMA streamd; CREATE TABLE streamd.consumer_group_status (x int)")
+	require.NoError(t, err)
+	_, err = schema.Migrate(ctx, pool)
+	require.Error(t, err)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.schema_migrations").Scan(&n))
+	require.Zero(t, n, "no migration committed")
+	var tables int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname = 'streamd' AND tablename = 'events'").Scan(&tables))
+	require.Zero(t, tables)
+}
