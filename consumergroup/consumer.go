@@ -36,10 +36,17 @@ var errRejoin = errors.New("rejoin")
 // processes the partitions the group assigns to it until its context is cancelled.
 // Commit, Pause, Resume and Assignment may be called from any goroutine while Run runs.
 type Consumer struct {
-	pool    *pgxpool.Pool
-	cfg     Config
-	log     *slog.Logger
-	metrics *metrics
+	pool *pgxpool.Pool
+	// sessionPool carries the membership's own statements (join, heartbeat, release,
+	// leave) on at most two connections of its own, made from pool's configuration
+	// while Run runs: handlers that hold every connection of pool (long CommitTx
+	// transactions, many partitions) must not delay heartbeats past the session
+	// timeout and get a healthy member expelled (Kafka's heartbeat thread, for the
+	// same reason). Set by Run before the session starts; read by its goroutines.
+	sessionPool *pgxpool.Pool
+	cfg         Config
+	log         *slog.Logger
+	metrics     *metrics
 
 	running atomic.Bool
 	// wake is signalled (never blocking) by the listener and by workers to make the
@@ -87,6 +94,15 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	}
 	defer c.running.Store(false)
 
+	scfg := c.pool.Config()
+	scfg.MaxConns, scfg.MinConns = 2, 0
+	sp, err := pgxpool.NewWithConfig(ctx, scfg) // connects on first use
+	if err != nil {
+		return fmt.Errorf("consumergroup: session pool: %w", err)
+	}
+	c.sessionPool = sp
+	defer sp.Close()
+
 	lctx, stopListener := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -127,7 +143,7 @@ func (c *Consumer) join(ctx context.Context) (*member, error) {
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	id := c.cfg.ConsumerID + "-" + hex.EncodeToString(suffix)
-	return memberJoin(ctx, c.pool, c.cfg.Stream, c.cfg.Group, id, c.cfg.InstanceID,
+	return memberJoin(ctx, c.sessionPool, c.cfg.Stream, c.cfg.Group, id, c.cfg.InstanceID,
 		c.cfg.SessionTimeout, c.cfg.RebalanceTimeout, nil)
 }
 
@@ -208,7 +224,7 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 			// A clean stop: the coordinator asked for it because the partition is
 			// being revoked. Hand it over.
 			c.hook(ctx, c.cfg.OnRevoked, "revoked", []int32{w.partition})
-			if err := m.release(ctx, c.pool, []int32{w.partition}, nil); err != nil {
+			if err := m.release(ctx, c.sessionPool, []int32{w.partition}, nil); err != nil {
 				c.log.Warn("release failed", "partition", w.partition, "error", err)
 				if errors.Is(err, ErrFenced) {
 					c.metrics.rebalances.WithLabelValues(c.cfg.Stream, c.cfg.Group, "fenced").Inc()
@@ -227,7 +243,7 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 				"max_poll_interval", c.cfg.MaxPollInterval)
 			c.metrics.rebalances.WithLabelValues(c.cfg.Stream, c.cfg.Group, "poll_timeout").Inc()
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-			if _, err := m.leave(lctx, c.pool, nil); err != nil {
+			if _, err := m.leave(lctx, c.sessionPool, nil); err != nil {
 				c.log.Warn("leave failed", "error", err)
 			}
 			cancel()
@@ -239,7 +255,7 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 			c.beforeHeartbeat()
 		}
 		hctx, cancel := context.WithTimeout(ctx, c.cfg.SessionTimeout)
-		a, err := m.heartbeat(hctx, c.pool, nil)
+		a, err := m.heartbeat(hctx, c.sessionPool, nil)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -285,7 +301,7 @@ func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assign
 		}
 	}
 	if len(releaseNow) > 0 {
-		if err := m.release(ctx, c.pool, releaseNow, nil); err != nil {
+		if err := m.release(ctx, c.sessionPool, releaseNow, nil); err != nil {
 			c.log.Warn("release failed", "partitions", releaseNow, "error", err)
 		}
 	}
@@ -324,7 +340,7 @@ func (c *Consumer) shutdown(ctx context.Context, m *member, finish func(clean bo
 				return
 			case <-t.C:
 				hctx, cancel := context.WithTimeout(hbCtx, c.cfg.SessionTimeout)
-				if _, err := m.heartbeat(hctx, c.pool, nil); err != nil && hbCtx.Err() == nil {
+				if _, err := m.heartbeat(hctx, c.sessionPool, nil); err != nil && hbCtx.Err() == nil {
 					c.log.Warn("heartbeat while shutting down failed", "error", err)
 				}
 				cancel()
@@ -339,7 +355,7 @@ func (c *Consumer) shutdown(ctx context.Context, m *member, finish func(clean bo
 	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if _, err := m.leave(lctx, c.pool, nil); err != nil {
+	if _, err := m.leave(lctx, c.sessionPool, nil); err != nil {
 		c.log.Warn("leave failed", "error", err)
 	} else {
 		c.log.Info("left group", "member_id", m.consumerID)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -315,4 +316,59 @@ func TestShutdownHeartbeatsWhileBatchesFinish(t *testing.T) {
 	defer mu.Unlock()
 	require.Empty(t, lost)
 	require.Equal(t, [][]int32{{0}}, revoked)
+}
+
+// TestHeartbeatsWithTheHandlerPoolExhausted: a handler that holds every connection of
+// the consumer's pool for longer than the session timeout (within MaxPollInterval)
+// does not get its member expelled: the membership has connections of its own. Its
+// heartbeats used to wait for the pool, and the member lost its partitions (OnLost).
+func TestHeartbeatsWithTheHandlerPoolExhausted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfgDB := testdb.Config(t)
+	cfgDB.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfgDB)
+	require.NoError(t, err)
+	defer pool.Close()
+	s := testdb.Name("poolhog")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 1))
+	produce(t, pool, s, 0, 2)
+
+	var (
+		mu   sync.Mutex
+		lost [][]int32
+		done atomic.Int32
+	)
+	cfg := testConfig(s, "g") // SessionTimeout 1.5s
+	cfg.OnLost = func(_ context.Context, ps []int32) {
+		mu.Lock()
+		lost = append(lost, ps)
+		mu.Unlock()
+	}
+	c, err := New(pool, cfg)
+	require.NoError(t, err)
+	stop := runConsumer(t, c, func(ctx context.Context, b *Batch) error {
+		if done.Load() > 0 {
+			return nil
+		}
+		var held []*pgxpool.Conn
+		for range 2 { // every connection of the pool
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			held = append(held, conn)
+		}
+		time.Sleep(3 * time.Second)
+		for _, conn := range held {
+			conn.Release()
+		}
+		done.Add(1)
+		return nil
+	})
+	waitFor(t, 20*time.Second, "the batch committed", func() bool { return groupLag(t, pool, s, "g") == 0 && done.Load() > 0 })
+	mu.Lock()
+	require.Empty(t, lost, "the member kept its partition")
+	mu.Unlock()
+	require.NoError(t, stop())
 }
