@@ -465,8 +465,35 @@ log_min_duration_statement = -1
 }
 
 func (c *Cluster) running(ctx context.Context) bool {
+	removeStaleLockFile(c.dataDir)
 	_, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "status")
 	return err == nil
+}
+
+// removeStaleLockFile deletes the data dir's postmaster.pid when the process it names
+// is not a PostgreSQL server: after a crash or a container restart that PID may now
+// belong to another process, and pg_ctl would then take the cluster for running (and
+// skip starting it) or send that process its stop signal. It reports whether it
+// removed the file.
+func removeStaleLockFile(dataDir string) bool {
+	lock := filepath.Join(dataDir, "postmaster.pid")
+	b, err := os.ReadFile(lock)
+	if err != nil {
+		return false
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return false // not ours to judge: leave it to PostgreSQL
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err == nil && strings.Contains(string(cmdline), "postgres") {
+		return false // a PostgreSQL process (or no /proc: pg_ctl decides)
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return false
+	}
+	return os.Remove(lock) == nil
 }
 
 func (c *Cluster) start(ctx context.Context) error {
