@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/eventstore"
+	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
 )
@@ -353,4 +354,44 @@ func TestConcurrentDuplicateInsertKeepsVersionsGapless(t *testing.T) {
 	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT last_version FROM streamd.key_heads WHERE stream_name = $1 AND key = 'k'`, f.stream).Scan(&version))
 	require.Equal(t, int64(1), events)
 	require.Equal(t, events, version, "the key's version counts its events")
+}
+
+// TestAppendRacingASettingsChangeIsRetried: an append that read a stream's settings
+// and then waited for its head rows while set_stream_event_sourcing turned key
+// versions on fails with a retriable serialization failure (40001) instead of
+// appending keyed events without versions; its retry numbers them.
+func TestAppendRacingASettingsChangeIsRetried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, nil)
+	s := testdb.Name("esrace")
+	require.NoError(t, c.CreateStream(ctx, s, 1))
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, true, false)", s)
+	require.NoError(t, err)
+	appended := make(chan error, 1)
+	go func() {
+		_, err := pool.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, NULL, ARRAY['k'], ARRAY['1'], NULL, NULL, NULL, NULL, NULL)`, s)
+		appended <- err
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%streamd.append(%'`).Scan(&n))
+		return n > 0
+	}, 10*time.Second, 5*time.Millisecond, "the append waits for the head row")
+	require.NoError(t, tx.Commit(ctx))
+	err = <-appended
+	require.Equal(t, "40001", sqlerr.Code(err), "%v", err)
+	require.True(t, sqlerr.Retriable(err))
+	_, err = pool.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, NULL, ARRAY['k'], ARRAY['1'], NULL, NULL, NULL, NULL, NULL)`, s)
+	require.NoError(t, err)
+	var kv *int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT key_version FROM streamd.events WHERE stream_name = $1", s).Scan(&kv))
+	require.NotNil(t, kv)
+	require.EqualValues(t, 1, *kv)
 }

@@ -219,6 +219,7 @@ BEGIN
         v_bt := v_bt || v_ts;
         v_bc := v_bc || r.cnt;
     END LOOP;
+    PERFORM streamd.append_recheck_rules(p_stream_name, v_stream.key_versions, v_stream.enforce_event_types);
 
     SELECT array_agg(b.base + x.rn - 1 ORDER BY x.i), array_agg(b.ts ORDER BY x.i)
       INTO v_offs, v_tss
@@ -331,6 +332,24 @@ BEGIN
 END;
 $$;
 
+-- Raises serialization_failure (40001, which clients retry) when the stream's event
+-- sourcing settings are no longer the ones an append read before it waited for the
+-- head rows: streamd.set_stream_event_sourcing holds those rows while it changes them,
+-- and an append that read the old settings would otherwise go on under the old rules
+-- (keyed events without versions, unregistered types). One primary-key read per
+-- append, after its head rows are locked.
+CREATE OR REPLACE FUNCTION streamd.append_recheck_rules(p_stream_name text, p_key_versions boolean, p_enforce_event_types boolean)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM streamd.streams s WHERE s.stream_name = p_stream_name
+                 AND (s.key_versions, s.enforce_event_types) IS DISTINCT FROM (p_key_versions, p_enforce_event_types)) THEN
+        RAISE EXCEPTION USING ERRCODE = '40001',
+            MESSAGE = format('stream %L changed its event sourcing settings while this append waited: retry it', p_stream_name);
+    END IF;
+END;
+$$;
+
 -- Raises SD001 or SD002 (or SD003 for an invalid name) for a partition that is not there.
 CREATE OR REPLACE FUNCTION streamd.raise_partition_missing(p_stream_name text, p_partition integer) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
@@ -386,6 +405,7 @@ BEGIN
         -- as append() gives, not a row of NULLs.
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
+    PERFORM streamd.append_recheck_rules(p_stream_name, v_stream.key_versions, v_stream.enforce_event_types);
     PERFORM set_config('streamd.append_trusted', 'on', true);
     RETURN NEXT;
 END;

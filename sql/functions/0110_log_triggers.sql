@@ -69,6 +69,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD002',
             MESSAGE = format('stream %L has no partition %s', NEW.stream_name, NEW.partition);
     END IF;
+    PERFORM streamd.append_recheck_rules(NEW.stream_name, v_stream.key_versions, v_stream.enforce_event_types);
     -- A duplicate that committed while this waited for the head row (the same id, the
     -- same key, so the same partition): skipped now, before the key's version moves
     -- (it used to move, and the row was then dropped by ON CONFLICT or refused by the

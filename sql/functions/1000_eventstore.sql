@@ -229,6 +229,7 @@ BEGIN
         v_bo := v_bo || v_base;
         v_bt := v_bt || v_ts;
     END LOOP;
+    PERFORM streamd.append_recheck_rules(p_stream_name, v_stream.key_versions, v_stream.enforce_event_types);
 
     SELECT array_agg(CASE WHEN x.d THEN NULL ELSE b.base + x.rn - 1 END ORDER BY x.i), array_agg(b.ts ORDER BY x.i)
       INTO v_offs, v_tss
@@ -266,9 +267,11 @@ END;
 $$;
 
 -- Turns key versions and event type enforcement on or off for a stream. Takes the
--- stream's head rows, so it waits for appends in flight and none runs half under the
--- old rule. Turning key versions on for a stream that holds keyed events numbers only
--- the events appended from then on (the earlier ones keep key_version NULL).
+-- stream's head rows, so it waits for appends in flight; an append that read the old
+-- settings and waited for those rows fails with 40001 to be retried
+-- (streamd.append_recheck_rules), so none runs half under the old rule. Turning key
+-- versions on for a stream that holds keyed events numbers only the events appended
+-- from then on (the earlier ones keep key_version NULL).
 CREATE OR REPLACE FUNCTION streamd.set_stream_event_sourcing(p_stream_name text, p_key_versions boolean, p_enforce_event_types boolean)
 RETURNS void
 LANGUAGE plpgsql AS $$
