@@ -101,11 +101,17 @@ func (s *Store) openSession(ctx context.Context, stream, key string, opts *OpenO
 }
 
 func (sess *Session) open(ctx context.Context) error {
+	return sess.hold(ctx, "open", "streamd.open_key_session")
+}
+
+// hold runs fn (open_key_session or renew_key_session) for the session and keeps the
+// expiry it returns.
+func (sess *Session) hold(ctx context.Context, verb, fn string) error {
 	var exp time.Time
-	err := sess.store.pool.QueryRow(ctx, "SELECT streamd.open_key_session($1, $2, $3, $4, $5)",
+	err := sess.store.pool.QueryRow(ctx, "SELECT "+fn+"($1, $2, $3, $4, $5)",
 		sess.stream, sess.key, sess.id, sess.timeout, sess.store.now()).Scan(&exp)
 	if err != nil {
-		return fmt.Errorf("open %s/%s: %w", sess.stream, sess.key, sqlerr.Wrap(err))
+		return fmt.Errorf("%s %s/%s: %w", verb, sess.stream, sess.key, sqlerr.Wrap(err))
 	}
 	sess.mu.Lock()
 	sess.expires = exp
@@ -140,16 +146,7 @@ func (sess *Session) Renew(ctx context.Context) error {
 	if err := sess.check(); err != nil {
 		return err
 	}
-	var exp time.Time
-	err := sess.store.pool.QueryRow(ctx, "SELECT streamd.renew_key_session($1, $2, $3, $4, $5)",
-		sess.stream, sess.key, sess.id, sess.timeout, sess.store.now()).Scan(&exp)
-	if err != nil {
-		return fmt.Errorf("renew %s/%s: %w", sess.stream, sess.key, sqlerr.Wrap(err))
-	}
-	sess.mu.Lock()
-	sess.expires = exp
-	sess.mu.Unlock()
-	return nil
+	return sess.hold(ctx, "renew", "streamd.renew_key_session")
 }
 
 // Append appends events to the session's key, as Store.Append does, after checking

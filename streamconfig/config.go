@@ -165,13 +165,22 @@ func (c *Config) Validate() error {
 	}
 	// Durations are stored in whole seconds: a fraction would be cut off silently (a
 	// 500ms archiveAfter stored as 0, which the next Get and Set then refused).
-	for _, d := range []struct {
-		field string
-		v     *Duration
-	}{{"retention_config.maxAge", c.retentionMaxAge()}, {"retention_config.tombstoneRetention", c.retentionTombstone()},
-		{"lifecycle_config.archiveAfter", c.lifecycleArchive()}, {"lifecycle_config.deleteAfter", c.lifecycleDelete()}} {
+	type field struct {
+		name string
+		v    *Duration
+	}
+	var durations []field
+	if r := c.Retention; r != nil {
+		durations = append(durations, field{"retention_config.maxAge", r.MaxAge},
+			field{"retention_config.tombstoneRetention", r.TombstoneRetention})
+	}
+	if l := c.Lifecycle; l != nil {
+		durations = append(durations, field{"lifecycle_config.archiveAfter", l.ArchiveAfter},
+			field{"lifecycle_config.deleteAfter", l.DeleteAfter})
+	}
+	for _, d := range durations {
 		if d.v != nil && time.Duration(*d.v)%time.Second != 0 {
-			return fieldErr(d.field, "%s must be a whole number of seconds", time.Duration(*d.v))
+			return fieldErr(d.name, "%s must be a whole number of seconds", time.Duration(*d.v))
 		}
 	}
 	if r := c.Retention; r != nil {
@@ -234,32 +243,4 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
-}
-
-func (c *Config) retentionMaxAge() *Duration {
-	if c.Retention == nil {
-		return nil
-	}
-	return c.Retention.MaxAge
-}
-
-func (c *Config) retentionTombstone() *Duration {
-	if c.Retention == nil {
-		return nil
-	}
-	return c.Retention.TombstoneRetention
-}
-
-func (c *Config) lifecycleArchive() *Duration {
-	if c.Lifecycle == nil {
-		return nil
-	}
-	return c.Lifecycle.ArchiveAfter
-}
-
-func (c *Config) lifecycleDelete() *Duration {
-	if c.Lifecycle == nil {
-		return nil
-	}
-	return c.Lifecycle.DeleteAfter
 }
