@@ -341,12 +341,7 @@ func TestConcurrentDuplicateInsertKeepsVersionsGapless(t *testing.T) {
 	require.NoError(t, err)
 	second := make(chan error, 1)
 	go func() { _, err := f.pool.Exec(f.ctx, ins, f.stream); second <- err }()
-	require.Eventually(t, func() bool { // the second waits for the first's head row
-		var n int
-		require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%same-id%'`).Scan(&n))
-		return n > 0
-	}, 10*time.Second, 5*time.Millisecond)
+	testdb.WaitForLockWait(t, f.pool, "same-id")
 	require.NoError(t, tx1.Commit(f.ctx))
 	require.NoError(t, <-second)
 	var events, version int64
@@ -378,12 +373,7 @@ func TestAppendRacingASettingsChangeIsRetried(t *testing.T) {
 		_, err := pool.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, NULL, ARRAY['k'], ARRAY['1'], NULL, NULL, NULL, NULL, NULL)`, s)
 		appended <- err
 	}()
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%streamd.append(%'`).Scan(&n))
-		return n > 0
-	}, 10*time.Second, 5*time.Millisecond, "the append waits for the head row")
+	testdb.WaitForLockWait(t, pool, "streamd.append(")
 	require.NoError(t, tx.Commit(ctx))
 	err = <-appended
 	require.Equal(t, "40001", sqlerr.Code(err), "%v", err)

@@ -463,12 +463,7 @@ func TestDeadLetterRacesASendOfTheSameID(t *testing.T) {
 	termed := make(chan error, 1)
 	go func() { termed <- c.Term(ctx, "bad", m[0].Receipt) }()
 	// Commit the send only once the move waits for it on the dedup index.
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%queue_term%'`).Scan(&n))
-		return n > 0
-	}, 20*time.Second, 5*time.Millisecond, "the move waits for the uncommitted send")
+	testdb.WaitForLockWait(t, pool, "queue_term")
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-termed)
 
