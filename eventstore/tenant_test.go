@@ -15,13 +15,14 @@ import (
 	"github.com/streamd/streamd/streams"
 )
 
-// tenantRole creates a login role bound to tenant and drops it when the test ends
-// (roles are cluster-wide, so the name is unique). It returns a connection as that role.
-func tenantRole(t *testing.T, admin *pgx.Conn, tenant string) *pgx.Conn {
+// newRole creates a login role (no superuser, no BYPASSRLS; roles are cluster-wide,
+// so the name is unique) and drops it, with its binding and grants, when the test
+// ends. It returns the role's name and quoted identifier.
+func newRole(t *testing.T, admin *pgx.Conn, prefix string) (role, ident string) {
 	t.Helper()
 	ctx := context.Background()
-	role := strings.ReplaceAll(testdb.Name("streamd_tenant"), "-", "_")
-	ident := pgx.Identifier{role}.Sanitize()
+	role = strings.ReplaceAll(testdb.Name(prefix), "-", "_")
+	ident = pgx.Identifier{role}.Sanitize()
 	_, err := admin.Exec(ctx, "CREATE ROLE "+ident+" LOGIN NOSUPERUSER NOBYPASSRLS")
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -39,7 +40,16 @@ func tenantRole(t *testing.T, admin *pgx.Conn, tenant string) *pgx.Conn {
 			_ = c.Close(ctx)
 		}
 	})
-	_, err = admin.Exec(ctx, "SELECT streamd.bind_tenant_role($1, $2)", role, tenant)
+	return role, ident
+}
+
+// tenantRole creates a login role bound to tenant (newRole). It returns a connection
+// as that role.
+func tenantRole(t *testing.T, admin *pgx.Conn, tenant string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	role, _ := newRole(t, admin, "streamd_tenant")
+	_, err := admin.Exec(ctx, "SELECT streamd.bind_tenant_role($1, $2)", role, tenant)
 	require.NoError(t, err)
 	base := testdb.URL(t)
 	var connStr string
@@ -199,22 +209,7 @@ func TestUnboundRoleReadsEvents(t *testing.T) {
 	_, err = admin.Exec(ctx, "INSERT INTO streamd.events (stream_name, data) VALUES ($1, '1')", stream)
 	require.NoError(t, err)
 
-	role := strings.ReplaceAll(testdb.Name("streamd_reader"), "-", "_")
-	ident := pgx.Identifier{role}.Sanitize()
-	_, err = admin.Exec(ctx, "CREATE ROLE "+ident+" LOGIN NOSUPERUSER NOBYPASSRLS")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		c, err := pgx.Connect(ctx, testdb.URL(t))
-		if err == nil {
-			_ = pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-				_, _ = tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('streamd.tenant_roles'))")
-				_, _ = tx.Exec(ctx, "DROP OWNED BY "+ident)
-				_, err := tx.Exec(ctx, "DROP ROLE IF EXISTS "+ident)
-				return err
-			})
-			_ = c.Close(ctx)
-		}
-	})
+	_, ident := newRole(t, admin, "streamd_reader")
 	require.NoError(t, pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('streamd.tenant_roles'))"); err != nil {
 			return err
