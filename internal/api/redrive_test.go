@@ -8,12 +8,35 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/messages"
 )
+
+// deadLetters makes a queue and its dead-letter queue (named from prefix) and puts n
+// messages, sent to the queue and termed, in the dead-letter queue.
+func deadLetters(t *testing.T, ctx context.Context, pool *pgxpool.Pool, prefix string, n int) (q, dlq string) {
+	t.Helper()
+	mc, err := messages.NewClient(pool, nil)
+	require.NoError(t, err)
+	q, dlq = testdb.Name(prefix), testdb.Name(prefix+"-dlq")
+	require.NoError(t, mc.CreateQueue(ctx, dlq, nil))
+	require.NoError(t, mc.CreateQueue(ctx, q, &messages.QueueConfig{DeadLetterQueue: dlq}))
+	for i := 0; i < n; i++ {
+		_, err := mc.Send(ctx, q, messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprint(i))})
+		require.NoError(t, err)
+	}
+	got, err := mc.Receive(ctx, q, &messages.ReceiveOpts{Max: n})
+	require.NoError(t, err)
+	require.Len(t, got, n)
+	for _, m := range got {
+		require.NoError(t, mc.Term(ctx, "poison", m.Receipt))
+	}
+	return q, dlq
+}
 
 // TestRedriveTask: a redrive task created through the API is run by the leader's
 // redrive service, moves exactly max_messages dead letters back, and finishes.
@@ -23,21 +46,7 @@ func TestRedriveTask(t *testing.T) {
 	defer cancel()
 	c, sc := newServer(t)
 	pool := sc.Pool()
-	mc, err := messages.NewClient(pool, nil)
-	require.NoError(t, err)
-	q, dlq := testdb.Name("rq"), testdb.Name("rq-dlq")
-	require.NoError(t, mc.CreateQueue(ctx, dlq, nil))
-	require.NoError(t, mc.CreateQueue(ctx, q, &messages.QueueConfig{DeadLetterQueue: dlq}))
-	for i := 0; i < 5; i++ {
-		_, err := mc.Send(ctx, q, messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprint(i))})
-		require.NoError(t, err)
-	}
-	got, err := mc.Receive(ctx, q, &messages.ReceiveOpts{Max: 5})
-	require.NoError(t, err)
-	require.Len(t, got, 5)
-	for _, m := range got {
-		require.NoError(t, mc.Term(ctx, "poison", m.Receipt))
-	}
+	q, dlq := deadLetters(t, ctx, pool, "rq", 5)
 	depth := func(name string) int {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.messages WHERE stream_name = $1", name).Scan(&n))
@@ -88,20 +97,7 @@ func TestRedriveTaskKeepsLowRates(t *testing.T) {
 	defer cancel()
 	c, sc := newServer(t)
 	pool := sc.Pool()
-	mc, err := messages.NewClient(pool, nil)
-	require.NoError(t, err)
-	q, dlq := testdb.Name("rl"), testdb.Name("rl-dlq")
-	require.NoError(t, mc.CreateQueue(ctx, dlq, nil))
-	require.NoError(t, mc.CreateQueue(ctx, q, &messages.QueueConfig{DeadLetterQueue: dlq}))
-	for i := 0; i < 10; i++ {
-		_, err := mc.Send(ctx, q, messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprint(i))})
-		require.NoError(t, err)
-	}
-	got, err := mc.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
-	require.NoError(t, err)
-	for _, m := range got {
-		require.NoError(t, mc.Term(ctx, "x", m.Receipt))
-	}
+	q, dlq := deadLetters(t, ctx, pool, "rl", 10)
 	code, body := c.do("POST", "/v1/queues/"+dlq+"/redrive-tasks", adminToken, `{"rate":2}`)
 	require.Equal(t, http.StatusAccepted, code, "%v", body)
 
