@@ -38,6 +38,30 @@ func run(t *testing.T, ctx context.Context, stdin string, args ...string) (strin
 	return out.String(), nil
 }
 
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// serveInProcess runs streamd serve in-process on a free loopback address, with args
+// after its --http-addr (and --retention-streams limited to a stream no test has),
+// until cancel is called; done then yields serve's error.
+func serveInProcess(t *testing.T, args ...string) (addr string, cancel func(), done <-chan error) {
+	t.Helper()
+	addr = freeAddr(t)
+	ctx, cancelCtx := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { // owner: the test; ends when it calls cancel
+		_, err := run(t, ctx, "", append([]string{"serve", "--http-addr", addr, "--retention-streams", "none-in-this-test"}, args...)...)
+		errc <- err
+	}()
+	return addr, cancelCtx, errc
+}
+
 func TestCLIStreamProduceFetch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -95,19 +119,10 @@ func TestCLIStreamProduceFetch(t *testing.T) {
 // SIGINT and SIGTERM do through signal.NotifyContext in main).
 func TestServeHealthMetricsAndCleanStop(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := run(t, ctx, "", "serve", "--http-addr", addr, "--auth-token", "test-token-0123456789",
-			"--retention-streams", "none-in-this-test", "--coordinator-name", testdb.Name("serve-test"), "--metrics-interval", "100ms")
-		done <- err
-	}()
+	addr, cancel, done := serveInProcess(t, "--auth-token", "test-token-0123456789",
+		"--coordinator-name", testdb.Name("serve-test"), "--metrics-interval", "100ms")
 	var resp *http.Response
+	var err error
 	require.Eventually(t, func() bool {
 		resp, err = http.Get("http://" + addr + "/healthz")
 		return err == nil
@@ -211,17 +226,8 @@ func TestCLIZeroFlagsRefused(t *testing.T) {
 // shutdown's deadline error.
 func TestServeStopsWithALongPollRunning(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := run(t, ctx, "", "serve", "--http-addr", addr, "--auth-disabled", "--shutdown-timeout", "4s",
-			"--retention-streams", "none-in-this-test", "--coordinator-name", testdb.Name("serve-lp"))
-		done <- err
-	}()
+	addr, cancel, done := serveInProcess(t, "--auth-disabled", "--shutdown-timeout", "4s",
+		"--coordinator-name", testdb.Name("serve-lp"))
 	require.Eventually(t, func() bool {
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -38,10 +37,7 @@ func TestMain(m *testing.M) {
 // startStreamd starts a streamd serve child process.
 func startStreamd(t *testing.T, name string, args ...string) *exec.Cmd {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
+	addr := freeAddr(t)
 	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--", "serve", "--http-addr", addr,
 		"--auth-token", "ha-test-token-0123456789", "--coordinator-name", name}, args...)...)
 	cmd.Env = append(os.Environ(), "STREAMD_TEST_AS_MAIN=1", localpg.EnvDatabaseURL+"="+testdb.URL(t))

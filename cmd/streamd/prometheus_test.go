@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -29,20 +27,9 @@ func TestPrometheusScrapes(t *testing.T) {
 	bin, err := exec.LookPath("prometheus")
 	require.NoError(t, err, "the prometheus binary is needed: apt-get install prometheus (make test-prometheus does)")
 
-	free := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer ln.Close()
-		return ln.Addr().String()
-	}
-	streamdAddr, promAddr := free(), free()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := run(t, ctx, "", "serve", "--http-addr", streamdAddr, "--auth-token", "prom-test-token-0123456789",
-			"--retention-streams", "none-in-this-test", "--coordinator-name", testdb.Name("prom-test"), "--metrics-interval", "200ms")
-		done <- err
-	}()
+	promAddr := freeAddr(t)
+	streamdAddr, cancel, done := serveInProcess(t, "--auth-token", "prom-test-token-0123456789",
+		"--coordinator-name", testdb.Name("prom-test"), "--metrics-interval", "200ms")
 	defer func() { cancel(); <-done }()
 
 	dir := t.TempDir()

@@ -51,18 +51,8 @@ func TestServeTLSAndTokenFile(t *testing.T) {
 	certPath, keyPath := selfSigned(t)
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	require.NoError(t, os.WriteFile(tokens, []byte("# principal token\nadmin admin-file-token-0123456789\nalice alice-file-token-0123456789\n"), 0o600))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := run(t, ctx, "", "serve", "--http-addr", addr, "--tls-cert", certPath, "--tls-key", keyPath,
-			"--auth-token-file", tokens, "--retention-streams", "none-in-this-test", "--coordinator-name", testdb.Name("tls-test"))
-		done <- err
-	}()
+	addr, cancel, done := serveInProcess(t, "--tls-cert", certPath, "--tls-key", keyPath,
+		"--auth-token-file", tokens, "--coordinator-name", testdb.Name("tls-test"))
 	pool := x509.NewCertPool()
 	pemBytes, err := os.ReadFile(certPath)
 	require.NoError(t, err)
