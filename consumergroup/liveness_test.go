@@ -18,6 +18,31 @@ import (
 	"github.com/streamd/streamd/streams"
 )
 
+// hookLog records the partitions a consumer's OnLost and OnRevoked hooks name.
+type hookLog struct {
+	mu            sync.Mutex
+	lost, revoked [][]int32
+}
+
+// attach sets cfg's OnLost and OnRevoked to record into h.
+func (h *hookLog) attach(cfg *Config) {
+	record := func(to *[][]int32) Hook {
+		return func(_ context.Context, ps []int32) {
+			h.mu.Lock()
+			*to = append(*to, append([]int32(nil), ps...))
+			h.mu.Unlock()
+		}
+	}
+	cfg.OnLost, cfg.OnRevoked = record(&h.lost), record(&h.revoked)
+}
+
+// get returns copies of what was recorded so far.
+func (h *hookLog) get() (lost, revoked [][]int32) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([][]int32(nil), h.lost...), append([][]int32(nil), h.revoked...)
+}
+
 // TestStuckHandlerGivesUpPartitions (processing liveness, Kafka's max.poll.interval):
 // a handler stuck past MaxPollInterval makes its member leave the group, its handler
 // context is cancelled, OnLost names the partitions, and after rejoining the
@@ -31,19 +56,14 @@ func TestStuckHandlerGivesUpPartitions(t *testing.T) {
 	pos := produce(t, pool, s, 0, 5)
 
 	var (
-		mu        sync.Mutex
-		lost      [][]int32
+		hooks     hookLog
 		calls     atomic.Int32
 		cancelled atomic.Bool
 		h         handled
 	)
 	cfg := testConfig(s, "g")
 	cfg.MaxPollInterval = 700 * time.Millisecond
-	cfg.OnLost = func(_ context.Context, ps []int32) {
-		mu.Lock()
-		lost = append(lost, append([]int32(nil), ps...))
-		mu.Unlock()
-	}
+	hooks.attach(&cfg)
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	cancel := runConsumer(t, c, func(ctx context.Context, b *Batch) error {
@@ -62,10 +82,9 @@ func TestStuckHandlerGivesUpPartitions(t *testing.T) {
 		return groupLag(t, pool, s, "g") == 0
 	})
 	require.True(t, cancelled.Load(), "the stuck handler's context was cancelled")
-	mu.Lock()
+	lost, _ := hooks.get()
 	require.NotEmpty(t, lost, "OnLost was called")
 	require.Equal(t, []int32{0}, lost[0])
-	mu.Unlock()
 	require.GreaterOrEqual(t, calls.Load(), int32(2), "the uncommitted batch was delivered again")
 	h.requireAll(t, pos)
 	require.NoError(t, cancel())
@@ -129,18 +148,11 @@ func TestRevokeStopsRetries(t *testing.T) {
 	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 2))
 	produce(t, pool, s, 0, 20)
 
-	var (
-		mu   sync.Mutex
-		lost [][]int32
-	)
+	var hooks hookLog
 	cfg := testConfig(s, "g")
 	cfg.MaxRetries = -1
 	cfg.RebalanceTimeout = 4 * time.Second
-	cfg.OnLost = func(_ context.Context, ps []int32) {
-		mu.Lock()
-		lost = append(lost, append([]int32(nil), ps...))
-		mu.Unlock()
-	}
+	hooks.attach(&cfg)
 	a, err := New(pool, cfg)
 	require.NoError(t, err)
 	stopA := runConsumer(t, a, func(context.Context, *Batch) error { return errors.New("always fails") })
@@ -156,9 +168,8 @@ func TestRevokeStopsRetries(t *testing.T) {
 		return len(a.Assignment()) == 1 && len(b.Assignment()) == 1
 	})
 	require.Less(t, time.Since(start), cfg.RebalanceTimeout, "handed over at the revoke, not at RebalanceTimeout")
-	mu.Lock()
+	lost, _ := hooks.get()
 	require.Empty(t, lost, "a was never expelled")
-	mu.Unlock()
 	require.NoError(t, stopB())
 	require.NoError(t, stopA())
 }
@@ -175,23 +186,13 @@ func TestFencedWhileBlockedIsLost(t *testing.T) {
 	produce(t, pool, s, 0, 3)
 
 	var (
-		mu            sync.Mutex
-		lost, revoked [][]int32
-		calls         atomic.Int32
+		hooks hookLog
+		calls atomic.Int32
 	)
 	cfg := testConfig(s, "g")
 	cfg.MaxRetries = 1
 	cfg.OnHandlerError = ErrorBlock
-	cfg.OnLost = func(_ context.Context, ps []int32) {
-		mu.Lock()
-		lost = append(lost, append([]int32(nil), ps...))
-		mu.Unlock()
-	}
-	cfg.OnRevoked = func(_ context.Context, ps []int32) {
-		mu.Lock()
-		revoked = append(revoked, append([]int32(nil), ps...))
-		mu.Unlock()
-	}
+	hooks.attach(&cfg)
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	stop := runConsumer(t, c, func(context.Context, *Batch) error {
@@ -204,14 +205,12 @@ func TestFencedWhileBlockedIsLost(t *testing.T) {
 		return nil
 	})
 	waitFor(t, 20*time.Second, "the fenced partition reported", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
+		lost, revoked := hooks.get()
 		return len(lost) > 0 || len(revoked) > 0
 	})
-	mu.Lock()
+	lost, revoked := hooks.get()
 	require.Equal(t, [][]int32{{0}}, lost, "OnLost")
 	require.Empty(t, revoked, "not OnRevoked")
-	mu.Unlock()
 	require.NoError(t, stop())
 }
 
@@ -282,21 +281,9 @@ func TestShutdownHeartbeatsWhileBatchesFinish(t *testing.T) {
 	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 1))
 	produce(t, pool, s, 0, 3)
 
-	var (
-		mu            sync.Mutex
-		lost, revoked [][]int32
-	)
+	var hooks hookLog
 	cfg := testConfig(s, "g") // SessionTimeout 1.5s
-	cfg.OnLost = func(_ context.Context, ps []int32) {
-		mu.Lock()
-		lost = append(lost, ps)
-		mu.Unlock()
-	}
-	cfg.OnRevoked = func(_ context.Context, ps []int32) {
-		mu.Lock()
-		revoked = append(revoked, ps)
-		mu.Unlock()
-	}
+	hooks.attach(&cfg)
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	inHandler := make(chan struct{})
@@ -312,8 +299,7 @@ func TestShutdownHeartbeatsWhileBatchesFinish(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.EqualValues(t, 3, off, "the slow batch was committed")
-	mu.Lock()
-	defer mu.Unlock()
+	lost, revoked := hooks.get()
 	require.Empty(t, lost)
 	require.Equal(t, [][]int32{{0}}, revoked)
 }
@@ -335,16 +321,11 @@ func TestHeartbeatsWithTheHandlerPoolExhausted(t *testing.T) {
 	produce(t, pool, s, 0, 2)
 
 	var (
-		mu   sync.Mutex
-		lost [][]int32
-		done atomic.Int32
+		hooks hookLog
+		done  atomic.Int32
 	)
 	cfg := testConfig(s, "g") // SessionTimeout 1.5s
-	cfg.OnLost = func(_ context.Context, ps []int32) {
-		mu.Lock()
-		lost = append(lost, ps)
-		mu.Unlock()
-	}
+	hooks.attach(&cfg)
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	stop := runConsumer(t, c, func(ctx context.Context, b *Batch) error {
@@ -367,8 +348,7 @@ func TestHeartbeatsWithTheHandlerPoolExhausted(t *testing.T) {
 		return nil
 	})
 	waitFor(t, 20*time.Second, "the batch committed", func() bool { return groupLag(t, pool, s, "g") == 0 && done.Load() > 0 })
-	mu.Lock()
+	lost, _ := hooks.get()
 	require.Empty(t, lost, "the member kept its partition")
-	mu.Unlock()
 	require.NoError(t, stop())
 }
