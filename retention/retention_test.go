@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -336,4 +337,41 @@ func TestRunnerOneAtATimeAndRun(t *testing.T) {
 	}
 	require.Equal(t, seq(11, 14), f.stored(0))
 	_ = testdb.Name
+}
+
+// cancelOn is a slog handler that cancels a context at the first record with msg.
+type cancelOn struct {
+	msg    string
+	cancel context.CancelFunc
+}
+
+func (h cancelOn) Enabled(context.Context, slog.Level) bool { return true }
+func (h cancelOn) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.cancel()
+	}
+	return nil
+}
+func (h cancelOn) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h cancelOn) WithGroup(string) slog.Handler      { return h }
+
+// TestRunOnceCutShortReportsIt: a pass whose ctx ends after its first stream returns
+// an error (so a coordinator slot is not recorded as run, and the next leader runs
+// it); it returned nil, and the successor skipped the other streams until the next
+// slot.
+func TestRunOnceCutShortReportsIt(t *testing.T) {
+	t.Parallel()
+	first, second := setup(t, 1), setup(t, 1)
+	for _, f := range []*fixture{first, second} {
+		f.produce(0, 5)
+		f.policy("max_event_count = 2")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r, err := retention.New(first.pool, &retention.Config{Streams: []string{first.stream, second.stream},
+		Logger: slog.New(cancelOn{msg: "retention applied", cancel: cancel})})
+	require.NoError(t, err)
+	results, err := r.RunOnce(ctx)
+	require.ErrorIs(t, err, context.Canceled, "the pass was cut short after %d streams", len(results))
+	require.Len(t, results, 1)
 }
