@@ -226,3 +226,42 @@ func TestFinishedRunsAreForgotten(t *testing.T) {
 	_, err = pool.Exec(ctx, "DELETE FROM streamd.coordinator_runs WHERE job = $1", job)
 	require.NoError(t, err)
 }
+
+// TestSlotStartFailureIsRetriedInTheSlot: when the leader cannot record a slot's start
+// (here its statement times out behind another transaction's uncommitted row for the
+// slot), it tries again within the slot and runs the job; it used to skip the slot
+// (with a one-hour interval, the job would not have run for an hour).
+func TestSlotStartFailureIsRetriedInTheSlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lease, jobName := testdb.Name("lease"), testdb.Name("retry-job")
+	const interval = time.Hour
+	slot := time.Now().UnixNano() / int64(interval)
+	if time.Until(time.Unix(0, (slot+1)*int64(interval))) < time.Minute {
+		t.Skip("too close to the end of the slot")
+	}
+	// Block the slot's row: the leader's insert waits on it, past its statement_timeout.
+	blocker, err := testdb.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, `INSERT INTO streamd.coordinator_runs (job, slot, holder, epoch) VALUES ($1, $2, 'blocker', 0)`, jobName, slot)
+	require.NoError(t, err)
+
+	cfg := testdb.Config(t)
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "200ms"
+	jobsPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer jobsPool.Close()
+	var calls atomic.Int64
+	jobs, err := coordinator.NewJobs(jobsPool, nil, nil, []coordinator.Job{{
+		Name: jobName, Interval: interval, Run: func(context.Context) error { calls.Add(1); return nil },
+	}}, nil)
+	require.NoError(t, err)
+	start(t, lease, jobs.Lead)
+
+	time.Sleep(1500 * time.Millisecond) // the leader's first tries time out
+	require.Zero(t, calls.Load())
+	require.NoError(t, blocker.Rollback(ctx))
+	require.Eventually(t, func() bool { return calls.Load() == 1 }, 20*time.Second, 20*time.Millisecond,
+		"the slot was tried again and run")
+}
