@@ -115,3 +115,44 @@ func TestRedriveTaskKeepsLowRates(t *testing.T) {
 	require.GreaterOrEqual(t, moved, 1)
 	require.LessOrEqual(t, moved, limit, "moved %d in %v at 2/s", moved, time.Since(start))
 }
+
+// TestRedriveTaskSurvivesAPassingError: a step that fails for a passing reason (here a
+// statement timeout behind another transaction's lock on the task) is tried again on a
+// later tick and the task finishes; it used to be marked failed for good.
+func TestRedriveTaskSurvivesAPassingError(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, sc := newServer(t)
+	pool := sc.Pool()
+	_, dlq := deadLetters(t, ctx, pool, "rp", 3)
+	code, body := c.do("POST", "/v1/queues/"+dlq+"/redrive-tasks", adminToken, `{}`)
+	require.Equal(t, http.StatusAccepted, code, "%v", body)
+	id := int64(body["id"].(float64))
+
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, "SELECT 1 FROM streamd.redrive_tasks WHERE dlq = $1 AND id = $2 FOR UPDATE", dlq, id)
+	require.NoError(t, err)
+
+	cfg := testdb.Config(t)
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "100ms"
+	svcPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer svcPool.Close()
+	svc := coordinator.Redrive(svcPool, nil, 20*time.Millisecond)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(rctx) }()
+	time.Sleep(500 * time.Millisecond) // steps time out behind the lock
+	require.NoError(t, blocker.Rollback(ctx))
+	status := func() string {
+		var s string
+		require.NoError(t, pool.QueryRow(ctx, "SELECT status FROM streamd.redrive_tasks WHERE dlq = $1 AND id = $2", dlq, id).Scan(&s))
+		return s
+	}
+	require.Eventually(t, func() bool { return status() == "done" }, 20*time.Second, 20*time.Millisecond, "status %s", status())
+	stop()
+	require.NoError(t, <-done)
+}
