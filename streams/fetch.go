@@ -17,7 +17,9 @@ type FetchOpts struct {
 	// MaxRecords bounds the number of events returned. Defaults to 500.
 	MaxRecords int
 	// MaxWait, when positive, waits up to this long for events to arrive when there
-	// are none at the offset yet (long poll). Defaults to 0: return at once.
+	// are none at the offset yet (long poll). Defaults to 0: return at once. When ctx
+	// ends during the wait, Fetch returns ctx's error (errors.Is context.Canceled or
+	// context.DeadlineExceeded) and no result.
 	MaxWait time.Duration
 	// PollInterval is the first interval between polls while waiting; it doubles up to
 	// 100ms, or up to 1s when Wakeup is set. Defaults to 5ms.
@@ -121,8 +123,10 @@ func FetchTx(ctx context.Context, db DBTX, stream string, partition int32, offse
 			case <-t.C:
 			}
 		}
-		if ctx.Err() != nil {
-			return res, nil
+		if err := ctx.Err(); err != nil {
+			// As a queue's long-poll Receive does: the caller learns that the wait
+			// was cut short, not that the partition had nothing.
+			return nil, fmt.Errorf("fetch %s/%d: %w", stream, partition, err)
 		}
 		if interval *= 2; interval > maxInterval {
 			interval = maxInterval

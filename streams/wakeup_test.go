@@ -48,3 +48,33 @@ func TestFetchWakesOnWakeup(t *testing.T) {
 		t.Fatal("the fetch was not woken by the wake-up")
 	}
 }
+
+// TestLongPollFetchEndedByContext: a long-polling Fetch whose ctx ends while it waits
+// returns ctx's error, promptly, whether it waits on a timer or on a Wakeup (as a
+// queue's long-poll Receive does), not an empty result that reads as "nothing yet".
+func TestLongPollFetchEndedByContext(t *testing.T) {
+	t.Parallel()
+	c, s := setup(t, 1)
+	hub := wakeup.NewHub()
+	sub := hub.SubscribePartition(s, 0)
+	defer sub.Close()
+	for name, opts := range map[string]*streams.FetchOpts{
+		"timer":  {MaxWait: time.Minute, PollInterval: time.Hour},
+		"wakeup": {MaxWait: time.Minute, PollInterval: time.Hour, Wakeup: sub},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(100*time.Millisecond, cancel)
+			start := time.Now()
+			res, err := c.Fetch(ctx, s, 0, 0, opts)
+			require.ErrorIs(t, err, context.Canceled)
+			require.Nil(t, res)
+			require.Less(t, time.Since(start), 10*time.Second, "the fetch waited past its ctx")
+
+			dctx, dcancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer dcancel()
+			_, err = c.Fetch(dctx, s, 0, 0, opts)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+		})
+	}
+}
