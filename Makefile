@@ -65,9 +65,11 @@ soak-groups: db-start
 soak-queue: db-start
 	STREAMD_SOAK=1 STREAMD_SOAK_DURATION=$${STREAMD_SOAK_DURATION:-3m} $(GO) test -count=1 -timeout 15m -run TestSoakTableStaysBounded -v ./messages/
 
-# Queue send+receive+ack against a raw SKIP LOCKED drain and a pgmq-style loop.
+# Queue send+receive+ack against a raw SKIP LOCKED drain and a pgmq-style loop, then
+# the same phase by phase on one connection (BenchmarkQueuePhases).
 bench-queue: db-start
-	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkQueue' -benchtime 5x ./messages/
+	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkQueue(Throughput|LongPollLatency)' -benchtime 5x ./messages/
+	$(GO) test -count=1 -run '^$$' -bench BenchmarkQueuePhases -benchtime 300x ./messages/
 
 # A real Prometheus scrapes streamd serve's /metrics (installs Debian's prometheus when
 # missing and apt-get is usable).
