@@ -137,6 +137,42 @@ func TestDeadLetterAndReplay(t *testing.T) {
 	require.Equal(t, "test", dl[0].ResolvedBy)
 }
 
+// TestNoRetries: MaxRetries NoRetries hands a failing batch to OnHandlerError at its
+// first failure (MaxRetries 0 means the default, 5): the poison event's batch is tried
+// once, then the event alone once, and it is dead-lettered after that one attempt.
+func TestNoRetries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	pos := produce(t, pool, stream, 0, 3)
+	poison := pos[1].Offset
+	var tries atomic.Int32
+	cfg := testConfig(stream, group)
+	cfg.OnHandlerError = ErrorDeadLetter
+	cfg.MaxRetries = NoRetries
+	cfg.RetryBackoff, cfg.RetryBackoffMax = time.Second, time.Second // a retry would show as a try
+	c, err := New(pool, cfg)
+	require.NoError(t, err)
+	runConsumer(t, c, func(ctx context.Context, b *Batch) error {
+		for _, e := range b.Events {
+			if e.Offset == poison {
+				tries.Add(1)
+				return errors.New("poison")
+			}
+		}
+		return nil
+	})
+	waitFor(t, 10*time.Second, "lag 0", func() bool { return groupLag(t, pool, stream, group) == 0 })
+	dl, err := NewAdmin(pool).DeadLetters(ctx, stream, group, "pending")
+	require.NoError(t, err)
+	require.Len(t, dl, 1)
+	require.Equal(t, poison, dl[0].Offset)
+	require.Equal(t, 1, dl[0].Attempts)
+	require.Equal(t, int32(2), tries.Load(), "the batch once, then the event alone once")
+}
+
 // TestPauseResume: a paused partition is not processed (by whoever owns it) until
 // resumed; the others go on.
 func TestPauseResume(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"time"
 
@@ -55,6 +56,22 @@ const (
 	ErrorDeadLetter
 )
 
+// Config.MaxRetries values besides counts: RetryForever retries a failed batch until
+// it succeeds (as does any other negative value but NoRetries); NoRetries hands it to
+// Config.OnHandlerError at its first failure (0 would mean the default, 5).
+const (
+	RetryForever = -1
+	NoRetries    = math.MinInt
+)
+
+// retries is MaxRetries as a count: 0 for NoRetries, negative for forever.
+func (c Config) retries() int {
+	if c.MaxRetries == NoRetries {
+		return 0
+	}
+	return c.MaxRetries
+}
+
 // Hook is a rebalance callback. See Config.OnAssigned for the concurrency contract.
 type Hook func(ctx context.Context, partitions []int32)
 
@@ -93,7 +110,9 @@ type Config struct {
 	// return, and joins again. Defaults to 5 minutes.
 	MaxPollInterval time.Duration
 	// MaxRetries is how many times a failed batch is retried (with exponential
-	// backoff) before OnHandlerError applies; negative means forever. Defaults to 5.
+	// backoff) before OnHandlerError applies; negative (RetryForever) means forever,
+	// except NoRetries, which applies OnHandlerError at the first failure. Defaults to
+	// 5 (0 means the default).
 	MaxRetries int
 	// OnAssigned is called with partitions this member got, before their first batch.
 	// Contract for all hooks: they are called from one goroutine, never concurrently

@@ -230,7 +230,7 @@ func (w *worker) clamp(oor *streams.OffsetOutOfRangeError) int64 {
 func (w *worker) process(ctx context.Context, res *streams.FetchResult) (int64, bool) {
 	start := time.Now()
 	b := w.newBatch(res.Events, res.HighWatermark)
-	err := w.attempt(ctx, b, w.c.cfg.MaxRetries)
+	err := w.attempt(ctx, b, w.c.cfg.retries())
 	if err != nil {
 		// Stopped while retrying: the batch stays uncommitted and the partition's
 		// next owner gets it again (at-least-once).
@@ -346,7 +346,7 @@ func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) b
 		}
 		one := w.newBatch(res.Events[i:i+1], res.HighWatermark)
 		first := time.Now()
-		err := w.attempt(ctx, one, w.c.cfg.MaxRetries)
+		err := w.attempt(ctx, one, w.c.cfg.retries())
 		if err == nil {
 			continue
 		}
@@ -359,7 +359,7 @@ func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) b
 		// A lost connection or a restarted server is retried, as a commit is;
 		// giving up would hand a healthy partition back for a blip.
 		for bo := newBackoff(50*time.Millisecond, time.Second); ; {
-			_, derr = w.m.deadLetter(dctx, w.c.pool, w.partition, e.Offset, err.Error(), w.c.cfg.MaxRetries+1, first)
+			_, derr = w.m.deadLetter(dctx, w.c.pool, w.partition, e.Offset, err.Error(), w.c.cfg.retries()+1, first)
 			if derr == nil || errors.Is(derr, ErrFenced) || !sqlerr.Retriable(derr) || !bo.wait(dctx) {
 				break
 			}

@@ -200,7 +200,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		Group:           f.cfg.Group,
 		Logger:          f.cfg.Logger,
 		MaxBatchSize:    f.cfg.MaxBatchSize,
-		MaxRetries:      -1, // never skip a batch: order and completeness come first
+		MaxRetries:      consumergroup.RetryForever, // never skip a batch: order and completeness come first
 		OnHandlerError:  consumergroup.ErrorBlock,
 		RetryBackoffMax: 5 * time.Second,
 		SessionTimeout:  f.cfg.SessionTimeout,
