@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -282,5 +283,50 @@ func TestSQLAndGoRouteKeysAlike(t *testing.T) {
 		require.NoError(t, c.Pool().QueryRow(ctx,
 			`INSERT INTO streamd.events (stream_name, key, data) VALUES ($1, $2, '{}') RETURNING partition`, s, key).Scan(&sqlPart))
 		require.Equal(t, streams.PartitionForKey(key, 7), sqlPart, "key %q", key)
+	}
+}
+
+// TestDuplicateInsertWaitingForTheHeadRowLeavesNoHole (L1, L4): a plain INSERT of an
+// event id that another transaction is inserting waits for the head row; when the
+// other commits, the waiting one is skipped as a duplicate and gives its offset back,
+// so the next event takes the next offset. It used to keep the offset, a hole forever.
+func TestDuplicateInsertWaitingForTheHeadRowLeavesNoHole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, nil)
+	for name, onConflict := range map[string]string{"plain": "", "on conflict do nothing": " ON CONFLICT DO NOTHING"} {
+		t.Run(name, func(t *testing.T) {
+			s := testdb.Name("duphole")
+			require.NoError(t, c.CreateStream(ctx, s, 1))
+			ins := `INSERT INTO streamd.events (stream_name, event_id, data) VALUES ($1, $2, '1')` + onConflict
+			tx1, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx1.Rollback(ctx) }()
+			_, err = tx1.Exec(ctx, ins, s, "X")
+			require.NoError(t, err)
+			second := make(chan error, 1)
+			go func() {
+				tag, err := pool.Exec(ctx, ins+" -- the waiter", s, "X")
+				if err == nil && tag.RowsAffected() != 0 {
+					err = fmt.Errorf("the duplicate stored %d rows", tag.RowsAffected())
+				}
+				second <- err
+			}()
+			testdb.WaitForLockWait(t, pool, "-- the waiter")
+			require.NoError(t, tx1.Commit(ctx))
+			require.NoError(t, <-second)
+			_, err = pool.Exec(ctx, ins, s, "Y")
+			require.NoError(t, err)
+
+			res, err := c.Fetch(ctx, s, 0, 0, nil)
+			require.NoError(t, err)
+			var offsets []int64
+			for _, e := range res.Events {
+				offsets = append(offsets, e.Offset)
+			}
+			require.Equal(t, []int64{0, 1}, offsets, "offsets are gapless")
+			require.Equal(t, int64(2), res.HighWatermark)
+		})
 	}
 }

@@ -73,9 +73,12 @@ BEGIN
     -- A duplicate that committed while this waited for the head row (the same id, the
     -- same key, so the same partition): skipped now, before the key's version moves
     -- (it used to move, and the row was then dropped by ON CONFLICT or refused by the
-    -- unique index, leaving the key a version with no event). The offset taken stays a
-    -- hole, as the caveat above says.
+    -- unique index, leaving the key a version with no event). The offset just taken
+    -- is given back: it is the head's last, as this transaction has held the head row
+    -- since taking it (before, it stayed a hole, breaking L1's gapless offsets).
     IF v_named AND EXISTS (SELECT 1 FROM streamd.events e WHERE e.stream_name = NEW.stream_name AND e.event_id = NEW.event_id) THEN
+        UPDATE streamd.stream_partitions h SET next_offset = h.next_offset - 1
+         WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition;
         RETURN NULL;
     END IF;
     -- Per-key versions (issue 9), under the head-row lock just taken. A key_version
