@@ -3,6 +3,7 @@ package streams_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -171,4 +172,71 @@ func TestAppendReserveWithoutItsHeadRow(t *testing.T) {
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, "SELECT * FROM streamd.append_reserve($1, 0, 3, 10)", s)
 	require.ErrorIs(t, sqlerr.Wrap(err), streams.ErrPartitionNotFound)
+}
+
+// TestAppendSQLBatchIsItsLongestArray: streamd.append (and its event-sourcing path)
+// takes the batch's size from all its arrays. Given only partitions and types (two
+// tombstones) it stores two events; an empty event-id array beside two payloads is a
+// length mismatch (SD005) that stores nothing. Both used to return no rows and store
+// nothing, silently: the size came from the first non-NULL of four arrays.
+func TestAppendSQLBatchIsItsLongestArray(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, nil)
+	for _, versioned := range []bool{false, true} {
+		t.Run(fmt.Sprint("versioned=", versioned), func(t *testing.T) {
+			s := testdb.Name("appendn")
+			require.NoError(t, c.CreateStream(ctx, s, 2))
+			if versioned {
+				_, err := pool.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, true, false)", s)
+				require.NoError(t, err)
+			}
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM streamd.append($1, ARRAY[0, 1], NULL,
+				ARRAY['Deleted', 'Deleted'], NULL, NULL, NULL, NULL, NULL, NULL, NULL)`, s).Scan(&n))
+			require.Equal(t, 2, n, "one row per event")
+			_, err := pool.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, '{}', NULL, NULL, ARRAY['1', '2'],
+				NULL, NULL, NULL, NULL, NULL)`, s)
+			require.ErrorIs(t, sqlerr.Wrap(err), streams.ErrInvalidArgument)
+			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.events WHERE stream_name = $1", s).Scan(&n))
+			require.Equal(t, 2, n, "the two tombstones, nothing of the refused batch")
+		})
+	}
+}
+
+// TestAppendRacingDeleteStream: an append that waits for a head row while the stream
+// is being deleted fails with ErrStreamNotFound once the deletion commits, on every
+// append path (streamd.append, its event-sourcing path, a plain INSERT), as
+// delete_stream promises; it used to say the stream had no partition 0.
+func TestAppendRacingDeleteStream(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, nil)
+	for name, appendSQL := range map[string]string{
+		"append":       `SELECT * FROM streamd.append($1, ARRAY[0], NULL, NULL, NULL, ARRAY['1'], NULL, NULL, NULL, NULL, NULL) -- racer`,
+		"event store":  `SELECT * FROM streamd.append($1, ARRAY[0], NULL, NULL, NULL, ARRAY['1'], NULL, NULL, NULL, NULL, NULL) -- racer`,
+		"plain insert": `INSERT INTO streamd.events (stream_name, partition, data) VALUES ($1, 0, '1') -- racer`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := testdb.Name("delrace")
+			require.NoError(t, c.CreateStream(ctx, s, 1))
+			if name == "event store" {
+				_, err := pool.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, true, false)", s)
+				require.NoError(t, err)
+			}
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = tx.Exec(ctx, "SELECT streamd.delete_stream($1)", s)
+			require.NoError(t, err)
+			appended := make(chan error, 1)
+			go func() { _, err := pool.Exec(ctx, appendSQL, s); appended <- err }()
+			testdb.WaitForLockWait(t, pool, "-- racer")
+			require.NoError(t, tx.Commit(ctx))
+			err = sqlerr.Wrap(<-appended)
+			require.ErrorIs(t, err, streams.ErrStreamNotFound)
+		})
+	}
 }

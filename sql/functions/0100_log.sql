@@ -160,7 +160,12 @@ CREATE OR REPLACE FUNCTION streamd.append(
 ) RETURNS TABLE (ord integer, partition integer, "offset" bigint, "timestamp" timestamptz, duplicate boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_n        integer := coalesce(cardinality(p_event_ids), cardinality(p_data), cardinality(p_data_bytes), cardinality(p_keys), 0);
+    -- The longest array is the batch (any may be NULL, e.g. tombstones given only
+    -- partitions and types); append_check_lengths refuses arrays of other lengths.
+    v_n        integer := coalesce(greatest(cardinality(p_partitions), cardinality(p_event_ids), cardinality(p_event_types),
+                                            cardinality(p_keys), cardinality(p_data), cardinality(p_data_bytes),
+                                            cardinality(p_metadata), cardinality(p_correlation_ids),
+                                            cardinality(p_causation_ids), cardinality(p_versions)), 0);
     v_stream   streamd.streams%ROWTYPE;
     v_parts    integer[];
     v_ids      text[];
@@ -211,8 +216,8 @@ BEGIN
                last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
          WHERE h.stream_name = p_stream_name AND h.partition = r.p
         RETURNING h.next_offset - r.cnt, h.last_appended_at INTO v_base, v_ts;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION USING ERRCODE = 'SD002', MESSAGE = format('stream %L has no partition %s', p_stream_name, r.p);
+        IF NOT FOUND THEN -- the stream was deleted while this waited: SD001
+            PERFORM streamd.raise_partition_missing(p_stream_name, r.p);
         END IF;
         v_bp := v_bp || r.p;
         v_bo := v_bo || v_base;

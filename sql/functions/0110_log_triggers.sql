@@ -65,9 +65,8 @@ BEGIN
            last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
      WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition
     RETURNING h.next_offset - 1, h.last_appended_at INTO NEW."offset", NEW."timestamp";
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD002',
-            MESSAGE = format('stream %L has no partition %s', NEW.stream_name, NEW.partition);
+    IF NOT FOUND THEN -- the stream was deleted while this waited: SD001
+        PERFORM streamd.raise_partition_missing(NEW.stream_name, NEW.partition);
     END IF;
     PERFORM streamd.append_recheck_rules(NEW.stream_name, v_stream.key_versions, v_stream.enforce_event_types);
     -- A duplicate that committed while this waited for the head row (the same id, the

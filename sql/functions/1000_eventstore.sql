@@ -53,7 +53,12 @@ CREATE OR REPLACE FUNCTION streamd.append_versioned(
 ) RETURNS TABLE (ord integer, partition integer, "offset" bigint, "timestamp" timestamptz, duplicate boolean, key_version bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_n      integer := coalesce(cardinality(p_event_ids), cardinality(p_data), cardinality(p_data_bytes), cardinality(p_keys), 0);
+    -- The longest array is the batch, as in streamd.append.
+    v_n      integer := coalesce(greatest(cardinality(p_partitions), cardinality(p_event_ids), cardinality(p_event_types),
+                                          cardinality(p_keys), cardinality(p_data), cardinality(p_data_bytes),
+                                          cardinality(p_metadata), cardinality(p_correlation_ids),
+                                          cardinality(p_causation_ids), cardinality(p_versions),
+                                          cardinality(p_expected_versions)), 0);
     v_now    timestamptz := coalesce(p_now, clock_timestamp());
     v_stream streamd.streams%ROWTYPE;
     v_keys   text[];
@@ -225,6 +230,9 @@ BEGIN
                last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
          WHERE h.stream_name = p_stream_name AND h.partition = r.p
         RETURNING h.next_offset - r.cnt, h.last_appended_at INTO v_base, v_ts;
+        IF NOT FOUND THEN -- the stream was deleted while this waited: SD001
+            PERFORM streamd.raise_partition_missing(p_stream_name, r.p);
+        END IF;
         v_bp := v_bp || r.p;
         v_bo := v_bo || v_base;
         v_bt := v_bt || v_ts;
