@@ -2,10 +2,16 @@ package streams_test
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
+	"math/rand/v2"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -122,4 +128,72 @@ func TestOffsetForTime(t *testing.T) {
 	off, err = c.OffsetForTime(ctx, s, 0, time.Time{})
 	require.NoError(t, err)
 	require.Equal(t, int64(0), off)
+}
+
+// rowsTracer records the command tag of each query whose SQL contains match.
+type rowsTracer struct {
+	match string
+	mu    sync.Mutex
+	rows  []int64
+}
+
+func (r *rowsTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, r.match) {
+		return context.WithValue(ctx, r, true)
+	}
+	return ctx
+}
+
+func (r *rowsTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if ctx.Value(r) != nil && d.Err == nil {
+		r.mu.Lock()
+		r.rows = append(r.rows, d.CommandTag.RowsAffected())
+		r.mu.Unlock()
+	}
+}
+
+// TestFetchMaxBytesBoundsWhatTheServerSends: a Fetch of large events stops reading
+// them at MaxBytes in the database, not only in what it returns: with 200 kB events and
+// MaxBytes 300 kB the server sends 2 rows (the second crosses the bound and is cut in
+// Go), not MaxRecords of them (it used to send all 100, 20 MB, to return one). The
+// bound never drops the first event, whatever its size.
+func TestFetchMaxBytesBoundsWhatTheServerSends(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := testdb.Config(t)
+	tr := &rowsTracer{match: "LEFT JOIN LATERAL"}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	c := streams.NewClient(pool, nil)
+	s := testdb.Name("maxbytes")
+	require.NoError(t, c.CreateStream(ctx, s, 1))
+	recs := make([]streams.Record, 100)
+	for i := range recs {
+		// Random hex: PostgreSQL cannot compress it, so the stored size is the size.
+		b := make([]byte, 100_000)
+		for j := range b {
+			b[j] = byte(rand.IntN(256))
+		}
+		recs[i] = streams.Record{Stream: s, Partition: streams.PartitionOf(0),
+			Data: json.RawMessage(`"` + hex.EncodeToString(b) + `"`)}
+	}
+	_, err = c.Produce(ctx, recs...)
+	require.NoError(t, err)
+
+	res, err := c.Fetch(ctx, s, 0, 0, &streams.FetchOpts{MaxBytes: 300_000})
+	require.NoError(t, err)
+	require.Len(t, res.Events, 1)
+	require.Equal(t, int64(1), res.NextOffset)
+	res, err = c.Fetch(ctx, s, 0, 1, &streams.FetchOpts{MaxBytes: 10})
+	require.NoError(t, err)
+	require.Len(t, res.Events, 1, "the first event, whatever its size")
+	res, err = c.Fetch(ctx, s, 0, 2, &streams.FetchOpts{MaxBytes: 1_000_000})
+	require.NoError(t, err)
+	require.Len(t, res.Events, 4)
+
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	require.Equal(t, []int64{2, 1, 5}, tr.rows, "rows the server sent per fetch")
 }
