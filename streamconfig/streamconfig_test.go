@@ -185,3 +185,176 @@ func TestInvalidConfigNamesTheFieldAndWritesNothing(t *testing.T) {
 	require.Equal(t, int64(10), policyCount)
 	require.False(t, errors.Is(err, streamconfig.ErrInvalidConfig))
 }
+
+// policyOf returns stream's max_event_count in retention_policies (-1 when it has no
+// policy) and its retention_config.
+func policyOf(t *testing.T, c *streams.Client, stream string) (int64, string) {
+	t.Helper()
+	var count int64
+	var cfg *string
+	require.NoError(t, c.Pool().QueryRow(context.Background(), `
+		SELECT coalesce((SELECT coalesce(max_event_count, -2) FROM streamd.retention_policies WHERE stream_name = $1), -1),
+		       (SELECT retention_config::text FROM streamd.stream_configurations WHERE stream_name = $1)`, stream).Scan(&count, &cfg))
+	if cfg == nil {
+		return count, ""
+	}
+	return count, *cfg
+}
+
+// An upsert of other columns (ON CONFLICT DO UPDATE SET tags = ...) leaves the policy
+// alone. The policy was written in a BEFORE INSERT trigger, which fires before the
+// conflict check and saw the INSERT's NULL retention_config: it deleted the policy
+// while retention_config still showed it.
+func TestUpsertOfOtherColumnsKeepsThePolicy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, c, name := setup(t)
+	_, err := c.Pool().Exec(ctx, `INSERT INTO streamd.stream_configurations (stream_name, retention_config) VALUES ($1, '{"maxEventCount": 5}')`, name)
+	require.NoError(t, err)
+	_, err = c.Pool().Exec(ctx, `INSERT INTO streamd.stream_configurations (stream_name, tags) VALUES ($1, '{"team": "x"}')
+		ON CONFLICT (stream_name) DO UPDATE SET tags = EXCLUDED.tags`, name)
+	require.NoError(t, err)
+	count, cfg := policyOf(t, c, name)
+	require.Equal(t, int64(5), count, "the policy survives the upsert")
+	require.Contains(t, cfg, `"maxEventCount": 5`)
+
+	// An upsert that does set retention_config writes the policy once, from the row
+	// as stored.
+	_, err = c.Pool().Exec(ctx, `INSERT INTO streamd.stream_configurations (stream_name, retention_config) VALUES ($1, '{"maxEventCount": 2}')
+		ON CONFLICT (stream_name) DO UPDATE SET retention_config = EXCLUDED.retention_config`, name)
+	require.NoError(t, err)
+	count, cfg = policyOf(t, c, name)
+	require.Equal(t, int64(2), count)
+	require.Contains(t, cfg, `"maxEventCount": 2`)
+}
+
+// INSERT ... ON CONFLICT DO NOTHING on a stream that has a configuration changes
+// nothing. The BEFORE INSERT trigger rewrote the policy to the refused row's values
+// (1) while retention_config kept showing 5.
+func TestInsertOnConflictDoNothingLeavesThePolicy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, c, name := setup(t)
+	_, err := c.Pool().Exec(ctx, `INSERT INTO streamd.stream_configurations (stream_name, retention_config) VALUES ($1, '{"maxEventCount": 5}')`, name)
+	require.NoError(t, err)
+	tag, err := c.Pool().Exec(ctx, `INSERT INTO streamd.stream_configurations (stream_name, retention_config) VALUES ($1, '{"maxEventCount": 1}')
+		ON CONFLICT DO NOTHING`, name)
+	require.NoError(t, err)
+	require.Zero(t, tag.RowsAffected())
+	count, cfg := policyOf(t, c, name)
+	require.Equal(t, int64(5), count, "the policy is what the stored configuration says")
+	require.Contains(t, cfg, `"maxEventCount": 5`)
+
+	// Same for a configuration that has no retention section yet.
+	other := testdb.Name("cfg")
+	require.NoError(t, c.CreateStream(ctx, other, 1))
+	_, err = c.Pool().Exec(ctx, `INSERT INTO streamd.stream_configurations (stream_name, tags) VALUES ($1, '{"a": "b"}')`, other)
+	require.NoError(t, err)
+	_, err = c.Pool().Exec(ctx, `INSERT INTO streamd.stream_configurations (stream_name, retention_config) VALUES ($1, '{"maxEventCount": 1}')
+		ON CONFLICT DO NOTHING`, other)
+	require.NoError(t, err)
+	count, cfg = policyOf(t, c, other)
+	require.Equal(t, int64(-1), count, "no policy")
+	require.Empty(t, cfg)
+}
+
+// sqlSetRetention writes retention_config from SQL and returns the mapped error.
+func sqlSetRetention(c *streams.Client, stream, js string) error {
+	_, err := c.Pool().Exec(context.Background(), `UPDATE streamd.stream_configurations SET retention_config = $2::jsonb WHERE stream_name = $1`, stream, js)
+	return sqlerr.Wrap(err)
+}
+
+// Numbers out of range in retention_config written from SQL are SD301
+// (ErrInvalidConfig) naming the key, and nothing is written. They failed with
+// PostgreSQL's 22003 (bigint out of range), untyped. An integral 5.0 is 5, as it is
+// for a number of seconds in Go: it failed with 22P02, which read as
+// streams.ErrInvalidJSON.
+func TestSQLRetentionConfigOutOfRangeNamesTheKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, c, name := setup(t)
+	count := int64(10)
+	require.NoError(t, s.Set(ctx, name, &streamconfig.Config{Retention: &streamconfig.Retention{MaxEventCount: &count}}))
+
+	for _, tc := range []struct{ key, js string }{
+		{"maxAge", `{"maxAge": 1e30}`},
+		{"maxAge", `{"maxAge": "99999999999999999999h"}`},
+		{"maxAge", `{"maxAge": "99999999999999999999.00:00:00"}`},
+		{"maxAge", `{"maxAge": 2147483648}`},
+		{"tombstoneRetention", `{"tombstoneRetention": "99999999999999999999.00:00:00"}`},
+		{"tombstoneRetention", `{"tombstoneRetention": 1e30}`},
+		{"tombstoneRetention", `{"tombstoneRetention": "99999999999999999999h"}`},
+		{"maxEventCount", `{"maxEventCount": 1e30}`},
+		{"maxSizeBytes", `{"maxSizeBytes": 1e30}`},
+	} {
+		err := sqlSetRetention(c, name, tc.js)
+		require.ErrorIs(t, err, streamconfig.ErrInvalidConfig, tc.js)
+		require.ErrorContains(t, err, "retention_config."+tc.key, tc.js)
+	}
+	got, err := s.Get(ctx, name)
+	require.NoError(t, err)
+	require.Equal(t, int64(10), *got.Retention.MaxEventCount, "nothing written")
+	n, _ := policyOf(t, c, name)
+	require.Equal(t, int64(10), n, "nothing written")
+
+	require.NoError(t, sqlSetRetention(c, name, `{"maxEventCount": 5.0, "maxSizeBytes": 100.0, "maxAge": 3600.0}`))
+	got, err = s.Get(ctx, name)
+	require.NoError(t, err, "stored in the canonical form, which Go reads")
+	require.Equal(t, int64(5), *got.Retention.MaxEventCount)
+	require.Equal(t, int64(100), *got.Retention.MaxSizeBytes)
+	require.Equal(t, time.Hour, time.Duration(*got.Retention.MaxAge))
+	n, _ = policyOf(t, c, name)
+	require.Equal(t, int64(5), n)
+}
+
+// A duration with a fraction of a second in retention_config written from SQL is
+// refused (SD301 naming the key), as Go's Validate refuses it; it was cut off, and a
+// "500ms" tombstoneRetention was stored as "00:00:00". A zero tombstoneRetention
+// (drop tombstones at the next pass) is accepted by both.
+func TestSQLRetentionConfigRefusesFractionsOfASecond(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, c, name := setup(t)
+	count := int64(10)
+	require.NoError(t, s.Set(ctx, name, &streamconfig.Config{Retention: &streamconfig.Retention{MaxEventCount: &count}}))
+
+	for _, tc := range []struct{ key, js string }{
+		{"tombstoneRetention", `{"tombstoneRetention": "500ms"}`},
+		{"tombstoneRetention", `{"tombstoneRetention": "00:00:00.5"}`},
+		{"tombstoneRetention", `{"tombstoneRetention": 0.5}`},
+		{"maxAge", `{"maxAge": "1h0.5s"}`},
+		{"maxAge", `{"maxAge": "1.02:03:04.5"}`},
+		{"maxAge", `{"maxAge": "1500ms"}`},
+		{"maxAge", `{"maxAge": 1.5}`},
+	} {
+		err := sqlSetRetention(c, name, tc.js)
+		require.ErrorIs(t, err, streamconfig.ErrInvalidConfig, tc.js)
+		require.ErrorContains(t, err, "retention_config."+tc.key+": ", tc.js)
+		require.ErrorContains(t, err, "must be a whole number of seconds", tc.js)
+
+		// Go refuses the same JSON the same way.
+		var r streamconfig.Retention
+		require.NoError(t, json.Unmarshal([]byte(tc.js), &r), tc.js)
+		var fe *streamconfig.FieldError
+		require.ErrorAs(t, (&streamconfig.Config{Retention: &r}).Validate(), &fe, tc.js)
+		require.Equal(t, "retention_config."+tc.key, fe.Field, tc.js)
+	}
+	n, cfg := policyOf(t, c, name)
+	require.Equal(t, int64(10), n, "nothing written")
+	require.Contains(t, cfg, `"maxEventCount": 10`)
+
+	// Whole seconds written with a fraction part are whole seconds.
+	require.NoError(t, sqlSetRetention(c, name, `{"maxAge": "1000ms", "tombstoneRetention": "00:00:02.000"}`))
+	got, err := s.Get(ctx, name)
+	require.NoError(t, err)
+	require.Equal(t, time.Second, time.Duration(*got.Retention.MaxAge))
+	require.Equal(t, 2*time.Second, time.Duration(*got.Retention.TombstoneRetention))
+
+	// Zero tombstone retention: accepted from SQL and from Go.
+	require.NoError(t, sqlSetRetention(c, name, `{"tombstoneRetention": "00:00:00"}`))
+	var tomb int32
+	require.NoError(t, c.Pool().QueryRow(ctx, `SELECT tombstone_retention_seconds FROM streamd.retention_policies WHERE stream_name = $1`, name).Scan(&tomb))
+	require.Zero(t, tomb)
+	zero := streamconfig.Duration(0)
+	require.NoError(t, s.Set(ctx, name, &streamconfig.Config{Retention: &streamconfig.Retention{TombstoneRetention: &zero}}))
+}

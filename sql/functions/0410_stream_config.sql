@@ -9,14 +9,20 @@
 -- retention_config keys (camelCase, as in the seed; unknown keys are refused, SD301):
 --   enabled             boolean, default true
 --   maxAge              duration: .NET TimeSpan "d.hh:mm:ss[.fffffff]" or "hh:mm:ss",
---                       a Go duration "2160h30m", or a number of seconds
---   maxEventCount       integer >= 0, per partition
+--                       a Go duration "2160h30m", or a number of seconds; whole
+--                       seconds (a fraction is refused, as in Go), 1s to 68 years
+--   maxEventCount       integer >= 0, per partition (an integral 5.0 is 5)
 --   maxSizeBytes        integer >= 0, per partition (stored payload bytes)
 --   cleanupPolicy       "delete" (default), "compact" or "compact,delete"
---   tombstoneRetention  duration, default "1.00:00:00"
+--   tombstoneRetention  duration, whole seconds, 0 to 68 years, default "1.00:00:00"
 --   protectConsumers    boolean, default false
 
 -- Seconds in a duration given as JSON (see above). p_field names the value in errors.
+-- Durations are whole seconds, as Go's streamconfig.Validate requires: a fraction is
+-- refused (SD301), not cut off (a "500ms" tombstoneRetention was stored as 0). The sum
+-- is kept in numeric and range-checked before the cast, so a huge value is SD301 naming
+-- the field, not "bigint out of range". Every caller stores integer seconds, so the
+-- range is that of integer (about 68 years).
 CREATE OR REPLACE FUNCTION streamd.config_duration_seconds(p_field text, p_value jsonb) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -28,37 +34,46 @@ BEGIN
         RETURN NULL;
     END IF;
     IF jsonb_typeof(p_value) = 'number' THEN
-        IF p_value::numeric < 0 OR p_value::numeric <> trunc(p_value::numeric) THEN
+        v_total := p_value::numeric;
+        IF v_total < 0 THEN
             RAISE EXCEPTION USING ERRCODE = 'SD301',
-                MESSAGE = format('%s: %s is not a whole, non-negative number of seconds', p_field, p_value);
+                MESSAGE = format('%s: %s must not be negative', p_field, p_value);
         END IF;
-        RETURN p_value::numeric::bigint;
-    END IF;
-    IF jsonb_typeof(p_value) <> 'string' THEN
+    ELSIF jsonb_typeof(p_value) <> 'string' THEN
         RAISE EXCEPTION USING ERRCODE = 'SD301',
             MESSAGE = format('%s: %s is not a duration (use "d.hh:mm:ss", a Go duration such as "720h", or seconds)', p_field, p_value);
-    END IF;
-    v_text := p_value #>> '{}';
-    -- .NET TimeSpan, constant format: [d.]hh:mm:ss[.fffffff]
-    m := regexp_match(v_text, '^(?:([0-9]+)\.)?([0-9]{1,2}):([0-9]{1,2}):([0-9]{1,2})(?:\.([0-9]{1,7}))?$');
-    IF m IS NOT NULL THEN
-        IF m[2]::integer > 23 OR m[3]::integer > 59 OR m[4]::integer > 59 THEN
+    ELSE
+        v_text := p_value #>> '{}';
+        -- .NET TimeSpan, constant format: [d.]hh:mm:ss[.fffffff]
+        m := regexp_match(v_text, '^(?:([0-9]+)\.)?([0-9]{1,2}):([0-9]{1,2}):([0-9]{1,2})(?:\.([0-9]{1,7}))?$');
+        IF m IS NOT NULL THEN
+            IF m[2]::integer > 23 OR m[3]::integer > 59 OR m[4]::integer > 59 THEN
+                RAISE EXCEPTION USING ERRCODE = 'SD301',
+                    MESSAGE = format('%s: %L has hours over 23 or minutes or seconds over 59', p_field, v_text);
+            END IF;
+            v_total := coalesce(m[1]::numeric, 0) * 86400 + m[2]::numeric * 3600 + m[3]::numeric * 60 + m[4]::numeric
+                       + coalesce(('0.' || m[5])::numeric, 0);
+        -- Go duration: a sequence of decimal numbers with units.
+        ELSIF v_text ~ '^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$' THEN
+            FOR m IN SELECT regexp_matches(v_text, '([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)', 'g') LOOP
+                v_total := v_total + m[1]::numeric * CASE m[2]
+                    WHEN 'h' THEN 3600 WHEN 'm' THEN 60 WHEN 's' THEN 1 WHEN 'ms' THEN 0.001
+                    WHEN 'us' THEN 0.000001 WHEN 'µs' THEN 0.000001 ELSE 0.000000001 END;
+            END LOOP;
+        ELSE
             RAISE EXCEPTION USING ERRCODE = 'SD301',
-                MESSAGE = format('%s: %L has hours over 23 or minutes or seconds over 59', p_field, v_text);
+                MESSAGE = format('%s: %L is not a duration (use "d.hh:mm:ss", a Go duration such as "720h", or seconds)', p_field, v_text);
         END IF;
-        RETURN coalesce(m[1]::bigint, 0) * 86400 + m[2]::bigint * 3600 + m[3]::bigint * 60 + m[4]::bigint;
     END IF;
-    -- Go duration: a sequence of decimal numbers with units.
-    IF v_text ~ '^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$' THEN
-        FOR m IN SELECT regexp_matches(v_text, '([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)', 'g') LOOP
-            v_total := v_total + m[1]::numeric * CASE m[2]
-                WHEN 'h' THEN 3600 WHEN 'm' THEN 60 WHEN 's' THEN 1 WHEN 'ms' THEN 0.001
-                WHEN 'us' THEN 0.000001 WHEN 'µs' THEN 0.000001 ELSE 0.000000001 END;
-        END LOOP;
-        RETURN floor(v_total)::bigint;
+    IF v_total <> trunc(v_total) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD301',
+            MESSAGE = format('%s: %s must be a whole number of seconds', p_field, p_value);
     END IF;
-    RAISE EXCEPTION USING ERRCODE = 'SD301',
-        MESSAGE = format('%s: %L is not a duration (use "d.hh:mm:ss", a Go duration such as "720h", or seconds)', p_field, v_text);
+    IF v_total > 2147483647 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD301',
+            MESSAGE = format('%s: %s is over 68 years', p_field, p_value);
+    END IF;
+    RETURN v_total::bigint;
 END;
 $$;
 
@@ -125,7 +140,8 @@ BEGIN
     p.stream_name := p_stream_name;
     p.enabled := coalesce((p_config ->> 'enabled')::boolean, true);
     p.max_age_seconds := v_age;
-    p.max_event_count := (p_config ->> 'maxEventCount')::integer;
+    -- Through numeric: an integral 5.0 is 5 (checked above), and is stored as 5.
+    p.max_event_count := (p_config ->> 'maxEventCount')::numeric::integer;
     p.max_size_bytes := (p_config ->> 'maxSizeBytes')::numeric::bigint;
     p.cleanup_policy := coalesce(p_config ->> 'cleanupPolicy', 'delete');
     p.tombstone_retention_seconds := coalesce(v_tomb, 86400);
@@ -148,12 +164,14 @@ LANGUAGE sql IMMUTABLE AS $$
         'protectConsumers', p.protect_consumers))
 $$;
 
--- stream_configurations: validates retention_config, mirrors it into
--- retention_policies, and stores it in canonical form.
+-- stream_configurations, before the write: validates retention_config and stores it
+-- in canonical form. It writes nothing else: PostgreSQL fires BEFORE INSERT row
+-- triggers before the ON CONFLICT check, so a policy written here would be written
+-- for an INSERT that then does nothing (ON CONFLICT DO NOTHING) or becomes an UPDATE
+-- of other columns (ON CONFLICT DO UPDATE SET tags = ...). The policy is mirrored by
+-- stream_configurations_after_write, which fires only for the action taken.
 CREATE OR REPLACE FUNCTION streamd.stream_configurations_before_write() RETURNS trigger
 LANGUAGE plpgsql AS $$
-DECLARE
-    p streamd.retention_policies;
 BEGIN
     IF TG_OP = 'UPDATE' THEN
         NEW.updated_at := now();
@@ -166,6 +184,27 @@ BEGIN
     END IF;
     IF TG_OP = 'UPDATE' AND NEW.retention_config IS NOT DISTINCT FROM OLD.retention_config THEN
         RETURN NEW;
+    END IF;
+    IF NEW.retention_config IS NOT NULL THEN
+        NEW.retention_config := streamd.retention_config_json(
+            streamd.retention_policy_from_config(NEW.stream_name, NEW.retention_config));
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+-- stream_configurations, after the write: mirrors the row's retention_config (valid
+-- and canonical by now) into retention_policies, in the same statement.
+CREATE OR REPLACE FUNCTION streamd.stream_configurations_after_write() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    p streamd.retention_policies;
+BEGIN
+    IF current_setting('streamd.retention_sync', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.retention_config IS NOT DISTINCT FROM OLD.retention_config THEN
+        RETURN NULL;
     END IF;
     PERFORM set_config('streamd.retention_sync', 'on', true);
     IF NEW.retention_config IS NULL THEN
@@ -181,10 +220,9 @@ BEGIN
                enabled = EXCLUDED.enabled, max_size_bytes = EXCLUDED.max_size_bytes,
                cleanup_policy = EXCLUDED.cleanup_policy, tombstone_retention_seconds = EXCLUDED.tombstone_retention_seconds,
                protect_consumers = EXCLUDED.protect_consumers, updated_at = now();
-        NEW.retention_config := streamd.retention_config_json(p);
     END IF;
     PERFORM set_config('streamd.retention_sync', 'off', true);
-    RETURN NEW;
+    RETURN NULL;
 END;
 $$;
 
@@ -233,6 +271,10 @@ $$;
 CREATE OR REPLACE TRIGGER stream_configurations_sync
     BEFORE INSERT OR UPDATE ON streamd.stream_configurations
     FOR EACH ROW EXECUTE FUNCTION streamd.stream_configurations_before_write();
+
+CREATE OR REPLACE TRIGGER stream_configurations_sync_write
+    AFTER INSERT OR UPDATE ON streamd.stream_configurations
+    FOR EACH ROW EXECUTE FUNCTION streamd.stream_configurations_after_write();
 
 CREATE OR REPLACE TRIGGER stream_configurations_sync_delete
     AFTER DELETE ON streamd.stream_configurations
