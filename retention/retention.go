@@ -150,7 +150,9 @@ func (s *StreamResult) Compacted() int64 {
 // never waits for or blocks anyone). Each partition's log start moves in its own short
 // transaction, then the rows below it go in transactions of at most BatchSize rows;
 // compaction is one statement per partition. Returns what was deleted per partition;
-// a dry run at the same Now reports the same counts.
+// a dry run at the same Now reports the same counts. A run that fails part way returns
+// its error with the result so far (the rows it deleted before the failure), or nil
+// when it failed before deleting anything.
 func (r *Runner) Apply(ctx context.Context, stream string, opts *ApplyOpts) (*StreamResult, error) {
 	var o ApplyOpts
 	if opts != nil {
@@ -191,7 +193,12 @@ func (r *Runner) Apply(ctx context.Context, stream string, opts *ApplyOpts) (*St
 
 	res, err := r.apply(ctx, conn.Conn(), stream, now, o.Force)
 	if err != nil {
-		r.metrics.pass("error", time.Since(start).Seconds(), 0, 0)
+		// The rows deleted before the failure are gone (each batch committed): count them.
+		var deleted, compacted int64
+		if res != nil {
+			deleted, compacted = res.Deleted(), res.Compacted()
+		}
+		r.metrics.pass("error", time.Since(start).Seconds(), deleted, compacted)
 		return res, fmt.Errorf("retention of %s: %w", stream, err)
 	}
 	r.metrics.pass("ok", time.Since(start).Seconds(), res.Deleted(), res.Compacted())
@@ -243,16 +250,23 @@ func (r *Runner) apply(ctx context.Context, conn *pgx.Conn, stream string, now *
 		stream).Scan(&tombstoneSeconds); err != nil {
 		return nil, sqlerr.Wrap(err)
 	}
+	// res says what was done, not what was planned: a failure part way returns it with
+	// the rows deleted so far, and the partitions not reached unchanged.
+	plans := make([]PartitionResult, len(res.Partitions))
+	copy(plans, res.Partitions)
 	for i := range res.Partitions {
 		p := &res.Partitions[i]
-		planned := *p
-		p.Deleted, p.Compacted = 0, 0
+		p.Deleted, p.Compacted, p.NewLogStartOffset = 0, 0, p.LogStartOffset
+	}
+	for i := range res.Partitions {
+		p, planned := &res.Partitions[i], plans[i]
 		if planned.Deleted > 0 || planned.NewLogStartOffset > planned.LogStartOffset {
 			// Readers stop at the new log start as soon as this commits; the rows below
 			// it then go in small transactions that lock no head row.
-			if _, err := conn.Exec(ctx, "SELECT streamd.retention_advance($1, $2, $3)", stream, p.Partition, p.NewLogStartOffset); err != nil {
+			if _, err := conn.Exec(ctx, "SELECT streamd.retention_advance($1, $2, $3)", stream, p.Partition, planned.NewLogStartOffset); err != nil {
 				return res, sqlerr.Wrap(err)
 			}
+			p.NewLogStartOffset = planned.NewLogStartOffset
 			for {
 				var n int64
 				if err := conn.QueryRow(ctx, "SELECT streamd.retention_delete_batch($1, $2, $3)",
@@ -267,7 +281,7 @@ func (r *Runner) apply(ctx context.Context, conn *pgx.Conn, stream string, now *
 		}
 		if planned.Compacted > 0 {
 			if err := conn.QueryRow(ctx, "SELECT streamd.compact_partition($1, $2, $3, $4, $5, false)",
-				stream, p.Partition, p.NewLogStartOffset, tombstoneSeconds, now).Scan(&p.Compacted); err != nil {
+				stream, p.Partition, planned.NewLogStartOffset, tombstoneSeconds, now).Scan(&p.Compacted); err != nil {
 				return res, sqlerr.Wrap(err)
 			}
 		}

@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -374,4 +378,90 @@ func TestRunOnceCutShortReportsIt(t *testing.T) {
 	results, err := r.RunOnce(ctx)
 	require.ErrorIs(t, err, context.Canceled, "the pass was cut short after %d streams", len(results))
 	require.Len(t, results, 1)
+}
+
+// failOn is a query tracer that fails the first query whose SQL contains sql and
+// whose second argument is arg, by handing pgx an already cancelled context for it.
+type failOn struct {
+	sql string
+	arg any
+}
+
+func (f failOn) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, f.sql) && len(data.Args) > 1 && data.Args[1] == f.arg {
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		return cctx
+	}
+	return ctx
+}
+
+func (failOn) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// metricValue is the value of the counter name{label=value} in reg (0 when absent).
+func metricValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// A pass that fails part way counts the rows it deleted before the failure (they are
+// gone: each batch committed), in the metrics and in the result it returns; the
+// partitions it did not reach show nothing deleted and their log start unmoved. The
+// metric recorded 0, and the result showed the planned counts of the partitions not
+// reached.
+func TestFailedPassCountsWhatItDeleted(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 3)
+	for p := int32(0); p < 3; p++ {
+		f.produce(p, 20)
+	}
+	f.policy("max_event_count = 5")
+
+	cfg := testdb.Config(t)
+	cfg.ConnConfig.Tracer = failOn{sql: "retention_advance", arg: int32(1)} // partition 1
+	pool, err := pgxpool.NewWithConfig(f.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	reg := prometheus.NewRegistry()
+	r, err := retention.New(pool, &retention.Config{BatchSize: 7, Registerer: reg})
+	require.NoError(t, err)
+
+	res, err := r.Apply(f.ctx, f.stream, nil)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, seq(15, 20), f.stored(0), "partition 0 was done")
+	require.Equal(t, seq(0, 20), f.stored(1), "partition 1 failed")
+	require.Equal(t, seq(0, 20), f.stored(2), "partition 2 was not reached")
+
+	require.Equal(t, 1.0, metricValue(t, reg, "streamd_retention_passes_total", "result", "error"))
+	require.Equal(t, 15.0, metricValue(t, reg, "streamd_retention_deleted_events_total", "kind", "delete"))
+
+	require.NotNil(t, res)
+	require.Equal(t, int64(15), res.Deleted())
+	require.Equal(t, int64(15), res.Partitions[0].Deleted)
+	require.Equal(t, int64(15), res.Partitions[0].NewLogStartOffset)
+	for _, p := range res.Partitions[1:] {
+		require.Equal(t, int64(0), p.Deleted, "partition %d: nothing deleted", p.Partition)
+		require.Equal(t, int64(0), p.NewLogStartOffset, "partition %d: log start unmoved", p.Partition)
+	}
+
+	// The next pass finishes the job and counts only what it deletes.
+	res, err = f.runner.Apply(f.ctx, f.stream, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(30), res.Deleted())
+	require.Equal(t, seq(15, 20), f.stored(1))
+	require.Equal(t, seq(15, 20), f.stored(2))
 }
