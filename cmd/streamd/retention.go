@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -34,7 +36,9 @@ func newRetentionCmd(g *globals) *cobra.Command {
 (by age, count or size) in bounded batches, and compacts streams whose cleanup policy
 says so. With --dry-run, reports per partition what would be deleted and deletes
 nothing. --force ignores protectConsumers. A stream another streamd instance is
-processing is reported as busy.`,
+processing is reported as busy and skipped, and the other streams are still applied.
+A stream that fails otherwise is reported with its error (and what was deleted before
+it), the others are still applied, and the command then exits with an error.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requirePositive(cmd, "batch-size"); err != nil {
@@ -50,31 +54,35 @@ processing is reported as busy.`,
 			if err != nil {
 				return err
 			}
-			if len(names) == 0 {
+			todo, listed := names, len(names) == 0
+			if listed {
 				rows, err := pool.Query(ctx, `SELECT stream_name FROM streamd.retention_policies WHERE enabled ORDER BY stream_name`)
 				if err != nil {
 					return fmt.Errorf("list retention policies: %w", err)
 				}
-				if names, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+				if todo, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
 					return fmt.Errorf("list retention policies: %w", err)
 				}
 			}
-			results := []*retention.StreamResult{}
-			for _, name := range names {
-				res, err := r.Apply(ctx, name, &retention.ApplyOpts{DryRun: dryRun, Force: force})
-				if err != nil {
-					return err
-				}
-				results = append(results, res)
-			}
-			return g.print(cmd.OutOrStdout(), results, func(tw *tabwriter.Writer) {
+			results, err := applyRetention(ctx, r, todo, listed, &retention.ApplyOpts{DryRun: dryRun, Force: force})
+			if perr := g.print(cmd.OutOrStdout(), results, func(tw *tabwriter.Writer) {
 				row(tw, "STREAM", "PARTITION", "LOG START", "NEW LOG START", "LOG END", "DELETED", "COMPACTED", "LIMITED BY")
 				for _, s := range results {
+					// The error itself is the command's error, printed after the table.
+					switch {
+					case s.Busy:
+						row(tw, s.Stream, "busy", "", "", "", "", "", "")
+					case s.Error != "":
+						row(tw, s.Stream, "failed", "", "", "", "", "", "")
+					}
 					for _, p := range s.Partitions {
 						row(tw, s.Stream, p.Partition, p.LogStartOffset, p.NewLogStartOffset, p.NextOffset, p.Deleted, p.Compacted, p.LimitedBy)
 					}
 				}
-			})
+			}); perr != nil {
+				return errors.Join(err, perr)
+			}
+			return err
 		},
 	}
 	apply.Flags().BoolVar(&dryRun, "dry-run", false, "report what would be deleted; delete nothing")
@@ -83,6 +91,48 @@ processing is reported as busy.`,
 	apply.Flags().IntVar(&batch, "batch-size", 10000, "most rows deleted per transaction")
 	cmd.AddCommand(apply)
 	return cmd
+}
+
+// appliedStream is one stream's line of `retention apply`: what was done, or that the
+// stream was busy (another runner had it) or failed (with what was deleted before).
+type appliedStream struct {
+	retention.StreamResult
+	Busy  bool   `json:"busy,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// applyRetention applies retention to each stream in turn. A busy stream is reported
+// and skipped; a stream that fails is reported and the others still run, and the
+// failures are returned joined. A stream whose policy went away after it was listed
+// (listed) is skipped. It stops early only when ctx ends.
+func applyRetention(ctx context.Context, r *retention.Runner, names []string, listed bool, opts *retention.ApplyOpts) ([]appliedStream, error) {
+	out := []appliedStream{}
+	var errs []error
+	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			return out, errors.Join(append(errs, fmt.Errorf("retention apply: stopped before %s: %w", name, err))...)
+		}
+		res, err := r.Apply(ctx, name, opts)
+		a := appliedStream{StreamResult: retention.StreamResult{Stream: name, DryRun: opts.DryRun, Partitions: []retention.PartitionResult{}}}
+		if res != nil {
+			a.StreamResult = *res
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, retention.ErrBusy):
+			a.Busy = true
+		case listed && errors.Is(err, retention.ErrNoPolicy):
+			continue // deleted since listed
+		default:
+			a.Error = err.Error()
+			errs = append(errs, err)
+		}
+		out = append(out, a)
+	}
+	if len(errs) > 0 {
+		return out, fmt.Errorf("retention apply: %d of %d streams failed: %w", len(errs), len(names), errors.Join(errs...))
+	}
+	return out, nil
 }
 
 // newStreamConfigCmd is `streamd stream config get|set`, wired under `stream`.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
@@ -79,4 +80,71 @@ func TestCLIRetentionAndStreamConfig(t *testing.T) {
 	require.Equal(t, int64(6), real[0].Deleted())
 	_, err = c.Fetch(ctx, name, 0, 5, nil)
 	require.ErrorIs(t, err, streams.ErrOffsetOutOfRange)
+}
+
+// `retention apply` reports a stream another runner holds as busy and goes on with the
+// others; a stream that fails for another reason is reported, the others still run,
+// and the command exits with an error naming it. It returned at the first error,
+// busy included, printing nothing.
+func TestCLIRetentionApplyReportsBusyAndGoesOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, nil)
+	busy, free := testdb.Name("cli-ret-busy"), testdb.Name("cli-ret-free")
+	for _, name := range []string{busy, free} {
+		require.NoError(t, c.CreateStream(ctx, name, 1))
+		recs := make([]streams.Record, 10)
+		for i := range recs {
+			recs[i] = streams.Record{Stream: name, Data: json.RawMessage(`{}`)}
+		}
+		_, err := c.Produce(ctx, recs...)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO streamd.retention_policies (stream_name, max_event_count) VALUES ($1, 4)`, name)
+		require.NoError(t, err)
+	}
+	// Another runner holds the first stream (the runner's advisory lock).
+	other, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer other.Release()
+	_, err = other.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", int32(0x53445233), busy)
+	require.NoError(t, err)
+
+	type line struct {
+		retention.StreamResult
+		Busy  bool   `json:"busy"`
+		Error string `json:"error"`
+	}
+	decode := func(out string) []line {
+		t.Helper()
+		var lines []line
+		// The first JSON value; an error message may follow it.
+		require.NoError(t, json.NewDecoder(strings.NewReader(out)).Decode(&lines), out)
+		return lines
+	}
+
+	out, err := runSub(t, newRetentionCmd, "apply", "--stream", busy, "--stream", free)
+	require.NoError(t, err, "a busy stream is reported, not a failure: %s", out)
+	lines := decode(out)
+	require.Len(t, lines, 2, out)
+	require.Equal(t, busy, lines[0].Stream)
+	require.True(t, lines[0].Busy, out)
+	require.Equal(t, free, lines[1].Stream)
+	require.False(t, lines[1].Busy)
+	require.Equal(t, int64(6), lines[1].Deleted(), "the stream after the busy one is applied")
+	_, err = c.Fetch(ctx, busy, 0, 0, nil)
+	require.NoError(t, err, "the busy stream was left alone")
+
+	_, err = other.Exec(ctx, "SELECT pg_advisory_unlock($1, hashtext($2))", int32(0x53445233), busy)
+	require.NoError(t, err)
+	missing := "no-such-" + busy
+	out, err = runSub(t, newRetentionCmd, "apply", "--stream", missing, "--stream", busy)
+	require.ErrorIs(t, err, streams.ErrStreamNotFound, out)
+	require.ErrorContains(t, err, missing)
+	lines = decode(out)
+	require.Len(t, lines, 2, out)
+	require.Equal(t, missing, lines[0].Stream)
+	require.NotEmpty(t, lines[0].Error)
+	require.Equal(t, busy, lines[1].Stream)
+	require.Equal(t, int64(6), lines[1].Deleted(), "the stream after the failed one is applied")
 }
