@@ -37,7 +37,10 @@ type ProducerConfig struct {
 	// Defaults to 4.
 	MaxInFlight int
 	// MetadataMaxAge is how long a stream's partition count and payload limit are
-	// cached. Defaults to 30s.
+	// cached. Past it, one Produce call to the stream reads them again while the others
+	// go on with the cached copy. A record that the cached copy refuses (a partition
+	// the stream did not have, a payload over its limit) makes the producer read them
+	// again first, at most once a second per stream. Defaults to 30s.
 	MetadataMaxAge time.Duration
 	// Registerer registers the producer's metrics. Defaults to nil: no metrics.
 	Registerer prometheus.Registerer
@@ -121,8 +124,12 @@ type Producer struct {
 	epoch      uint64
 	unfinished map[uint64]int // per epoch: records enqueued and not yet done
 
+	// metaMu guards meta and its entries. It is never held across I/O: a stream's
+	// metadata is loaded by one caller at a time outside the lock (metaEntry.loading),
+	// so that Produce calls to other streams, or to this one while a cached copy
+	// exists, do not wait for the load.
 	metaMu sync.Mutex
-	meta   map[string]*streamMeta
+	meta   map[string]*metaEntry
 }
 
 type partKey struct {
@@ -145,12 +152,29 @@ type pendingRecord struct {
 	epoch uint64 // Producer.epoch when enqueued
 }
 
+// streamMeta is a stream's metadata as read at fetchedAt. It is never modified once
+// loaded: a refresh replaces it.
 type streamMeta struct {
 	partitions      int32
 	maxPayloadBytes int32
 	fetchedAt       time.Time
-	sticky          int32 // partition for keyless records
-	stickyLeft      int   // records left before the sticky partition rotates
+}
+
+// metaEntry is what the producer knows of one stream. Guarded by Producer.metaMu.
+type metaEntry struct {
+	meta       *streamMeta // nil until the first load succeeds
+	loading    *metaLoad   // the load running now, if any
+	sticky     int32       // partition for keyless records
+	stickyLeft int         // records left before the sticky partition rotates
+}
+
+// metaLoad is one load of a stream's metadata, run by the caller that started it;
+// other callers that need it wait for done or their ctx.
+type metaLoad struct {
+	done chan struct{} // closed when the load ended; meta, err and cut are set before
+	meta *streamMeta
+	err  error
+	cut  bool // the loader's ctx ended: its error says nothing about the stream
 }
 
 // NewProducer returns a Producer appending through pool.
@@ -173,7 +197,7 @@ func NewProducer(pool *pgxpool.Pool, cfg *ProducerConfig) (*Producer, error) {
 		ctx:         ctx,
 		cancel:      cancel,
 		parts:       map[partKey]*partQueue{},
-		meta:        map[string]*streamMeta{},
+		meta:        map[string]*metaEntry{},
 		unfinished:  map[uint64]int{},
 	}
 	p.idle = sync.NewCond(&p.mu)
@@ -203,18 +227,22 @@ func (p *Producer) Produce(ctx context.Context, rec Record) (Position, error) {
 
 // ProduceAsync enqueues rec and returns; done is called exactly once, from a producer
 // goroutine, with the record's position after its batch committed, or with the error.
-// done must not block for long: it delays the partition's next batch. It must not call
-// the Producer (Produce, Flush, Close): they wait for batches that wait for done. ProduceAsync
-// blocks only while the buffer is full (MaxBufferedRecords) or while it loads the
-// stream's metadata.
+// done is never called from inside ProduceAsync, not even for an error found before
+// rec was enqueued (bad input, an unknown stream, ctx ended, the producer closed), so
+// the caller may hold a lock that done takes. done must not block for long: it delays
+// the partition's next batch. It must not call the Producer (Produce, Flush, Close):
+// they wait for batches that wait for done. ProduceAsync blocks only while the buffer
+// is full (MaxBufferedRecords) or while the stream's metadata is loaded (when none is
+// cached, or to check a partition or payload size that the cached copy refuses), and
+// returns when ctx ends.
 func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Position, error)) {
 	if err := validateRecord(&rec); err != nil {
-		done(Position{}, err)
+		failAsync(done, err)
 		return
 	}
 	partition, err := p.route(ctx, &rec)
 	if err != nil {
-		done(Position{}, err)
+		failAsync(done, err)
 		return
 	}
 	if rec.EventID == "" {
@@ -224,7 +252,7 @@ func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Posit
 	select {
 	case p.bufSem <- struct{}{}:
 	case <-ctx.Done():
-		done(Position{}, ctx.Err())
+		failAsync(done, ctx.Err())
 		return
 	}
 	pr := &pendingRecord{rec: rec, done: done}
@@ -232,7 +260,7 @@ func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Posit
 	if p.closed {
 		p.mu.Unlock()
 		<-p.bufSem
-		done(Position{}, ErrProducerClosed)
+		failAsync(done, ErrProducerClosed)
 		return
 	}
 	pr.epoch = p.epoch
@@ -247,6 +275,13 @@ func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Posit
 	q.bytes += len(rec.Data) + len(rec.Bytes) + len(rec.Key)
 	p.maybeSendLocked(q)
 	p.mu.Unlock()
+}
+
+// failAsync reports an error found before a record was enqueued. done runs on a
+// goroutine of its own, which ends when done returns, as ProduceAsync promises: the
+// caller of ProduceAsync may hold a lock that done takes.
+func failAsync(done func(Position, error), err error) {
+	go done(Position{}, err)
 }
 
 // maybeSendLocked starts a batch for q when one is due: nothing in flight and either
@@ -306,22 +341,28 @@ func (p *Producer) send(q *partQueue, batch []*pendingRecord) {
 	}
 	start := time.Now()
 	pos, err := p.appendWithRetry(recs)
-	p.metrics.observeBatch(len(batch), time.Since(start), err)
 	errs := make([]error, len(batch))
 	for i := range errs {
 		errs[i] = err
 	}
 	if err != nil && len(batch) > 1 && perRecordError(err) {
-		// One record's fault (an unregistered event type, a payload over a limit
-		// lowered since the metadata was read, ...) fails the whole statement: append
-		// the records one by one, in order, so that only the bad ones fail.
+		// One record's fault (an unregistered event type, a key another session
+		// holds, a payload over a limit lowered since the metadata was read, ...)
+		// fails the whole statement: append the records one by one, in order, so that
+		// only the bad ones fail. The metrics count those appends, not the batch, so
+		// that records appended on their own are not counted as failures.
 		pos = make([]Position, len(batch))
 		for i := range recs {
 			var one []Position
-			if one, errs[i] = p.appendWithRetry(recs[i : i+1]); errs[i] == nil {
+			start := time.Now()
+			one, errs[i] = p.appendWithRetry(recs[i : i+1])
+			p.metrics.observeBatch(1, time.Since(start), errs[i])
+			if errs[i] == nil {
 				pos[i] = one[0]
 			}
 		}
+	} else {
+		p.metrics.observeBatch(len(batch), time.Since(start), err)
 	}
 	<-p.inFlightSem
 	if errors.Is(err, ErrPartitionNotFound) || errors.Is(err, ErrStreamNotFound) || errors.Is(err, ErrInvalidArgument) ||
@@ -354,13 +395,20 @@ func (p *Producer) send(q *partQueue, batch []*pendingRecord) {
 
 // perRecordError reports whether a batch's error may come from one of its records
 // alone (so that the others would append on their own).
+//
+// Of the event-sourcing codes (SD4xx), SD404 (a key held by another session) and SD406
+// (an unregistered event type) are about one record; the Producer sends no session and
+// no expected versions, so SD401 (version mismatch), SD402 and SD403 (session not
+// open, expired) cannot come back, and SD405 (no key versions) is about the stream.
 func perRecordError(err error) bool {
 	switch {
 	case errors.Is(err, ErrPayloadTooLarge), errors.Is(err, ErrInvalidJSON), errors.Is(err, ErrInvalidArgument):
 		return true
 	}
 	switch sqlerr.Code(err) {
-	case sqlerr.UnknownEventType, "22P02", "22P05", "22021":
+	case sqlerr.SessionHeld, sqlerr.UnknownEventType,
+		"22P02", "22P05", "22021", // JSON or text PostgreSQL cannot take
+		"54000": // program_limit_exceeded: an event id or key too large for its index
 		return true
 	}
 	return false
@@ -404,37 +452,29 @@ func (p *Producer) retry(ctx context.Context, stream string, fn func() error) er
 // route picks rec's partition: the explicit one (checked against the partition
 // count), the key's, or the stream's sticky partition for keyless records. It also
 // checks the payload against the stream's limit, so bad records fail alone.
+//
+// A record that the cached metadata refuses (a partition the stream did not have, a
+// payload over its limit) is checked again against metadata read afresh, at most once a
+// second, before it is refused: the stream may have grown, or its limit been raised.
 func (p *Producer) route(ctx context.Context, rec *Record) (int32, error) {
-	p.metaMu.Lock()
-	defer p.metaMu.Unlock()
-	m := p.meta[rec.Stream]
-	if m == nil || time.Since(m.fetchedAt) > p.cfg.MetadataMaxAge {
-		fresh, err := p.loadMeta(ctx, rec.Stream)
-		if err != nil {
+	m, err := p.metadata(ctx, rec.Stream, p.cfg.MetadataMaxAge, true)
+	if err != nil {
+		return 0, err
+	}
+	size := len(rec.Data) + len(rec.Bytes)
+	refused := func(m *streamMeta) bool {
+		return size > int(m.maxPayloadBytes) || (rec.Partition != nil && *rec.Partition >= m.partitions)
+	}
+	if refused(m) && time.Since(m.fetchedAt) > time.Second {
+		if m, err = p.metadata(ctx, rec.Stream, time.Second, false); err != nil {
 			return 0, err
 		}
-		if m != nil {
-			fresh.sticky, fresh.stickyLeft = m.sticky%fresh.partitions, m.stickyLeft
-		}
-		m = fresh
-		p.meta[rec.Stream] = m
 	}
-	if size := len(rec.Data) + len(rec.Bytes); size > int(m.maxPayloadBytes) {
+	if size > int(m.maxPayloadBytes) {
 		return 0, invalid(ErrPayloadTooLarge, "stream %s: payload of %d bytes exceeds the limit of %d bytes", rec.Stream, size, m.maxPayloadBytes)
 	}
 	switch {
 	case rec.Partition != nil:
-		if *rec.Partition >= m.partitions && time.Since(m.fetchedAt) > time.Second {
-			// The stream may have grown since the metadata was read: read it again
-			// (at most once a second) before refusing.
-			fresh, err := p.loadMeta(ctx, rec.Stream)
-			if err != nil {
-				return 0, err
-			}
-			fresh.sticky, fresh.stickyLeft = m.sticky%fresh.partitions, m.stickyLeft
-			m = fresh
-			p.meta[rec.Stream] = m
-		}
 		if *rec.Partition >= m.partitions {
 			return 0, invalid(ErrPartitionNotFound, "stream %s has no partition %d (it has %d)", rec.Stream, *rec.Partition, m.partitions)
 		}
@@ -444,12 +484,70 @@ func (p *Producer) route(ctx context.Context, rec *Record) (int32, error) {
 	default:
 		// Kafka's sticky partitioner: keyless records fill one partition's batch, then
 		// move on, so they form large batches without unbalancing the partitions.
-		if m.stickyLeft <= 0 {
-			m.sticky = rand.Int32N(m.partitions)
-			m.stickyLeft = p.cfg.MaxBatchRecords
+		p.metaMu.Lock()
+		defer p.metaMu.Unlock()
+		e := p.meta[rec.Stream]
+		if e == nil { // forgotten meanwhile (the stream was deleted)
+			return rand.Int32N(m.partitions), nil
 		}
-		m.stickyLeft--
-		return m.sticky, nil
+		if e.stickyLeft <= 0 || e.sticky >= m.partitions {
+			e.sticky = rand.Int32N(m.partitions)
+			e.stickyLeft = p.cfg.MaxBatchRecords
+		}
+		e.stickyLeft--
+		return e.sticky, nil
+	}
+}
+
+// metadata returns stream's metadata, read at most maxAge ago. When the cached copy is
+// older, one caller loads it again (under ctx) while the others wait for that load or
+// their ctx; with serveStale, they are served the older copy instead of waiting, when
+// there is one. A load that fails because its caller's ctx ended is not taken as the
+// answer by the callers waiting for it: one of them loads again.
+func (p *Producer) metadata(ctx context.Context, stream string, maxAge time.Duration, serveStale bool) (*streamMeta, error) {
+	for {
+		p.metaMu.Lock()
+		e := p.meta[stream]
+		if e == nil {
+			e = &metaEntry{}
+			p.meta[stream] = e
+		}
+		if m := e.meta; m != nil && (time.Since(m.fetchedAt) <= maxAge || serveStale && e.loading != nil) {
+			p.metaMu.Unlock()
+			return m, nil
+		}
+		if l := e.loading; l != nil {
+			p.metaMu.Unlock()
+			select {
+			case <-l.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if l.cut {
+				continue
+			}
+			return l.meta, l.err
+		}
+		l := &metaLoad{done: make(chan struct{})}
+		e.loading = l
+		p.metaMu.Unlock()
+
+		l.meta, l.err = p.loadMeta(ctx, stream)
+		l.cut = l.err != nil && ctx.Err() != nil
+
+		p.metaMu.Lock()
+		e.loading = nil
+		switch {
+		case l.err == nil:
+			e.meta = l.meta
+		case errors.Is(l.err, ErrStreamNotFound):
+			if p.meta[stream] == e {
+				delete(p.meta, stream)
+			}
+		}
+		close(l.done)
+		p.metaMu.Unlock()
+		return l.meta, l.err
 	}
 }
 
@@ -468,10 +566,16 @@ func (p *Producer) loadMeta(ctx context.Context, stream string) (*streamMeta, er
 	return m, nil
 }
 
+// forgetMeta marks stream's metadata as out of date, so that the next record routed to
+// it loads it again; until that load ends, the old copy is served.
 func (p *Producer) forgetMeta(stream string) {
 	p.metaMu.Lock()
-	delete(p.meta, stream)
-	p.metaMu.Unlock()
+	defer p.metaMu.Unlock()
+	if e := p.meta[stream]; e != nil && e.meta != nil {
+		old := *e.meta
+		old.fetchedAt = time.Time{}
+		e.meta = &old
+	}
 }
 
 // Flush sends every buffered record at once, ignoring Linger, and waits until all of
