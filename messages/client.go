@@ -43,8 +43,8 @@ type DBTX interface {
 }
 
 // WakeupSource tells long polls that messages may have become visible in a queue, so
-// they retry at once instead of at their next backoff step. The tailer (a later
-// issue) implements it; the Client also wakes its own receivers after its own Sends,
+// they retry at once instead of at their next backoff step. wakeup.Listener's Queues
+// (the tailer's wake-ups, fanned out by pg_notify) implements it; the Client also wakes its own receivers after its own Sends,
 // for free. Wake-ups are hints: a receiver always re-reads through SQL.
 type WakeupSource interface {
 	// Subscribe returns a channel that receives a value after messages may have
