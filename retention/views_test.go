@@ -8,7 +8,9 @@ import (
 )
 
 // consumer_group_status says why each partition of a group is not progressing, and
-// nothing for one that is.
+// nothing for one that is. A partition the stream gained while no member was there to
+// rebalance (6) is listed too, unowned, with its lag; an owner without a registration
+// (7) is stale.
 func TestConsumerGroupProgressReasons(t *testing.T) {
 	t.Parallel()
 	f := setup(t, 6)
@@ -25,6 +27,10 @@ func TestConsumerGroupProgressReasons(t *testing.T) {
 	      ($1, 'g', 0, 'live', 2, false), ($1, 'g', 1, 'live', 2, true), ($1, 'g', 2, NULL, NULL, false),
 	      ($1, 'g', 3, 'gone', 1, false), ($1, 'g', 4, 'live', 1, false), ($1, 'g', 5, 'live', 2, false)`)
 	f.commit("g", 5, 2)
+	require.NoError(t, f.client.CreateStream(f.ctx, f.stream, 8))
+	f.produce(6, 3)
+	exec(`INSERT INTO streamd.consumer_partitions (stream_name, group_id, partition, owner_id, owner_epoch, paused)
+	      VALUES ($1, 'g', 7, 'vanished', 3, false)`)
 	exec(`SELECT streamd.retention_advance($1, 5, 6)`)
 	exec(`SELECT streamd.retention_delete_batch($1, 5, 100)`)
 
@@ -32,7 +38,7 @@ func TestConsumerGroupProgressReasons(t *testing.T) {
 		WHERE stream_name = $1 ORDER BY partition`, f.stream)
 	require.NoError(t, err)
 	defer rows.Close()
-	want := []string{"", "paused", "unowned", "owner_stale", "fenced", "behind_log_start"}
+	want := []string{"", "paused", "unowned", "owner_stale", "fenced", "behind_log_start", "unowned", "owner_stale"}
 	i := 0
 	for rows.Next() {
 		var (
@@ -43,9 +49,12 @@ func TestConsumerGroupProgressReasons(t *testing.T) {
 		)
 		require.NoError(t, rows.Scan(&p, &reason, &lag, &stale))
 		require.Equal(t, want[i], reason, "partition %d", p)
-		require.Equal(t, p == 3, stale, "partition %d", p)
+		require.Equal(t, p == 3 || p == 7, stale, "partition %d", p)
 		if p == 5 {
 			require.Equal(t, int64(4), lag, "lag counts from the log start when the group is behind it")
+		}
+		if p == 6 {
+			require.Equal(t, int64(3), lag, "a partition never assigned lags by all it holds")
 		}
 		i++
 	}

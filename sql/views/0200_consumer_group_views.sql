@@ -10,21 +10,29 @@
 --   behind_log_start  the committed offset is below the log start: retention deleted
 --                     records the group had not read; the next fetch applies the
 --                     group's offset reset policy
+-- Every partition of the group's stream has a row, also one the group has not been
+-- assigned yet (the stream grew while no member was there to rebalance): its lag is
+-- the group's too, and it shows as unowned. is_stale is true when the owner missed its
+-- session timeout or is gone (no registration), false when there is no owner.
 -- From head rows and keys only: no scan of events.
 CREATE OR REPLACE VIEW streamd.consumer_group_status AS
-SELECT cp.stream_name,
-       cp.group_id,
-       cp.partition,
+SELECT g.stream_name,
+       g.group_id,
+       h.partition,
        cp.owner_id                                              AS consumer_id,
        cp.owner_epoch                                           AS member_epoch,
        cp.target_id                                             AS pending_owner,
-       cp.paused,
+       coalesce(cp.paused, false)                               AS paused,
        co."offset"                                              AS current_offset,
        h.log_start_offset,
        h.next_offset                                            AS stream_head,
        h.next_offset - greatest(coalesce(co."offset", h.log_start_offset), h.log_start_offset) AS lag,
        cr.last_heartbeat,
-       coalesce(cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now(), false) AS is_stale,
+       CASE
+           WHEN cp.owner_id IS NULL THEN false
+           WHEN cr.consumer_id IS NULL THEN true
+           ELSE cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now()
+       END                                                      AS is_stale,
        CASE
            WHEN cp.paused THEN 'paused'
            WHEN cp.owner_id IS NULL THEN 'unowned'
@@ -33,10 +41,12 @@ SELECT cp.stream_name,
            WHEN cr.member_epoch <> cp.owner_epoch THEN 'fenced'
            WHEN co."offset" < h.log_start_offset THEN 'behind_log_start'
        END                                                      AS reason
-  FROM streamd.consumer_partitions cp
-  JOIN streamd.stream_partitions h ON h.stream_name = cp.stream_name AND h.partition = cp.partition
+  FROM streamd.consumer_groups g
+  JOIN streamd.stream_partitions h ON h.stream_name = g.stream_name
+  LEFT JOIN streamd.consumer_partitions cp
+    ON cp.stream_name = g.stream_name AND cp.group_id = g.group_id AND cp.partition = h.partition
   LEFT JOIN streamd.consumer_offsets co
-    ON co.stream_name = cp.stream_name AND co.group_id = cp.group_id AND co.partition = cp.partition
+    ON co.stream_name = g.stream_name AND co.group_id = g.group_id AND co.partition = h.partition
   LEFT JOIN streamd.consumer_registrations cr
     ON cr.stream_name = cp.stream_name AND cr.group_id = cp.group_id AND cr.consumer_id = cp.owner_id;
 
