@@ -99,7 +99,8 @@ type ApplyOpts struct {
 	// Force ignores the policy's ProtectConsumers.
 	Force bool
 	// Now is the time ages are measured from. Defaults to Config.Now, else the
-	// database's clock.
+	// database's clock. Whether a consumer group is live (ProtectConsumers) is judged
+	// by the database's clock, which stamps heartbeats, or by Now when it is earlier.
 	Now time.Time
 }
 

@@ -192,6 +192,12 @@ func TestConsumerAwareRetention(t *testing.T) {
 	require.NoError(t, f.pool.QueryRow(f.ctx, "SELECT streamd.apply_size_retention($1, 0)", f.stream).Scan(&n))
 	require.Equal(t, 0, n)
 
+	// A clock running ahead of the database's (retention's Now is the caller's) does
+	// not make the live group dead: liveness is judged by the clock of the heartbeats.
+	_, err = f.runner.Apply(f.ctx, f.stream, &retention.ApplyOpts{Now: now.Add(10 * time.Minute)})
+	require.NoError(t, err)
+	require.Equal(t, seq(4, 20), f.stored(0), "a skewed clock deleted what a live group has not read")
+
 	// The slow group moves on: retention follows it.
 	f.commit("slow", 0, 10)
 	_, err = f.runner.Apply(f.ctx, f.stream, &retention.ApplyOpts{Now: now})
@@ -199,7 +205,9 @@ func TestConsumerAwareRetention(t *testing.T) {
 	require.Equal(t, seq(10, 20), f.stored(0))
 
 	// Once its members are stale, the group no longer protects anything.
-	res, err = f.runner.Apply(f.ctx, f.stream, &retention.ApplyOpts{Now: now.Add(2 * time.Minute)})
+	f.group("slow", 0, 10, now.Add(-time.Hour))
+	f.group("fast", 0, 15, now.Add(-time.Hour))
+	res, err = f.runner.Apply(f.ctx, f.stream, &retention.ApplyOpts{Now: now})
 	require.NoError(t, err)
 	require.Equal(t, seq(18, 20), f.stored(0))
 	require.Empty(t, res.Partitions[0].LimitedBy)

@@ -95,12 +95,15 @@ BEGIN
         IF p_protect_consumers AND v_target > h.log_start_offset THEN
             -- The slowest live group (a member inside its session timeout) on this
             -- partition. Groups with no commit here have nothing to protect yet.
+            -- Liveness is judged by the database's clock, which stamps heartbeats,
+            -- unless p_now is earlier: a caller whose clock runs ahead must not take
+            -- live groups for dead ones and delete what they have not read.
             SELECT co.group_id, co."offset" INTO v_group, v_min
               FROM streamd.consumer_offsets co
              WHERE co.stream_name = p_stream_name AND co.partition = h.partition
                AND EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
                             WHERE cr.stream_name = co.stream_name AND cr.group_id = co.group_id
-                              AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_now)
+                              AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= least(v_now, now()))
              ORDER BY co."offset", co.group_id
              LIMIT 1;
             IF FOUND AND v_min < v_target THEN
