@@ -103,6 +103,8 @@ func TestRetentionBadInput(t *testing.T) {
 		{"SELECT streamd.apply_size_retention($1, -1)", "max_event_count"},
 		{"SELECT streamd.retention_delete_batch($1, 0, 0)", "batch limit"},
 		{"SELECT streamd.retention_advance($1, 0, -1)", "target offset"},
+		{"SELECT streamd.compact_partition($1, 0, 0, 60, now(), NULL)", "dry_run"},
+		{"SELECT streamd.compact_partition($1, 0, 0, -1, now(), false)", "tombstone_retention_seconds"},
 	} {
 		_, err := f.pool.Exec(f.ctx, c.sql, f.stream)
 		var pgErr *pgconn.PgError

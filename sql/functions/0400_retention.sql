@@ -141,6 +141,13 @@ DECLARE
     v_cutoff timestamptz := coalesce(p_now, now()) - make_interval(secs => coalesce(p_tombstone_retention_seconds, 0));
     v_n      bigint;
 BEGIN
+    IF p_dry_run IS NULL THEN -- a NULL must not mean "delete"
+        RAISE EXCEPTION USING ERRCODE = 'SD302', MESSAGE = 'compact_partition: dry_run must be true or false, got NULL';
+    END IF;
+    IF p_tombstone_retention_seconds < 0 THEN -- a cutoff in the future would drop every tombstone
+        RAISE EXCEPTION USING ERRCODE = 'SD302',
+            MESSAGE = format('compact_partition: tombstone_retention_seconds must not be negative, got %s', p_tombstone_retention_seconds);
+    END IF;
     SELECT greatest(h.log_start_offset, coalesce(p_from, 0)) INTO v_from
       FROM streamd.stream_partitions h WHERE h.stream_name = p_stream_name AND h.partition = p_partition;
     IF NOT FOUND THEN
