@@ -74,8 +74,10 @@ func GetTx(ctx context.Context, db DBTX, stream string) (*Config, error) {
 			continue
 		}
 		// Lenient: keys this version does not know (written from SQL) are ignored.
+		// A known key of the wrong type (written from SQL) is ErrInvalidConfig naming
+		// the section: fix it with Set or SQL.
 		if err := json.Unmarshal(cols[i], t.dst); err != nil {
-			return nil, fmt.Errorf("get configuration of %s: %s: %w", stream, t.name, err)
+			return nil, fmt.Errorf("get configuration of %s: %w", stream, fieldErr(t.name, "stored value does not fit: %v", err))
 		}
 	}
 	return cfg, nil

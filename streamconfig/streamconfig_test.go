@@ -358,3 +358,35 @@ func TestSQLRetentionConfigRefusesFractionsOfASecond(t *testing.T) {
 	zero := streamconfig.Duration(0)
 	require.NoError(t, s.Set(ctx, name, &streamconfig.Config{Retention: &streamconfig.Retention{TombstoneRetention: &zero}}))
 }
+
+// Plain SQL cannot store a section that is not a JSON object, or tags with values that
+// are not strings (SD301 naming the column; nothing written): every reader, the
+// API's access checks among them, relies on that shape. A known key of the wrong type
+// inside a section (not checked in SQL) makes Get fail with ErrInvalidConfig naming the
+// section, not with a bare JSON error.
+func TestSQLConfigSectionsKeepTheirShape(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, c, name := setup(t)
+	for _, bad := range []string{
+		`INSERT INTO streamd.stream_configurations (stream_name, tags) VALUES ($1, '{"team": 1}')`,
+		`INSERT INTO streamd.stream_configurations (stream_name, tags) VALUES ($1, '["a"]')`,
+		`INSERT INTO streamd.stream_configurations (stream_name, access_control_config) VALUES ($1, '"everyone"')`,
+		`INSERT INTO streamd.stream_configurations (stream_name, performance_config) VALUES ($1, '1')`,
+	} {
+		_, err := c.Pool().Exec(ctx, bad, name)
+		require.Equal(t, sqlerr.InvalidStreamConfig, sqlerr.Code(err), bad)
+	}
+	var n int
+	require.NoError(t, c.Pool().QueryRow(ctx, "SELECT count(*) FROM streamd.stream_configurations WHERE stream_name = $1", name).Scan(&n))
+	require.Zero(t, n, "nothing written")
+
+	_, err := c.Pool().Exec(ctx, `INSERT INTO streamd.stream_configurations (stream_name, tags, lifecycle_config)
+		VALUES ($1, '{"team": "x"}', '{"archiveAfter": true}')`, name)
+	require.NoError(t, err)
+	_, err = store.Get(ctx, name)
+	require.ErrorIs(t, err, streamconfig.ErrInvalidConfig)
+	var fe *streamconfig.FieldError
+	require.ErrorAs(t, err, &fe)
+	require.Equal(t, "lifecycle_config", fe.Field)
+}

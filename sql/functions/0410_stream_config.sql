@@ -164,6 +164,16 @@ LANGUAGE sql IMMUTABLE AS $$
         'protectConsumers', p.protect_consumers))
 $$;
 
+-- Raises SD301 when a configuration section is neither NULL nor a JSON object.
+CREATE OR REPLACE FUNCTION streamd.config_check_section(p_name text, p_value jsonb) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NOT NULL AND jsonb_typeof(p_value) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD301', MESSAGE = format('%s: must be a JSON object, got %s', p_name, p_value);
+    END IF;
+END;
+$$;
+
 -- stream_configurations, before the write: validates retention_config and stores it
 -- in canonical form. It writes nothing else: PostgreSQL fires BEFORE INSERT row
 -- triggers before the ON CONFLICT check, so a policy written here would be written
@@ -181,6 +191,18 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM streamd.streams s WHERE s.stream_name = NEW.stream_name) THEN
         PERFORM streamd.raise_partition_missing(NEW.stream_name, 0);
+    END IF;
+    -- The other sections' shape, which every reader (streamconfig.Get, the API's
+    -- access checks) relies on: JSON objects, and tags of string values. Their fields
+    -- are checked by the Go types; unknown keys are kept for newer versions.
+    PERFORM streamd.config_check_section('dead_letter_config', NEW.dead_letter_config),
+            streamd.config_check_section('lifecycle_config', NEW.lifecycle_config),
+            streamd.config_check_section('performance_config', NEW.performance_config),
+            streamd.config_check_section('access_control_config', NEW.access_control_config),
+            streamd.config_check_section('tags', NEW.tags);
+    IF NEW.tags IS NOT NULL AND EXISTS (SELECT 1 FROM jsonb_each(NEW.tags) t WHERE jsonb_typeof(t.value) <> 'string') THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD301',
+            MESSAGE = format('tags: every value must be a string, got %s', NEW.tags);
     END IF;
     IF TG_OP = 'UPDATE' AND NEW.retention_config IS NOT DISTINCT FROM OLD.retention_config THEN
         RETURN NEW;
