@@ -46,7 +46,8 @@ type redriveTaskRequest struct {
 // moves up to max_messages back to their origins at rate messages per second (0:
 // unbounded). max_messages 0 means the dead letters the queue holds now: the task
 // records that count, so a poison message that fails again and comes back cannot
-// keep it running.
+// keep it running. With none there, the task is done at once (a recorded 0 would read
+// as "no bound" to the step).
 func (s *Server) createRedriveTask(r *Request) (any, error) {
 	var req redriveTaskRequest
 	if err := r.Decode(&req); err != nil {
@@ -59,8 +60,11 @@ func (s *Server) createRedriveTask(r *Request) (any, error) {
 	if _, err := s.queues.GetQueue(r.Context(), dlq); err != nil {
 		return nil, err
 	}
-	t, err := scanRedriveTask(s.pool.QueryRow(r.Context(), `INSERT INTO streamd.redrive_tasks (dlq, rate, max_messages, created_by)
-		SELECT $1, $2, CASE WHEN $3::bigint > 0 THEN $3::bigint ELSE coalesce((SELECT total FROM streamd.queue_stats($1, NULL)), 0) END, $4
+	t, err := scanRedriveTask(s.pool.QueryRow(r.Context(), `INSERT INTO streamd.redrive_tasks
+		    (dlq, rate, max_messages, created_by, status, finished_at)
+		SELECT $1, $2, n.n, $4, CASE WHEN n.n = 0 THEN 'done' ELSE 'pending' END, CASE WHEN n.n = 0 THEN now() END
+		  FROM (SELECT CASE WHEN $3::bigint > 0 THEN $3::bigint
+		                    ELSE coalesce((SELECT total FROM streamd.queue_stats($1, NULL)), 0) END AS n) n
 		RETURNING `+redriveColumns, dlq, req.Rate, req.MaxMessages, r.Principal))
 	if err != nil {
 		return nil, err

@@ -87,6 +87,17 @@ func TestRedriveTask(t *testing.T) {
 	code, body = c.do("POST", "/v1/queues/"+dlq+"/redrive-tasks", adminToken, `{}`)
 	require.Equal(t, http.StatusAccepted, code, "%v", body)
 	require.EqualValues(t, 2, body["max_messages"], "%v", body)
+
+	// On an empty dead-letter queue it is done at once: dead letters that arrive
+	// before the leader's first step are not "there now". It used to record 0, which
+	// the step reads as no bound, and moved them.
+	_, empty := deadLetters(t, ctx, pool, "rqe", 0)
+	code, body = c.do("POST", "/v1/queues/"+empty+"/redrive-tasks", adminToken, `{}`)
+	require.Equal(t, http.StatusAccepted, code, "%v", body)
+	require.Equal(t, "done", body["status"], "%v", body)
+	var moved *int32
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.redrive_task_step($1, $2, 1000)", empty, int64(body["id"].(float64))).Scan(&moved))
+	require.Nil(t, moved, "a finished task moves nothing")
 }
 
 // TestRedriveTaskKeepsLowRates: a task at 2 messages a second moves about that many,
