@@ -134,6 +134,12 @@ func TestQueueEndpoints(t *testing.T) {
 		{"receive max 0 (not read as 1)", "/v1/queues/" + q + "/receive", `{"max":0}`, 400},
 		{"queue with max_delivery_attempts 0", "/v1/queues", fmt.Sprintf(`{"name":%q,"max_delivery_attempts":0}`, q+"z"), 400},
 		{"queue with visibility_timeout_ms 0", "/v1/queues", fmt.Sprintf(`{"name":%q,"visibility_timeout_ms":0}`, q+"z"), 400},
+		// 18446744073710 ms is 2^64 ns and 448384 ns: as a time.Duration it wrapped
+		// around to half a millisecond (a message sent at once, a lease that ends).
+		{"delay_ms past a Duration", "/v1/queues/" + q + "/messages", `{"messages":[{"data":{},"delay_ms":18446744073710}]}`, 400},
+		{"visibility_timeout_ms past a Duration", "/v1/queues/" + q + "/receive", `{"visibility_timeout_ms":18446744073710}`, 400},
+		{"nack delay_ms past a Duration", "/v1/queues/" + q + "/nack", `{"receipts":[{"offset":1}],"delay_ms":18446744073710}`, 400},
+		{"queue visibility_timeout_ms past a Duration", "/v1/queues", fmt.Sprintf(`{"name":%q,"visibility_timeout_ms":18446744073710}`, q+"z"), 400},
 	} {
 		code, body := c.do("POST", tc.path, adminToken, tc.body)
 		require.Equal(t, tc.want, code, "%s: %v", tc.name, body)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"time"
 
@@ -88,6 +89,18 @@ func positive[T int | int64](field string, p *T) (T, error) {
 	return *p, nil
 }
 
+// maxMs is the largest number of milliseconds a time.Duration holds (about 292
+// years): a larger *_ms value would wrap around into a short or negative duration.
+const maxMs = math.MaxInt64 / int64(time.Millisecond)
+
+// tooLong refuses a *_ms field above maxMs.
+func tooLong(field string, ms int64) error {
+	if ms > maxMs {
+		return fmt.Errorf("%w: %s %d is over %d (292 years)", ErrBadRequest, field, ms, maxMs)
+	}
+	return nil
+}
+
 func (s *Server) createQueue(r *Request) (any, error) {
 	var req createQueueRequest
 	if err := r.Decode(&req); err != nil {
@@ -102,6 +115,9 @@ func (s *Server) createQueue(r *Request) (any, error) {
 		return nil, err
 	}
 	vt, err := positive("visibility_timeout_ms", req.VisibilityTimeoutMs)
+	if err == nil {
+		err = tooLong("visibility_timeout_ms", vt)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +214,9 @@ func (s *Server) sendMessages(r *Request) (any, error) {
 		if m.DelayMs < 0 {
 			return nil, fmt.Errorf("%w: message %d: delay_ms %d is negative", ErrBadRequest, i, m.DelayMs)
 		}
+		if err := tooLong(fmt.Sprintf("message %d: delay_ms", i), m.DelayMs); err != nil {
+			return nil, err
+		}
 		out[i] = messages.OutgoingMessage{Data: m.Data, DeadLetterQueue: m.DeadLetterQueue,
 			Delay: time.Duration(m.DelayMs) * time.Millisecond, GroupKey: m.GroupKey, Headers: m.Headers,
 			MaxDeliveryAttempts: m.MaxDeliveryAttempts, MessageID: m.MessageID}
@@ -247,6 +266,9 @@ func (s *Server) receiveMessages(r *Request) (any, error) {
 	if req.WaitMs < 0 || req.WaitMs > 30000 || req.VisibilityTimeoutMs < 0 {
 		return nil, fmt.Errorf("%w: wait_ms must be in [0, 30000] and visibility_timeout_ms not negative", ErrBadRequest)
 	}
+	if err := tooLong("visibility_timeout_ms", req.VisibilityTimeoutMs); err != nil {
+		return nil, err
+	}
 	msgs, err := s.queues.Receive(r.Context(), r.PathValue("queue"), &messages.ReceiveOpts{Max: n,
 		VisibilityTimeout: time.Duration(req.VisibilityTimeoutMs) * time.Millisecond,
 		Wait:              time.Duration(req.WaitMs) * time.Millisecond})
@@ -295,6 +317,14 @@ func (s *Server) settleRequest(r *Request) (*settleRequest, error) {
 	}
 	if b := req.Backoff; b != nil && (b.BaseMs <= 0 || b.MaxMs < b.BaseMs) {
 		return nil, fmt.Errorf("%w: backoff needs 0 < base_ms <= max_ms (got %d, %d)", ErrBadRequest, b.BaseMs, b.MaxMs)
+	}
+	if err := tooLong("delay_ms", req.DelayMs); err != nil {
+		return nil, err
+	}
+	if b := req.Backoff; b != nil {
+		if err := tooLong("backoff max_ms", b.MaxMs); err != nil {
+			return nil, err
+		}
 	}
 	return &req, nil
 }
