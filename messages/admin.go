@@ -31,14 +31,17 @@ type QueueStats struct {
 }
 
 // Stats returns the statistics of queue, or of every queue when queue is "".
-// ErrQueueNotFound when a named queue does not exist.
+// Errors: ErrInvalidName, ErrQueueNotFound when a named queue does not exist.
 func (c *Client) Stats(ctx context.Context, queue string) ([]QueueStats, error) {
 	var q *string
 	if queue != "" {
+		if err := checkName(queue); err != nil {
+			return nil, err
+		}
 		q = &queue
 	}
 	rows, err := c.pool.Query(ctx, `SELECT queue_name, fifo, coalesce(dead_letter_queue, ''), depth, in_flight, delayed,
-			total, dead_lettered, extract(epoch FROM coalesce($2, now()) - oldest_enqueued_at)
+			total, dead_lettered, extract(epoch FROM coalesce($2, statement_timestamp()) - oldest_enqueued_at)
 		FROM streamd.queue_stats($1, $2)`, q, c.sqlNow())
 	if err != nil {
 		return nil, fmt.Errorf("queue stats: %w", err)

@@ -60,7 +60,8 @@ type ClientConfig struct {
 	// slog.Default().
 	Logger *slog.Logger
 	// Now, when set, is the clock the SQL uses for visibility (tests). Defaults to
-	// nil: the database's now().
+	// nil: the database's clock at each call (statement_timestamp(), not the
+	// transaction's start).
 	Now func() time.Time
 	// PollBackoffMax is the longest wait between two tries of a long poll. Defaults
 	// to 500ms.
@@ -253,9 +254,13 @@ func (c *Client) CreateQueue(ctx context.Context, name string, cfg *QueueConfig)
 	return nil
 }
 
-// DeleteQueue deletes a queue and all its messages. ErrQueueNotFound when it does not
-// exist; ErrQueueInUse while another queue names it as its dead-letter queue.
+// DeleteQueue deletes a queue and all its messages. ErrInvalidName for an invalid
+// name; ErrQueueNotFound when it does not exist; ErrQueueInUse while another queue
+// names it as its dead-letter queue.
 func (c *Client) DeleteQueue(ctx context.Context, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
 	var existed bool
 	if err := c.pool.QueryRow(ctx, "SELECT streamd.queue_delete($1)", name).Scan(&existed); err != nil {
 		return fmt.Errorf("delete queue %s: %w", name, sqlerr.Wrap(err))
@@ -277,8 +282,11 @@ func scanQueue(r pgx.Row) (QueueInfo, error) {
 	return q, err
 }
 
-// GetQueue returns a queue's settings, or ErrQueueNotFound.
+// GetQueue returns a queue's settings. Errors: ErrInvalidName, ErrQueueNotFound.
 func (c *Client) GetQueue(ctx context.Context, name string) (*QueueInfo, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	q, err := scanQueue(c.pool.QueryRow(ctx, "SELECT "+queueColumns+" FROM streamd.queues WHERE queue_name = $1", name))
 	if err == pgx.ErrNoRows {
 		return nil, fmt.Errorf("get queue %q: %w", name, ErrQueueNotFound)

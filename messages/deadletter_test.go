@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -506,4 +508,104 @@ func TestWorkStopsWithEveryConnectionBusy(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Work did not return within 10s of its ctx ending")
 	}
+}
+
+// TestDuplicateReceiptSettlesOnce guards Q2 against a receipt named twice in one Nack
+// or Term: the message moves to the dead-letter queue once (it moved once per
+// naming, and with a named message id the second copy failed on the dedup index),
+// and the metrics count it once (Nack's nacked count went negative and the counter
+// panicked after the transaction had committed).
+func TestDuplicateReceiptSettlesOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	reg := prometheus.NewRegistry()
+	c, err := messages.NewClient(pool, &messages.ClientConfig{Registerer: reg})
+	require.NoError(t, err)
+	dlq := newQueue(t, pool, nil)
+	q := newQueue(t, pool, &messages.QueueConfig{DeadLetterQueue: dlq, MaxDeliveryAttempts: 1})
+	_, err = c.Send(ctx, q,
+		messages.OutgoingMessage{Data: data("term")},
+		messages.OutgoingMessage{Data: data("nack")},
+		messages.OutgoingMessage{Data: data("named"), MessageID: "named"},
+		messages.OutgoingMessage{Data: data("retry"), MaxDeliveryAttempts: 5})
+	require.NoError(t, err)
+	m, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 4})
+	require.NoError(t, err)
+	require.Len(t, m, 4)
+
+	require.NoError(t, c.Term(ctx, "bad", m[0].Receipt, m[0].Receipt))
+	require.NotPanics(t, func() { require.NoError(t, c.Nack(ctx, nil, m[1].Receipt, m[1].Receipt)) })
+	require.NoError(t, c.Term(ctx, "bad", m[2].Receipt, m[2].Receipt))
+	require.NoError(t, c.Nack(ctx, &messages.NackOpts{Error: "again"}, m[3].Receipt, m[3].Receipt))
+	require.Equal(t, map[string]int{`"term"`: 1, `"nack"`: 1, `"named"`: 1}, deadLetterData(t, pool, dlq))
+	require.Equal(t, 1, count(t, pool, q), "the message with attempts left went back")
+	require.Equal(t, 3.0, counterValue(t, reg, "streamd_queue_dead_lettered_messages_total", q))
+	require.Equal(t, 1.0, counterValue(t, reg, "streamd_queue_nacked_messages_total", q))
+	require.Zero(t, counterValue(t, reg, "streamd_queue_lease_lost_total", q))
+}
+
+// TestDuplicateReceiptSettlesOnceInSQL guards Q2 in the SQL functions themselves
+// (plain SQL is a way to consume): queue_nack and queue_term named one receipt twice
+// moved the message to the dead-letter queue twice.
+func TestDuplicateReceiptSettlesOnceInSQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, q, dlq := setupDLQ(t, nil, 1)
+	pool := c.Pool()
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("nack")}, messages.OutgoingMessage{Data: data("term")},
+		messages.OutgoingMessage{Data: data("named"), MessageID: "named"})
+	require.NoError(t, err)
+	m, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 3})
+	require.NoError(t, err)
+	require.Len(t, m, 3)
+	settled := func(sql string, r messages.Receipt) int {
+		t.Helper()
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, sql, q, []int64{r.Offset, r.Offset}, [][16]byte{r.LeaseToken, r.LeaseToken}).Scan(&n))
+		return n
+	}
+	require.Equal(t, 1, settled(`SELECT count(*) FROM streamd.queue_nack($1, $2, $3, ARRAY[0, 0]::bigint[], ARRAY['a', 'b'], NULL)`, m[0].Receipt))
+	require.Equal(t, 1, settled(`SELECT count(*) FROM streamd.queue_term($1, $2, $3, ARRAY['a', 'b'], NULL)`, m[1].Receipt))
+	require.Equal(t, 1, settled(`SELECT count(*) FROM streamd.queue_term($1, $2, $3, ARRAY['a', 'b'], NULL)`, m[2].Receipt))
+	require.Equal(t, map[string]int{`"nack"`: 1, `"term"`: 1, `"named"`: 1}, deadLetterData(t, pool, dlq))
+	dead, err := c.Peek(ctx, dlq, nil)
+	require.NoError(t, err)
+	for _, d := range dead {
+		require.Equal(t, "a", d.LastError, "the first naming's error")
+	}
+}
+
+// deadLetterData returns how many times each payload (as JSON text) sits in dlq.
+func deadLetterData(t *testing.T, pool *pgxpool.Pool, dlq string) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(),
+		"SELECT data::text, count(*)::int FROM streamd.messages WHERE stream_name = $1 GROUP BY 1", dlq)
+	require.NoError(t, err)
+	out := map[string]int{}
+	var d string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&d, &n}, func() error { out[d] = n; return nil })
+	require.NoError(t, err)
+	return out
+}
+
+// counterValue returns the value of counter name for queue in reg (0 when absent).
+func counterValue(t *testing.T, reg *prometheus.Registry, name, queue string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "queue" && l.GetValue() == queue {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -529,6 +530,30 @@ func TestBadInputWritesNothing(t *testing.T) {
 			return c.Nack(ctx, &messages.NackOpts{Delay: -time.Second}, messages.Receipt{Queue: q, Offset: 1})
 		}, messages.ErrInvalidArgument, "Delay"},
 		{"extend under 1ms", func() error { return c.Extend(ctx, 0, messages.Receipt{Queue: q, Offset: 1}) }, messages.ErrInvalidArgument, "1ms"},
+		// Offsets are never negative (E1); an ack of MaxInt64 and -MaxInt64 overflowed
+		// the SQL's offset range (an untyped 22003).
+		{"ack negative offset", func() error { return c.Ack(ctx, messages.Receipt{Queue: q, Offset: -1}) }, messages.ErrInvalidArgument, "negative"},
+		{"nack negative offset", func() error { return c.Nack(ctx, nil, messages.Receipt{Queue: q, Offset: -1}) }, messages.ErrInvalidArgument, "negative"},
+		{"ack far-apart offsets in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_ack($1, ARRAY[9223372036854775807, -9223372036854775807], ARRAY[gen_random_uuid(), gen_random_uuid()], NULL)", q)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "negative"},
+		{"nack negative offset in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_nack($1, ARRAY[-1]::bigint[], ARRAY[gen_random_uuid()], ARRAY[0]::bigint[], NULL, NULL)", q)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "negative"},
+		{"extend negative offset in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_extend($1, ARRAY[-1]::bigint[], ARRAY[gen_random_uuid()], 1000, NULL)", q)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "negative"},
+		{"term negative offset in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_term($1, ARRAY[-1]::bigint[], ARRAY[gen_random_uuid()], NULL, NULL)", q)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "negative"},
+		// Admin calls check the name first (they answered ErrQueueNotFound).
+		{"delete queue invalid name", func() error { return c.DeleteQueue(ctx, "bad name!") }, messages.ErrInvalidName, "bad name!"},
+		{"get queue invalid name", func() error { _, err := c.GetQueue(ctx, "bad name!"); return err }, messages.ErrInvalidName, "bad name!"},
+		{"stats invalid name", func() error { _, err := c.Stats(ctx, "bad name!"); return err }, messages.ErrInvalidName, "bad name!"},
 		{"create queue negative timeout", func() error {
 			return c.CreateQueue(ctx, testdb.Name("q"), &messages.QueueConfig{VisibilityTimeout: -time.Second})
 		}, messages.ErrInvalidArgument, "VisibilityTimeout"},
@@ -607,4 +632,110 @@ func TestNackBackoffSchedule(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, m, 1)
 	require.JSONEq(t, `"b"`, string(m[0].Data))
+}
+
+// TestSettleRefusesNegativeOffsets guards E1 for settlements: a receipt with a
+// negative offset is refused with ErrInvalidArgument before anything is settled, in
+// Go (across queues) and in the SQL. An ack of far-apart offsets (MaxInt64 and
+// -MaxInt64) overflowed queue_ack's offset range, an untyped error that acked none of
+// the call's valid receipts.
+func TestSettleRefusesNegativeOffsets(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	a, b := newQueue(t, pool, nil), newQueue(t, pool, nil)
+	for _, q := range []string{a, b} {
+		_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(q)})
+		require.NoError(t, err)
+	}
+	ma, err := c.Receive(ctx, a, nil)
+	require.NoError(t, err)
+	mb, err := c.Receive(ctx, b, nil)
+	require.NoError(t, err)
+	require.Len(t, ma, 1)
+	require.Len(t, mb, 1)
+
+	huge := messages.Receipt{Queue: b, Offset: math.MaxInt64}
+	negative := messages.Receipt{Queue: b, Offset: -math.MaxInt64}
+	err = c.Ack(ctx, ma[0].Receipt, mb[0].Receipt, huge, negative)
+	require.ErrorIs(t, err, messages.ErrInvalidArgument)
+	require.ErrorContains(t, err, "negative")
+	require.Equal(t, 1, count(t, pool, a), "queue a (settled first) kept its message")
+	require.Equal(t, 1, count(t, pool, b))
+
+	_, err = pool.Exec(ctx, "SELECT * FROM streamd.queue_ack($1, $2, $3, NULL)", b,
+		[]int64{mb[0].Offset, math.MaxInt64, -math.MaxInt64}, [][16]byte{mb[0].Receipt.LeaseToken, {1}, {2}})
+	require.ErrorIs(t, sqlerr.Wrap(err), messages.ErrInvalidArgument)
+	require.Equal(t, 1, count(t, pool, b), "nothing acked")
+
+	// Far apart and not negative: the valid receipts are acked, the other is stale.
+	err = c.Ack(ctx, ma[0].Receipt, mb[0].Receipt, huge)
+	require.ErrorIs(t, err, messages.ErrLeaseLost)
+	var lle *messages.LeaseLostError
+	require.ErrorAs(t, err, &lle)
+	require.Equal(t, []messages.Receipt{huge}, lle.Receipts)
+	require.Zero(t, count(t, pool, a))
+	require.Zero(t, count(t, pool, b))
+}
+
+// TestTimesCountFromTheCallNotTheTransaction guards Q1's timing inside a long
+// transaction: a send's Delay and enqueue time, a FIFO group's visible time, a
+// receive's lease, an extension and a nack delay count from the call, not from the
+// start of the caller's transaction (now()). A SendTx in an outbox transaction that
+// had run longer than the delay made the message visible at commit.
+func TestTimesCountFromTheCallNotTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	q := newQueue(t, pool, nil)
+	fifo := newQueue(t, pool, &messages.QueueConfig{FIFO: true})
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	// The transaction has been running for a while (its other work) when it sends.
+	var begun, t0 time.Time
+	require.NoError(t, tx.QueryRow(ctx, "SELECT now(), clock_timestamp() FROM pg_sleep(0.3)").Scan(&begun, &t0))
+	require.True(t, t0.Sub(begun) >= 300*time.Millisecond)
+
+	const delay = 250 * time.Millisecond // shorter than the transaction so far
+	res, err := c.SendTx(ctx, tx, q, messages.OutgoingMessage{Data: data("delayed"), Delay: delay}, messages.OutgoingMessage{Data: data("now")})
+	require.NoError(t, err)
+	_, err = c.SendTx(ctx, tx, fifo, messages.OutgoingMessage{Data: data(1), GroupKey: "g", Delay: time.Hour})
+	require.NoError(t, err)
+	var enqueued, notBefore, groupVisible time.Time
+	require.NoError(t, tx.QueryRow(ctx, `SELECT enqueued_at, not_before FROM streamd.messages WHERE stream_name = $1 AND "offset" = $2`,
+		q, res[0].Offset).Scan(&enqueued, &notBefore))
+	require.False(t, enqueued.Before(t0), "enqueued_at %v is the transaction's start, not the send (%v)", enqueued, t0)
+	require.False(t, notBefore.Before(t0.Add(delay)), "the delay counts from the transaction's start")
+	require.NoError(t, tx.QueryRow(ctx, `SELECT visible_at FROM streamd.message_groups WHERE stream_name = $1`, fifo).Scan(&groupVisible))
+	require.False(t, groupVisible.Before(t0.Add(time.Hour)), "the FIFO group's delay counts from the transaction's start")
+
+	// A receive, an extension and a nack in the same transaction (plain SQL).
+	var off int64
+	var token [16]byte
+	var leaseEnd time.Time
+	require.NoError(t, tx.QueryRow(ctx, `SELECT "offset", lease_token, visibility_timeout FROM streamd.queue_receive($1, 10, 60000, NULL)`,
+		q).Scan(&off, &token, &leaseEnd))
+	require.Equal(t, res[1].Offset, off, "only the undelayed message is visible")
+	require.False(t, leaseEnd.Before(t0.Add(time.Minute)), "the lease counts from the transaction's start")
+	require.NoError(t, tx.QueryRow(ctx, `SELECT visibility_timeout FROM streamd.queue_extend($1, $2, $3, 60000, NULL)`,
+		q, []int64{off}, [][16]byte{token}).Scan(&leaseEnd))
+	require.False(t, leaseEnd.Before(t0.Add(time.Minute)), "the extension counts from the transaction's start")
+	_, err = tx.Exec(ctx, `SELECT * FROM streamd.queue_nack($1, $2, $3, ARRAY[60000]::bigint[], NULL, NULL)`, q, []int64{off}, [][16]byte{token})
+	require.NoError(t, err)
+	require.NoError(t, tx.QueryRow(ctx, `SELECT not_before FROM streamd.messages WHERE stream_name = $1 AND "offset" = $2`,
+		q, off).Scan(&notBefore))
+	require.False(t, notBefore.Before(t0.Add(time.Minute)), "the nack delay counts from the transaction's start")
+	require.NoError(t, tx.Commit(ctx))
+
+	// Committed after more than the delay since the transaction began, but right
+	// after the send: not visible yet.
+	sent := time.Now()
+	m, err := c.Receive(ctx, q, nil)
+	require.NoError(t, err)
+	if time.Since(sent) < delay {
+		require.Empty(t, m, "a message sent with Delay %v was visible at commit", delay)
+	}
 }

@@ -63,8 +63,11 @@ func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error)
 	return c, nil
 }
 
+// add adds n to v's queue counter. A count that is not positive adds nothing: a
+// counter panics on a negative Add, and a settlement's metrics are counted after its
+// transaction committed, so a miscount must not turn into a crash.
 func (m *metrics) add(v *prometheus.CounterVec, queue string, n int) {
-	if n == 0 {
+	if n <= 0 {
 		return
 	}
 	v.WithLabelValues(queue).Add(float64(n))

@@ -122,6 +122,9 @@ func (c *Client) Receive(ctx context.Context, queue string, opts *ReceiveOpts) (
 		if r.Queue != queue {
 			return nil, invalid(ErrInvalidArgument, "queue %s: ReceiveOpts.Ack holds a receipt of queue %s", queue, r.Queue)
 		}
+		if r.Offset < 0 {
+			return nil, invalid(ErrInvalidArgument, "queue %s: ReceiveOpts.Ack holds a receipt with negative offset %d", queue, r.Offset)
+		}
 	}
 	if o.Max == 0 {
 		o.Max = 1
@@ -253,7 +256,7 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 			return nil, fmt.Errorf("receive from queue %s: %w", queue, sqlerr.Wrap(err))
 		}
 		c.metrics.add(c.metrics.acked, queue, len(acked))
-		ackErr = c.lost(queue, o.Ack, acked)
+		ackErr = c.lost(ctx, queue, o.Ack, acked)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
 	c.metrics.add(c.metrics.received, queue, len(out))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/streamd/streamd/internal/sqlerr"
@@ -12,7 +13,9 @@ import (
 // Settlement: every call names messages by Receipt and checks the lease token in SQL.
 // Receipts whose message was received again since, settled, purged or moved are
 // refused with a *LeaseLostError (matching ErrLeaseLost) that lists them; the other
-// receipts of the call are settled. Receipts may name several queues.
+// receipts of the call are settled. Receipts may name several queues; a receipt named
+// twice counts once. A receipt with a negative offset is refused with
+// ErrInvalidArgument, and then nothing is settled.
 
 // Ack deletes the messages of receipts: they are done. A receipt whose lease expired
 // but whose message nobody received since still acks.
@@ -35,7 +38,8 @@ func (c *Client) AckTx(ctx context.Context, tx DBTX, receipts ...Receipt) error 
 			return fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(err))
 		}
 		c.metrics.add(c.metrics.acked, queue, len(done))
-		return c.lost(queue, rs, done)
+		noteSelfSettled(ctx, queue, rs)
+		return c.lost(ctx, queue, rs, done)
 	})
 }
 
@@ -101,6 +105,9 @@ func (c *Client) Nack(ctx context.Context, opts *NackOpts, receipts ...Receipt) 
 				rows.Close()
 				return fmt.Errorf("nack on queue %s: %w", queue, err)
 			}
+			if done[k] {
+				continue // (the SQL settles a receipt once; count it once whatever it returns)
+			}
 			done[k] = true
 			if dl {
 				dead++
@@ -111,7 +118,8 @@ func (c *Client) Nack(ctx context.Context, opts *NackOpts, receipts ...Receipt) 
 		}
 		c.metrics.add(c.metrics.nacked, queue, len(done)-dead)
 		c.metrics.add(c.metrics.deadLettered, queue, dead)
-		return c.lost(queue, rs, done)
+		noteSelfSettled(ctx, queue, rs)
+		return c.lost(ctx, queue, rs, done)
 	})
 }
 
@@ -133,7 +141,7 @@ func (c *Client) Extend(ctx context.Context, timeout time.Duration, receipts ...
 		if err != nil {
 			return fmt.Errorf("extend on queue %s: %w", queue, sqlerr.Wrap(err))
 		}
-		return c.lost(queue, rs, done)
+		return c.lost(ctx, queue, rs, done)
 	})
 }
 
@@ -157,17 +165,25 @@ func (c *Client) Term(ctx context.Context, reason string, receipts ...Receipt) e
 			return fmt.Errorf("term on queue %s: %w", queue, sqlerr.Wrap(err))
 		}
 		c.metrics.add(c.metrics.deadLettered, queue, len(done))
-		return c.lost(queue, rs, done)
+		noteSelfSettled(ctx, queue, rs)
+		return c.lost(ctx, queue, rs, done)
 	})
 }
 
-// forEachQueue calls f once per queue, in queue order, with that queue's receipts; it
-// goes on after an ErrLeaseLost and returns the first error.
+// forEachQueue calls f once per queue, in queue order, with that queue's receipts,
+// each (offset and lease token) once, in the order first given; it goes on after an
+// ErrLeaseLost and returns the first error. Invalid receipts (a bad queue name, a
+// negative offset) are refused before f runs for any queue.
+//
+// A receipt named twice used to reach the SQL twice: a nack or term of an exhausted
+// message then moved it to the dead-letter queue twice (Q2), and Nack's metrics
+// panicked on a negative count after the transaction had committed.
 func forEachQueue(receipts []Receipt, f func(queue string, rs []Receipt) error) error {
 	if len(receipts) == 0 {
 		return nil
 	}
 	by := map[string][]Receipt{}
+	seen := make(map[queueReceipt]bool, len(receipts))
 	var queues []string
 	for _, r := range receipts {
 		if _, ok := by[r.Queue]; !ok {
@@ -176,6 +192,14 @@ func forEachQueue(receipts []Receipt, f func(queue string, rs []Receipt) error) 
 			}
 			queues = append(queues, r.Queue)
 		}
+		if r.Offset < 0 {
+			return invalid(ErrInvalidArgument, "queue %s: receipt offset %d is negative", r.Queue, r.Offset)
+		}
+		k := queueReceipt{r.Queue, receiptKey{r.Offset, r.LeaseToken}}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
 		by[r.Queue] = append(by[r.Queue], r)
 	}
 	sort.Strings(queues)
@@ -223,17 +247,79 @@ func collectOffsets(rows rowsLike) (map[receiptKey]bool, error) {
 	return done, rows.Err()
 }
 
-// lost returns a *LeaseLostError for the receipts not in done.
-func (c *Client) lost(queue string, rs []Receipt, done map[receiptKey]bool) error {
+// lost returns a *LeaseLostError for the receipts not in done, and counts them in
+// streamd_queue_lease_lost_total unless ctx says their handler settled them itself
+// (withSelfSettled).
+func (c *Client) lost(ctx context.Context, queue string, rs []Receipt, done map[receiptKey]bool) error {
 	var lost []Receipt
+	n := 0
+	self, _ := ctx.Value(selfSettledKey{}).(selfSettledSet)
 	for _, r := range rs {
-		if !done[receiptKey{r.Offset, r.LeaseToken}] {
+		k := receiptKey{r.Offset, r.LeaseToken}
+		if !done[k] {
 			lost = append(lost, r)
+			if !self[queueReceipt{queue, k}] {
+				n++
+			}
 		}
 	}
 	if len(lost) == 0 {
 		return nil
 	}
-	c.metrics.add(c.metrics.leaseLost, queue, len(lost))
+	c.metrics.add(c.metrics.leaseLost, queue, n)
 	return &LeaseLostError{Queue: queue, Receipts: lost}
+}
+
+// queueReceipt names one receipt of one queue.
+type queueReceipt struct {
+	queue string
+	receiptKey
+}
+
+// A Work handler may settle its own message (AckTx in the transaction of its own
+// writes, as the Handler doc recommends, or Ack, Nack, Term); Work's settlement then
+// finds the receipt spent. That is not a lost lease, and used to be counted as one.
+// The handler's ctx carries a *handlerSettle that its settlements mark (the database
+// still decides what is settled; the mark only says who spent the receipt), and
+// Work's settlement ctx then carries the receipt in a selfSettledSet, whose lost
+// receipts lost does not count.
+type (
+	handlerSettleKey struct{}
+	selfSettledKey   struct{}
+	selfSettledSet   map[queueReceipt]bool
+)
+
+// handlerSettle is what a Work handler's ctx carries: its message's receipt, and
+// whether a settlement under that ctx named it.
+type handlerSettle struct {
+	r    queueReceipt
+	done atomic.Bool
+}
+
+// noteSelfSettled marks ctx's handlerSettle (if any) when rs, receipts of queue that
+// a settlement just sent to the database, include its receipt.
+func noteSelfSettled(ctx context.Context, queue string, rs []Receipt) {
+	h, _ := ctx.Value(handlerSettleKey{}).(*handlerSettle)
+	if h == nil || h.r.queue != queue {
+		return
+	}
+	for _, r := range rs {
+		if (receiptKey{r.Offset, r.LeaseToken}) == h.r.receiptKey {
+			h.done.Store(true)
+			return
+		}
+	}
+}
+
+// withSelfSettled returns ctx carrying rs, receipts that their handlers settled
+// themselves: lost does not count them as lost leases.
+func withSelfSettled(ctx context.Context, rs ...queueReceipt) context.Context {
+	if len(rs) == 0 {
+		return ctx
+	}
+	set := make(selfSettledSet, len(rs))
+	for _, r := range rs {
+		set[r] = true
+	}
+	return context.WithValue(ctx, selfSettledKey{}, set)
 }

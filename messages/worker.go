@@ -18,7 +18,10 @@ import (
 // when Work stops or the message's lease is lost; the handler should then return
 // quickly (its result no longer settles a lost lease). A handler may settle the
 // message itself, e.g. with AckTx in the transaction of its own writes (exactly-once
-// effects); Work's settlement then finds the receipt spent and does nothing.
+// effects); Work's settlement then finds the receipt spent and does nothing. Pass
+// ctx (or a ctx derived from it) to that settlement: Work then knows that the handler
+// spent the receipt, stops extending its lease, and does not count its own refused
+// settlement in streamd_queue_lease_lost_total.
 type Handler func(ctx context.Context, m *Message) error
 
 type termError struct{ err error }
@@ -74,7 +77,7 @@ const defaultWorkerVisibilityTimeout = 30 * time.Second
 // WorkerConfig configures Work. A nil *WorkerConfig means the defaults.
 type WorkerConfig struct {
 	// Backoff is the nack delay after a handler error, by delivery attempt (1 for the
-	// first). Defaults to ExponentialBackoff(1s, 5m).
+	// first); a negative delay counts as 0. Defaults to ExponentialBackoff(1s, 5m).
 	Backoff func(attempt int) time.Duration
 	// Concurrency is the most handlers running at once. Defaults to 10.
 	Concurrency int
@@ -119,7 +122,9 @@ func (w *WorkerConfig) validate() error {
 // runs, its lease is extended every cfg.ExtendEvery; if an extension finds the lease
 // lost, the handler's ctx is cancelled. A receive that fails for a retriable reason
 // (connection lost, server restart) is retried with backoff; any other receive error
-// (the queue was deleted) stops Work and is returned.
+// (the queue was deleted) stops Work: the running handlers' ctx is cancelled, Work
+// waits for them and returns the error. A lease extension that finds the queue
+// deleted counts as the lease lost.
 //
 // Acks are batched: the acks of handlers that return while an ack is on its way to
 // the database go together in the next one (one statement, one round trip), without
@@ -167,8 +172,14 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 	acks := newAcker(c, w.Concurrency, w.SettleTimeout)
 	go acks.run(context.WithoutCancel(ctx))
 	slots := make(chan struct{}, w.Concurrency)
+	// The handlers run under workCtx, which ends when Work stops for any reason: on a
+	// receive error the caller's ctx is still live, and the handlers (and so the
+	// wg.Wait below) used to run on until the caller cancelled it, forever after a
+	// DeleteQueue.
+	workCtx, stopWork := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
+		stopWork()
 		wg.Wait()
 		acks.close()
 	}()
@@ -218,7 +229,7 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
-				c.handle(ctx, log, &w, handler, acks, m)
+				c.handle(workCtx, log, &w, handler, acks, m)
 			}()
 		}
 	}
@@ -226,7 +237,8 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 
 // handle runs handler on m with lease extension and settles m from its result.
 func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, handler Handler, acks *acker, m *Message) {
-	hctx, cancel := context.WithCancel(ctx)
+	self := &handlerSettle{r: queueReceipt{m.Receipt.Queue, receiptKey{m.Receipt.Offset, m.Receipt.LeaseToken}}}
+	hctx, cancel := context.WithCancel(context.WithValue(ctx, handlerSettleKey{}, self))
 	defer cancel()
 	stop := make(chan struct{})
 	extenderDone := make(chan struct{})
@@ -240,11 +252,20 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 				return
 			case <-t.C:
 			}
+			if self.done.Load() {
+				// The handler settled the message itself: there is no lease to keep
+				// (and an extension would wait for the row lock of its transaction).
+				return
+			}
 			ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), w.SettleTimeout)
 			err := c.Extend(ectx, w.VisibilityTimeout, m.Receipt)
 			ecancel()
-			if errors.Is(err, ErrLeaseLost) {
-				log.Warn("queue lease lost while the handler ran", slog.Int64("offset", m.Offset), slog.String("message_id", m.MessageID))
+			// A deleted queue took the message with it: the lease is lost as surely as
+			// a stale receipt's (it used to count as transient, and the handler ran
+			// on with a live ctx).
+			if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrQueueNotFound) {
+				log.Warn("queue lease lost while the handler ran", slog.Int64("offset", m.Offset),
+					slog.String("message_id", m.MessageID), slog.Any("error", err))
 				cancel()
 				return
 			}
@@ -263,12 +284,18 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), w.SettleTimeout)
 	defer scancel()
+	// Settled by the handler itself: Work still settles (the handler's transaction
+	// may have rolled back), but a refusal is then no lost lease.
+	selfSettled := self.done.Load()
+	if selfSettled {
+		sctx = withSelfSettled(sctx, self.r)
+	}
 	var err error
 	var term *termError
 	var retry *retryError
 	switch {
 	case herr == nil:
-		err = acks.ack(m.Receipt)
+		err = acks.ack(m.Receipt, selfSettled)
 	case errors.As(herr, &term):
 		err = c.Term(sctx, term.reason(), m.Receipt)
 	case errors.As(herr, &retry):
@@ -277,7 +304,9 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 		// Shutting down: give the message back at once for another worker.
 		err = c.Nack(sctx, &NackOpts{Error: herr.Error()}, m.Receipt)
 	default:
-		err = c.Nack(sctx, &NackOpts{Delay: w.Backoff(m.DeliveryAttempts), Error: herr.Error()}, m.Receipt)
+		// A negative delay from the schedule counts as 0: refused by Nack, it left the
+		// message leased until its lease ran out.
+		err = c.Nack(sctx, &NackOpts{Delay: max(w.Backoff(m.DeliveryAttempts), 0), Error: herr.Error()}, m.Receipt)
 	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
@@ -310,8 +339,9 @@ type acker struct {
 }
 
 type ackReq struct {
-	r   Receipt
-	res chan error
+	r    Receipt
+	self bool // the handler settled r itself
+	res  chan error
 }
 
 func newAcker(c *Client, max int, timeout time.Duration) *acker {
@@ -319,10 +349,11 @@ func newAcker(c *Client, max int, timeout time.Duration) *acker {
 }
 
 // ack acks r in the next batch and returns its result: nil, a *LeaseLostError naming
-// r, or the batch's error.
-func (a *acker) ack(r Receipt) error {
+// r, or the batch's error. self says the handler settled r itself (a refusal is then
+// not counted as a lost lease).
+func (a *acker) ack(r Receipt, self bool) error {
 	res := make(chan error, 1)
-	a.reqs <- ackReq{r: r, res: res}
+	a.reqs <- ackReq{r: r, self: self, res: res}
 	return <-res
 }
 
@@ -353,10 +384,14 @@ func (a *acker) run(ctx context.Context) {
 			}
 		}
 		rs := make([]Receipt, len(batch))
+		var self []queueReceipt
 		for i, req := range batch {
 			rs[i] = req.r
+			if req.self {
+				self = append(self, queueReceipt{req.r.Queue, receiptKey{req.r.Offset, req.r.LeaseToken}})
+			}
 		}
-		actx, cancel := context.WithTimeout(ctx, a.timeout)
+		actx, cancel := context.WithTimeout(withSelfSettled(ctx, self...), a.timeout)
 		err := a.c.Ack(actx, rs...)
 		cancel()
 		var lost *LeaseLostError

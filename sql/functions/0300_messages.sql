@@ -5,7 +5,11 @@
 --   SD201 queue not found      SD202 invalid queue name    SD203 payload too large
 --   SD204 invalid argument     SD205 queue in use
 --
--- Time: every function takes p_now (NULL means now()) so tests control the clock.
+-- Time: every function takes p_now so tests control the clock. NULL means
+-- statement_timestamp(), the time of the call, not now(): now() is the start of the
+-- caller's transaction, so in a long transaction (SendTx in an outbox transaction, a
+-- receive or nack in the caller's own) a send's Delay, a lease or a nack's delay
+-- counted from a moment long past, and a delayed message was visible at commit.
 --
 -- Every function that reads messages by queue sets enable_seqscan = off: migration
 -- 0008 tells the planner that a queue is the whole table (n_distinct = 1, for the hot
@@ -21,7 +25,8 @@
 -- they leave always exist.
 -- Ownership: a settlement names each message by ("offset", lease_token); the token is
 -- checked in the statement's WHERE clause, so a receipt whose message was received
--- again since (a new token) changes nothing.
+-- again since (a new token) changes nothing. A receipt named twice settles once. A
+-- negative offset is refused (SD204) before anything is settled.
 --
 -- Lock order, to rule out deadlocks: FIFO group rows (message_groups) in group_key
 -- order, then message rows. Receive locks groups and messages with SKIP LOCKED and so
@@ -240,7 +245,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_send(
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_now  timestamptz := coalesce(p_now, now());
+    v_now  timestamptz := coalesce(p_now, statement_timestamp());
     v_q    streamd.queues;
     v_n    integer := coalesce(cardinality(p_data), 0);
     v_ids  text[];
@@ -370,14 +375,15 @@ $$;
 -- statement (Q2), keeping their provenance: origin queue and offset, attempts, last
 -- error (p_errors, parallel to p_offsets, overrides it). A message without a
 -- dead-letter queue is deleted when p_discard and left alone otherwise. A message id
--- the dead-letter queue already holds gets the suffix "@<queue>:<offset>".
+-- the dead-letter queue already holds gets the suffix "@<queue>:<offset>". An offset
+-- may be named more than once (its first error counts); the message moves once.
 -- Returns the number of messages moved or discarded.
 CREATE OR REPLACE FUNCTION streamd.queue_dead_letter(
     p_queue text, p_offsets bigint[], p_errors text[], p_discard boolean, p_now timestamptz
 ) RETURNS integer
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
-    v_now   timestamptz := coalesce(p_now, now());
+    v_now   timestamptz := coalesce(p_now, statement_timestamp());
     v_n     integer;
     v_force boolean := false;
 BEGIN
@@ -409,7 +415,11 @@ BEGIN
                coalesce(e.err, d.last_error), p_queue, d."offset", d.delivery_attempts, v_now, d.dedup, d.tenant_id
         FROM d
         JOIN streamd.queues dq ON dq.queue_name = d.dead_letter_stream AND NOT dq.fifo
-        LEFT JOIN unnest(p_offsets, coalesce(p_errors, '{}'::text[])) e(o, err) ON e.o = d."offset"
+        -- One error per offset: an offset named twice (a receipt repeated in one nack
+        -- or term) would otherwise insert the message twice (Q2).
+        LEFT JOIN (SELECT DISTINCT ON (u.o) u.o, u.err
+                   FROM unnest(p_offsets, coalesce(p_errors, '{}'::text[])) WITH ORDINALITY u(o, err, i)
+                   ORDER BY u.o, u.i) e ON e.o = d."offset"
         ORDER BY d."offset"
         RETURNING 1
     )
@@ -422,6 +432,21 @@ BEGIN
         v_force := true;
     END;
     END LOOP;
+END;
+$$;
+
+-- Raises SD204 when a settlement names a negative offset (E1: offsets are never
+-- negative), before anything is settled. queue_ack makes the same check inline.
+CREATE OR REPLACE FUNCTION streamd.queue_check_offsets(p_queue text, p_offsets bigint[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_lo bigint;
+BEGIN
+    SELECT min(o) INTO v_lo FROM unnest(p_offsets) o;
+    IF v_lo < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: receipt offset %s is negative', p_queue, v_lo);
+    END IF;
 END;
 $$;
 
@@ -448,7 +473,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_groups_advance(p_queue text, p_groups t
 RETURNS void
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
+    v_now timestamptz := coalesce(p_now, statement_timestamp());
 BEGIN
     DELETE FROM streamd.message_groups g
     WHERE g.stream_name = p_queue AND g.group_key = ANY(p_groups)
@@ -482,7 +507,7 @@ RETURNS TABLE ("offset" bigint, message_id text, data jsonb, metadata jsonb, enq
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_now    timestamptz := coalesce(p_now, now());
+    v_now    timestamptz := coalesce(p_now, statement_timestamp());
     v_q      streamd.queues;
     v_vt     interval;
     v_offs   bigint[];
@@ -582,6 +607,14 @@ DECLARE
     v_hi     bigint;
 BEGIN
     v_q := streamd.queue_get(p_queue);
+    SELECT min(o), max(o) INTO v_lo, v_hi FROM unnest(p_offsets) o;
+    -- Offsets are never negative (E1); refused before anything is settled. This also
+    -- keeps v_hi - v_lo within bigint (it overflowed for MaxInt64 and -MaxInt64,
+    -- an untyped 22003 that acked none of the valid receipts).
+    IF v_lo < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: receipt offset %s is negative', p_queue, v_lo);
+    END IF;
     IF v_q.fifo THEN
         v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
     END IF;
@@ -589,7 +622,6 @@ BEGIN
     -- to hash it). A token is a random UUID made for one delivery of one message, so a
     -- row whose token is among p_tokens is named by that receipt (p_offsets may
     -- repeat, with a stale and a current token).
-    SELECT min(o), max(o) INTO v_lo, v_hi FROM unnest(p_offsets) o;
     IF v_hi - v_lo < 4 * cardinality(p_offsets) + 64 THEN
         -- The receipts of one receive are close together: one walk of the primary
         -- key over their range costs less than a descent per offset (8% of the send +
@@ -621,7 +653,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_nack(
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_now      timestamptz := coalesce(p_now, now());
+    v_now      timestamptz := coalesce(p_now, statement_timestamp());
     v_q        streamd.queues;
     v_groups   text[];
     v_retry    bigint[];
@@ -631,6 +663,7 @@ DECLARE
     v_toks     uuid[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
+    PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
     IF EXISTS (SELECT 1 FROM unnest(p_delays_ms) d WHERE d < 0) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: nack delay is negative', p_queue);
     END IF;
@@ -644,7 +677,9 @@ BEGIN
                  (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts
                       AND streamd.queue_dlq_ok(m.dead_letter_stream)) AS exhausted
           FROM streamd.messages m
-          JOIN unnest(p_offsets, p_tokens, p_errors) r(o, t, e) ON m."offset" = r.o AND m.lease_token = r.t
+          JOIN (SELECT DISTINCT ON (u.o, u.t) u.o, u.t, u.e
+                FROM unnest(p_offsets, p_tokens, p_errors) WITH ORDINALITY u(o, t, e, i)
+                ORDER BY u.o, u.t, u.i) r ON m."offset" = r.o AND m.lease_token = r.t
           WHERE m.stream_name = p_queue
           ORDER BY m."offset"
           FOR UPDATE OF m) c;
@@ -656,7 +691,9 @@ BEGIN
         SET visibility_timeout = v_now + make_interval(secs => coalesce(r.d, 0) / 1000.0),
             not_before = v_now + make_interval(secs => coalesce(r.d, 0) / 1000.0),
             lease_token = NULL, last_error = coalesce(r.e, m.last_error)
-        FROM unnest(p_offsets, p_tokens, p_delays_ms, p_errors) r(o, t, d, e)
+        FROM (SELECT DISTINCT ON (u.o, u.t) u.o, u.t, u.d, u.e
+              FROM unnest(p_offsets, p_tokens, p_delays_ms, p_errors) WITH ORDINALITY u(o, t, d, e, i)
+              ORDER BY u.o, u.t, u.i) r
         WHERE m.stream_name = p_queue AND m."offset" = r.o AND m.lease_token = r.t AND r.o = ANY(v_retry);
     END IF;
     IF v_q.fifo THEN
@@ -673,11 +710,12 @@ RETURNS TABLE ("offset" bigint, lease_token uuid, visibility_timeout timestamptz
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_now    timestamptz := coalesce(p_now, now());
+    v_now    timestamptz := coalesce(p_now, statement_timestamp());
     v_q      streamd.queues;
     v_groups text[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
+    PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
     IF p_vt_ms IS NULL OR p_vt_ms <= 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'SD204',
             MESSAGE = format('queue %L: visibility timeout %s ms must be positive', p_queue, p_vt_ms);
@@ -717,13 +755,16 @@ DECLARE
     v_moved  bool[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
+    PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
     IF v_q.fifo THEN
         v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
     END IF;
     SELECT array_agg(c.o), array_agg(c.t), array_agg(c.e), array_agg(c.moved) INTO v_offs, v_toks, v_errs, v_moved
     FROM (SELECT m."offset" AS o, r.t, r.e, streamd.queue_dlq_ok(m.dead_letter_stream) AS moved
           FROM streamd.messages m
-          JOIN unnest(p_offsets, p_tokens, p_reasons) r(o, t, e) ON m."offset" = r.o AND m.lease_token = r.t
+          JOIN (SELECT DISTINCT ON (u.o, u.t) u.o, u.t, u.e
+                FROM unnest(p_offsets, p_tokens, p_reasons) WITH ORDINALITY u(o, t, e, i)
+                ORDER BY u.o, u.t, u.i) r ON m."offset" = r.o AND m.lease_token = r.t
           WHERE m.stream_name = p_queue
           ORDER BY m."offset"
           FOR UPDATE OF m) c;
@@ -743,7 +784,7 @@ $$;
 CREATE OR REPLACE FUNCTION streamd.queue_redrive(p_dlq text, p_limit integer, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
-    v_now   timestamptz := coalesce(p_now, now());
+    v_now   timestamptz := coalesce(p_now, statement_timestamp());
     v_offs  bigint[];
     v_n     integer;
     v_force boolean := false;
@@ -829,7 +870,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_discard(p_queue text, p_offsets bigint[
 RETURNS SETOF bigint
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
-    v_now    timestamptz := coalesce(p_now, now());
+    v_now    timestamptz := coalesce(p_now, statement_timestamp());
     v_q      streamd.queues;
     v_groups text[];
 BEGIN
@@ -853,7 +894,7 @@ BEGIN
 END;
 $$;
 
--- Per-queue statistics at p_now (NULL: now()); p_queue NULL means every queue.
+-- Per-queue statistics at p_now (NULL: statement_timestamp()); p_queue NULL means every queue.
 --   depth          messages visible now (ready to deliver)
 --   in_flight      received, lease not yet expired
 --   delayed        waiting for a send delay or a nack delay
@@ -872,7 +913,7 @@ LANGUAGE sql STABLE SET enable_seqscan = off AS $$
            coalesce(s.depth, 0), coalesce(s.in_flight, 0), coalesce(s.delayed, 0), coalesce(s.total, 0),
            (SELECT count(*) FROM streamd.messages d WHERE d.origin_stream = q.queue_name),
            s.oldest
-    FROM (SELECT coalesce(p_now, now()) AS ts) t
+    FROM (SELECT coalesce(p_now, statement_timestamp()) AS ts) t
     CROSS JOIN streamd.queues q
     LEFT JOIN LATERAL (
         SELECT count(*) FILTER (WHERE m.visibility_timeout <= t.ts) AS depth,

@@ -1,0 +1,163 @@
+package messages_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
+)
+
+// awaitWork returns Work's result, failing the test when it has not returned within d.
+func awaitWork(t *testing.T, done <-chan error, d time.Duration, why string) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		t.Fatalf("Work did not return within %v: %s", d, why)
+		return nil
+	}
+}
+
+// TestWorkStopsHandlersOnReceiveError guards the Handler contract ("ctx is cancelled
+// when Work stops"): when Work stops on a receive error (its queue was deleted) while
+// its caller's ctx is still live, the running handlers' ctx is cancelled and Work
+// returns the error. It used to wait for handlers whose ctx nothing would cancel.
+func TestWorkStopsHandlersOnReceiveError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	q := newQueue(t, pool, nil)
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
+	require.NoError(t, err)
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		// Concurrency 2: a slot stays free, so Work receives (and fails) while the
+		// handler runs; the lease extension (every 10s) is not what ends it.
+		done <- c.Work(ctx, q, &messages.WorkerConfig{Concurrency: 2, PollWait: 50 * time.Millisecond},
+			func(hctx context.Context, m *messages.Message) error {
+				close(started)
+				<-hctx.Done()
+				return hctx.Err()
+			})
+	}()
+	<-started
+	require.NoError(t, c.DeleteQueue(ctx, q))
+	err = awaitWork(t, done, 5*time.Second, "the running handler's ctx was never cancelled")
+	require.ErrorIs(t, err, messages.ErrQueueNotFound)
+}
+
+// TestWorkLeaseLostWhenQueueDeleted guards the other half of that contract ("or the
+// message's lease is lost"): a lease extension that finds the queue deleted cancels
+// the handler's ctx. It used to count as a transient failure, retried forever.
+func TestWorkLeaseLostWhenQueueDeleted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	q := newQueue(t, pool, nil)
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
+	require.NoError(t, err)
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		// Concurrency 1: no receive runs while the handler holds the only slot, so
+		// only the extender can notice the deletion.
+		done <- c.Work(ctx, q, &messages.WorkerConfig{Concurrency: 1, ExtendEvery: 50 * time.Millisecond, PollWait: 50 * time.Millisecond},
+			func(hctx context.Context, m *messages.Message) error {
+				close(started)
+				<-hctx.Done()
+				return hctx.Err()
+			})
+	}()
+	<-started
+	require.NoError(t, c.DeleteQueue(ctx, q))
+	err = awaitWork(t, done, 10*time.Second, "the extender took the deleted queue for a transient failure")
+	require.ErrorIs(t, err, messages.ErrQueueNotFound)
+}
+
+// TestWorkHandlerSelfAckIsNoLeaseLost guards streamd_queue_lease_lost_total against
+// the pattern the Handler doc recommends: a handler that acks its message itself
+// (AckTx in the transaction of its own writes) is no lost lease when Work's own ack
+// then finds the receipt spent. It used to count one per message.
+func TestWorkHandlerSelfAckIsNoLeaseLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	reg := prometheus.NewRegistry()
+	c, err := messages.NewClient(pool, &messages.ClientConfig{Registerer: reg})
+	require.NoError(t, err)
+	q := newQueue(t, pool, nil)
+	const n = 5
+	for i := range n {
+		_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(i)})
+		require.NoError(t, err)
+	}
+	var handled atomic.Int32
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Work(wctx, q, &messages.WorkerConfig{PollWait: 50 * time.Millisecond}, func(hctx context.Context, m *messages.Message) error {
+			defer handled.Add(1)
+			tx, err := pool.Begin(hctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(hctx) }()
+			if err := c.AckTx(hctx, tx, m.Receipt); err != nil {
+				return err
+			}
+			return tx.Commit(hctx)
+		})
+	}()
+	require.Eventually(t, func() bool { return handled.Load() == n && count(t, pool, q) == 0 },
+		20*time.Second, 10*time.Millisecond)
+	stop()
+	require.NoError(t, awaitWork(t, done, 10*time.Second, "after its ctx ended"))
+	require.Equal(t, float64(n), counterValue(t, reg, "streamd_queue_acked_messages_total", q))
+	require.Zero(t, counterValue(t, reg, "streamd_queue_lease_lost_total", q))
+}
+
+// TestWorkNegativeBackoffNacksAtOnce guards WorkerConfig.Backoff: a schedule that
+// returns a negative delay counts as 0, so the failed message is nacked and retried
+// at once. The nack used to be refused (ErrInvalidArgument), which left the message
+// leased until its visibility timeout.
+func TestWorkNegativeBackoffNacksAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	q := newQueue(t, pool, &messages.QueueConfig{MaxDeliveryAttempts: 10})
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
+	require.NoError(t, err)
+	var attempts atomic.Int32
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Work(wctx, q, &messages.WorkerConfig{
+			Backoff:           func(int) time.Duration { return -time.Second },
+			PollWait:          50 * time.Millisecond,
+			VisibilityTimeout: time.Hour,
+		}, func(_ context.Context, m *messages.Message) error {
+			if attempts.Add(1) == 1 {
+				return errors.New("first attempt fails") // nacked with the backoff
+			}
+			return nil
+		})
+	}()
+	require.Eventually(t, func() bool { return attempts.Load() == 2 && count(t, pool, q) == 0 },
+		10*time.Second, 10*time.Millisecond, "retried at once, not after the 1h lease")
+	stop()
+	require.NoError(t, awaitWork(t, done, 10*time.Second, "after its ctx ended"))
+}
