@@ -220,7 +220,10 @@ type QueueInfo struct {
 
 // CreateQueue creates queue name, or updates an existing queue's settings (cfg nil
 // means the defaults). The dead-letter queue must exist and be standard; a queue's
-// FIFO setting cannot change. Errors: ErrInvalidName, ErrInvalidArgument,
+// FIFO setting cannot change. Each message keeps the dead-letter queue and maximum
+// delivery attempts it was sent with (seed 003's per-message columns): a change of
+// those settings applies to messages sent afterwards, not to those already queued
+// (move those with plain SQL on streamd.messages if needed). Errors: ErrInvalidName, ErrInvalidArgument,
 // ErrQueueNotFound (for the dead-letter queue).
 func (c *Client) CreateQueue(ctx context.Context, name string, cfg *QueueConfig) error {
 	if err := checkName(name); err != nil {
