@@ -151,12 +151,14 @@ type ResetOpts struct {
 	Force bool
 	// Mode is required.
 	Mode ResetMode
-	// Partitions limits the reset; nil means all.
+	// Partitions limits the reset; nil means all, an empty slice none (nothing is
+	// reset and, even with Force, nobody is expelled).
 	Partitions []int32
 	// Time is the timestamp for ResetToTimestamp.
 	Time time.Time
 	// Value is the offset for ResetToOffset or the shift (may be negative) for
-	// ResetShiftBy. New offsets are clamped to the stored log.
+	// ResetShiftBy. New offsets are clamped to the stored log, whatever the value
+	// (math.MaxInt64 shifts to the log end).
 	Value int64
 }
 
@@ -201,8 +203,8 @@ func (a *Admin) ResetOffsets(ctx context.Context, stream, group string, opts Res
 }
 
 // DeleteGroup deletes a group with its members, ownership and committed offsets.
-// ErrGroupNotFound when there is none; ErrGroupNotEmpty while it has live members
-// unless force.
+// ErrInvalidGroupID for a malformed group id; ErrGroupNotFound when there is no such
+// group; ErrGroupNotEmpty while it has live members unless force.
 func (a *Admin) DeleteGroup(ctx context.Context, stream, group string, force bool) error {
 	var ok bool
 	err := a.pool.QueryRow(ctx, "SELECT streamd.delete_group($1, $2, $3, NULL)", stream, group, force).Scan(&ok)

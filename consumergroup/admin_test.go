@@ -3,6 +3,7 @@ package consumergroup
 import (
 	"context"
 	"errors"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -76,6 +77,70 @@ func TestResetOffsets(t *testing.T) {
 	require.EqualValues(t, 10, d.Lag)
 	require.NoError(t, admin.DeleteGroup(ctx, stream, group, false))
 	require.ErrorIs(t, admin.DeleteGroup(ctx, stream, group, false), ErrGroupNotFound)
+}
+
+// TestResetShiftByClampsAtTheInt64Edges: a shift as large as an int64 goes (say
+// "to the end": math.MaxInt64) is clamped to the stored log as documented; the sum
+// overflowed bigint and the reset failed with an untyped error.
+func TestResetShiftByClampsAtTheInt64Edges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	produce(t, pool, stream, 0, 3)
+	m := join(t, pool, stream, group, "a")
+	_, err := m.heartbeat(ctx, pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, m.commit(ctx, pool, []PartitionOffset{{Partition: 0, Offset: 1}}, nil))
+	_, err = m.leave(ctx, pool, nil)
+	require.NoError(t, err)
+	admin := NewAdmin(pool)
+	for _, tc := range []struct {
+		shift int64
+		want  int64
+	}{{math.MaxInt64, 3}, {math.MinInt64, 0}, {math.MaxInt64 - 1, 3}, {math.MinInt64 + 1, 0}} {
+		changes, err := admin.ResetOffsets(ctx, stream, group, ResetOpts{Mode: ResetShiftBy, Value: tc.shift})
+		require.NoError(t, err, "shift by %d", tc.shift)
+		require.Len(t, changes, 1)
+		require.Equal(t, tc.want, changes[0].New, "shift by %d", tc.shift)
+	}
+}
+
+// TestResetNoPartitionsExpelsNobody: ResetOpts.Partitions empty (not nil) names no
+// partition: nothing is reset and, even forced, the live members stay. A forced
+// reset of nothing expelled them.
+func TestResetNoPartitionsExpelsNobody(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	produce(t, pool, stream, 0, 3)
+	m := join(t, pool, stream, group, "a")
+	_, err := m.heartbeat(ctx, pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, m.commit(ctx, pool, []PartitionOffset{{Partition: 0, Offset: 1}}, nil))
+
+	changes, err := NewAdmin(pool).ResetOffsets(ctx, stream, group, ResetOpts{Mode: ResetToLatest, Partitions: []int32{}, Force: true})
+	require.NoError(t, err)
+	require.Empty(t, changes)
+	_, err = m.heartbeat(ctx, pool, nil)
+	require.NoError(t, err, "the member was not expelled")
+	off, _, err := committedOffset(ctx, pool, stream, group, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, off, "nothing was reset")
+}
+
+// TestDeleteGroupRejectsInvalidGroupID: a malformed group id is ErrInvalidGroupID, as
+// for every other group call, not ErrGroupNotFound.
+func TestDeleteGroupRejectsInvalidGroupID(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	err := NewAdmin(pool).DeleteGroup(context.Background(), stream, "no spaces allowed", true)
+	require.ErrorIs(t, err, ErrInvalidGroupID)
+	require.NotErrorIs(t, err, ErrGroupNotFound)
 }
 
 // TestDeadLetterAndReplay: with ErrorDeadLetter, an event whose handler always fails

@@ -2,11 +2,9 @@ package consumergroup
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -48,21 +46,21 @@ func (b *Batch) Commit(ctx context.Context) error {
 
 // CommitTx commits the batch's offset inside tx, the handler's own transaction, so
 // that the handler's writes and the offset commit happen together or not at all (G4).
-// The partition's ownership row stays locked until tx ends: a handover waits for it,
-// so a commit accepted here can never be overtaken. ErrFenced (and tx must be rolled
-// back) when this member no longer owns the partition. Required in
-// CommitTransactional mode; usable in any mode.
+// The partition's ownership row stays locked (FOR KEY SHARE) until tx ends: a
+// handover waits for it, so a commit accepted here can never be overtaken; the
+// group's other operations (joins, heartbeats, pending moves, pause) do not wait.
+// ErrFenced (and tx must be rolled back) when this member no longer owns the
+// partition. Required in CommitTransactional mode; usable in any mode.
 //
 // ErrAlreadyCommitted (roll tx back, and return the error) when an earlier attempt of
 // this batch committed but its handler still failed (the commit's acknowledgement was
 // lost): the writes must not happen twice, and the worker counts the batch as done.
+// That holds when the attempts overlap too: while an earlier attempt's transaction is
+// still open (its COMMIT in flight), CommitTx waits for it, and returns
+// ErrAlreadyCommitted if it committed.
 func (b *Batch) CommitTx(ctx context.Context, tx pgx.Tx) error {
-	m := b.w.m
-	_, err := tx.Exec(ctx, "SELECT streamd.commit_batch($1, $2, $3, $4, $5, $6, $7, NULL)",
-		m.stream, m.group, m.consumerID, m.epoch, b.Partition, b.Events[0].Offset, b.NextOffset())
-	if err != nil {
-		return fmt.Errorf("commit batch [%d, %d) of %s/%d for group %s: %w",
-			b.Events[0].Offset, b.NextOffset(), m.stream, b.Partition, m.group, sqlerr.Wrap(err))
+	if err := b.w.m.commitBatch(ctx, tx, b.Partition, b.Events[0].Offset, b.NextOffset(), nil); err != nil {
+		return err
 	}
 	b.txCommitted = true
 	return nil

@@ -98,7 +98,9 @@ type Config struct {
 	// InstanceID enables static membership: a restart with the same instance id within
 	// the session timeout takes the previous member's partitions back without a
 	// rebalance, and a clean Run exit does not leave the group (the partitions wait
-	// for the restart, up to the session timeout). Defaults to "" (dynamic member).
+	// for the restart, up to the session timeout). It must be unique among the running
+	// members: a member whose instance id another one took over stops, and its Run
+	// returns ErrInstanceFenced. Defaults to "" (dynamic member).
 	InstanceID string
 	// Logger receives the consumer's log lines. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -107,7 +109,8 @@ type Config struct {
 	// MaxPollInterval bounds one handler call (Kafka's max.poll.interval.ms): when a
 	// handler runs longer, the member leaves the group so that others take its
 	// partitions, cancels its handlers' context, reports OnLost, waits for them to
-	// return, and joins again. Defaults to 5 minutes.
+	// return, and joins again. It bounds each hook call too (see OnAssigned). At most
+	// 2^31-1 milliseconds (about 24.8 days). Defaults to 5 minutes.
 	MaxPollInterval time.Duration
 	// MaxRetries is how many times a failed batch is retried (with exponential
 	// backoff) before OnHandlerError applies; negative (RetryForever) means forever,
@@ -118,7 +121,10 @@ type Config struct {
 	// Contract for all hooks: they are called from one goroutine, never concurrently
 	// with each other, and never concurrently with a handler call of the partitions
 	// they name (handlers of other partitions may be running). They must not call Run.
-	// Defaults to nil (no call).
+	// The member keeps heartbeating while a hook runs, so a hook may take longer than
+	// SessionTimeout, but at most MaxPollInterval: its ctx ends then and the
+	// heartbeats stop, and a hook still running gets the member expelled after
+	// SessionTimeout (as a stuck handler does). Defaults to nil (no call).
 	OnAssigned Hook
 	// OnHandlerError says what happens to a batch that still fails after MaxRetries.
 	// Defaults to ErrorBlock.
@@ -134,8 +140,9 @@ type Config struct {
 	// CommitManual programs commit here with Consumer.Commit. Defaults to nil.
 	OnRevoked Hook
 	// RebalanceTimeout bounds how long this member may keep a partition that another
-	// member waits for; past it the group expels this member. Defaults to
-	// MaxPollInterval (a batch may take that long).
+	// member waits for; past it the group expels this member. 1ms to 2^31-1
+	// milliseconds (about 24.8 days). Defaults to MaxPollInterval (a batch may take
+	// that long).
 	RebalanceTimeout time.Duration
 	// Registerer receives the consumer's metrics. Defaults to nil (no metrics).
 	Registerer prometheus.Registerer
@@ -147,7 +154,7 @@ type Config struct {
 	// RetryBackoffMax caps the retry wait. Defaults to 10s.
 	RetryBackoffMax time.Duration
 	// SessionTimeout is how long the member stays in the group without a heartbeat
-	// (G3). Defaults to 30s.
+	// (G3). 10ms to 2^31-1 milliseconds (about 24.8 days). Defaults to 30s.
 	SessionTimeout time.Duration
 	// Stream is the stream to consume. Required.
 	Stream string
@@ -202,7 +209,13 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// validate names the first bad field.
+// maxTimeout is the longest SessionTimeout, RebalanceTimeout or MaxPollInterval: the
+// first two travel to PostgreSQL as integer milliseconds (join_group), and
+// RebalanceTimeout defaults to MaxPollInterval. About 24.8 days.
+const maxTimeout = math.MaxInt32 * time.Millisecond
+
+// validate names the first bad field. It runs after withDefaults, so defaulted values
+// are checked too.
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return fmt.Errorf("%w: consumergroup.Config.%s: %s", ErrInvalidArgument, field, fmt.Sprintf(format, args...))
@@ -224,18 +237,18 @@ func (c Config) validate() error {
 		return bad("InstanceID", "%d characters; at most 255", len(c.InstanceID))
 	case c.MaxBatchSize < 0:
 		return bad("MaxBatchSize", "%d is negative", c.MaxBatchSize)
-	case c.MaxPollInterval < 0:
-		return bad("MaxPollInterval", "%v is negative", c.MaxPollInterval)
+	case c.MaxPollInterval < 0 || c.MaxPollInterval > maxTimeout:
+		return bad("MaxPollInterval", "%v: use a positive duration of at most %v", c.MaxPollInterval, maxTimeout)
 	case c.OnHandlerError < ErrorBlock || c.OnHandlerError > ErrorDeadLetter:
 		return bad("OnHandlerError", "unknown policy %d", c.OnHandlerError)
-	case c.RebalanceTimeout < 0:
-		return bad("RebalanceTimeout", "%v is negative", c.RebalanceTimeout)
+	case c.RebalanceTimeout < time.Millisecond || c.RebalanceTimeout > maxTimeout:
+		return bad("RebalanceTimeout", "%v: use 1ms to %v", c.RebalanceTimeout, maxTimeout)
 	case c.RetryBackoff < 0:
 		return bad("RetryBackoff", "%v is negative", c.RetryBackoff)
 	case c.RetryBackoffMax < c.RetryBackoff:
 		return bad("RetryBackoffMax", "%v is below RetryBackoff %v", c.RetryBackoffMax, c.RetryBackoff)
-	case c.SessionTimeout < 10*time.Millisecond:
-		return bad("SessionTimeout", "%v is below 10ms", c.SessionTimeout)
+	case c.SessionTimeout < 10*time.Millisecond || c.SessionTimeout > maxTimeout:
+		return bad("SessionTimeout", "%v: use 10ms to %v", c.SessionTimeout, maxTimeout)
 	case !streams.ValidName(c.Stream):
 		return bad("Stream", "%q is not a valid stream name", c.Stream)
 	}

@@ -84,7 +84,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 // cancelled, then hands its partitions over (OnRevoked, leave) and returns nil. It
 // survives lost connections and database restarts (joining again with backoff) and
 // rejoins after being fenced. It returns an error only for a condition retrying cannot
-// fix (the stream does not exist, an invalid name) or when called twice at once.
+// fix (the stream does not exist, an invalid name), when called twice at once, and
+// with ErrInstanceFenced when another live member took over its InstanceID.
 func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	if h == nil {
 		return fmt.Errorf("%w: consumergroup: Run needs a handler", ErrInvalidArgument)
@@ -135,6 +136,12 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 		if ctx.Err() != nil || c.killed.Load() {
 			return nil
 		}
+		if holder := c.instanceTakenOver(ctx, m, err); holder != "" {
+			c.log.Warn("instance id taken over by another member; stopping", "member_id", m.consumerID,
+				"instance_id", m.instanceID, "holder_id", holder)
+			return fmt.Errorf("%w: consumergroup: instance id %q of group %s of %s now belongs to member %s: %w",
+				ErrInstanceFenced, m.instanceID, m.group, m.stream, holder, err)
+		}
 		c.log.Info("rejoining group", "member_id", m.consumerID, "reason", err)
 	}
 }
@@ -145,6 +152,32 @@ func (c *Consumer) join(ctx context.Context) (*member, error) {
 	id := c.cfg.ConsumerID + "-" + hex.EncodeToString(suffix)
 	return memberJoin(ctx, c.sessionPool, c.cfg.Stream, c.cfg.Group, id, c.cfg.InstanceID,
 		c.cfg.SessionTimeout, c.cfg.RebalanceTimeout, nil)
+}
+
+// instanceTakenOver returns the member that holds m's instance id now, when m (a
+// static member) ended its session fenced and another member with a live session
+// holds that instance id: a second process runs with the same InstanceID, or this
+// one was replaced by a restart while it still ran. Joining again would take the
+// partitions back and fence the other in turn, both handling them meanwhile, forever
+// (Kafka's FENCED_INSTANCE_ID stops the old member for the same reason). "" when m is
+// dynamic, was not fenced, or nobody live holds the instance id (its own session
+// expired: a rejoin is right), and when the check fails (the rejoin is the safe side:
+// if the instance is taken, the next fencing asks again).
+func (c *Consumer) instanceTakenOver(ctx context.Context, m *member, sessionErr error) string {
+	if m.instanceID == "" || !errors.Is(sessionErr, ErrFenced) {
+		return ""
+	}
+	qctx, cancel := context.WithTimeout(ctx, c.cfg.SessionTimeout)
+	defer cancel()
+	holder, err := instanceHolder(qctx, c.sessionPool, m.stream, m.group, m.instanceID)
+	if err != nil {
+		c.log.Warn("cannot tell who holds the instance id; rejoining", "error", err)
+		return ""
+	}
+	if holder == m.consumerID {
+		return ""
+	}
+	return holder
 }
 
 // signal wakes the session loop without blocking.
@@ -218,18 +251,24 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 			delete(workers, w.partition)
 			setOwned()
 			if w.lost.Load() {
-				c.hook(ctx, c.cfg.OnLost, "lost", []int32{w.partition})
+				lastOK = latest(lastOK, c.whileHeartbeating(ctx, m, func() {
+					c.hook(ctx, c.cfg.OnLost, "lost", []int32{w.partition})
+				}))
 				continue
 			}
 			// A clean stop: the coordinator asked for it because the partition is
 			// being revoked. Hand it over.
-			c.hook(ctx, c.cfg.OnRevoked, "revoked", []int32{w.partition})
-			if err := m.release(ctx, c.sessionPool, []int32{w.partition}, nil); err != nil {
+			var err error
+			lastOK = latest(lastOK, c.whileHeartbeating(ctx, m, func() {
+				c.hook(ctx, c.cfg.OnRevoked, "revoked", []int32{w.partition})
+				err = m.release(ctx, c.sessionPool, []int32{w.partition}, nil)
+			}))
+			if err != nil {
 				c.log.Warn("release failed", "partition", w.partition, "error", err)
 				if errors.Is(err, ErrFenced) {
 					c.metrics.rebalances.WithLabelValues(c.cfg.Stream, c.cfg.Group, "fenced").Inc()
 					finish(false)
-					return fmt.Errorf("%w: %v", errRejoin, err)
+					return fmt.Errorf("%w: %w", errRejoin, err)
 				}
 			}
 			c.signal()
@@ -265,20 +304,21 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 				c.log.Warn("member fenced; dropping partitions", "member_id", m.consumerID, "error", err)
 				c.metrics.rebalances.WithLabelValues(c.cfg.Stream, c.cfg.Group, "fenced").Inc()
 				finish(false)
-				return fmt.Errorf("%w: %v", errRejoin, err)
+				return fmt.Errorf("%w: %w", errRejoin, err)
 			}
 			c.log.Warn("heartbeat failed; retrying", "error", err)
 			continue
 		}
 		lastOK = time.Now()
-		c.reconcile(ctx, m, h, a, workers, done)
+		lastOK = latest(lastOK, c.reconcile(ctx, m, h, a, workers, done))
 		setOwned()
 	}
 }
 
 // reconcile starts workers for newly assigned partitions, stops those being revoked,
-// cancels those no longer owned, and applies pauses.
-func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assignment, workers map[int32]*worker, done chan *worker) {
+// cancels those no longer owned, and applies pauses. It returns the time of the last
+// heartbeat that succeeded while its releases and OnAssigned ran (zero when none).
+func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assignment, workers map[int32]*worker, done chan *worker) time.Time {
 	var added, releaseNow []int32
 	for _, p := range a.Assigned {
 		w, running := workers[p]
@@ -300,15 +340,17 @@ func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assign
 			w.cancel()
 		}
 	}
-	if len(releaseNow) > 0 {
-		if err := m.release(ctx, c.sessionPool, releaseNow, nil); err != nil {
-			c.log.Warn("release failed", "partitions", releaseNow, "error", err)
+	if len(releaseNow) == 0 && len(added) == 0 {
+		return time.Time{}
+	}
+	hbOK := c.whileHeartbeating(ctx, m, func() {
+		if len(releaseNow) > 0 {
+			if err := m.release(ctx, c.sessionPool, releaseNow, nil); err != nil {
+				c.log.Warn("release failed", "partitions", releaseNow, "error", err)
+			}
 		}
-	}
-	if len(added) == 0 {
-		return
-	}
-	c.hook(ctx, c.cfg.OnAssigned, "assigned", added)
+		c.hook(ctx, c.cfg.OnAssigned, "assigned", added)
+	})
 	for _, p := range added {
 		w := newWorker(ctx, c, m, p, h, slices.Contains(a.Paused, p))
 		workers[p] = w
@@ -317,6 +359,7 @@ func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assign
 			done <- w
 		}()
 	}
+	return hbOK
 }
 
 // shutdown ends a session because Run's context was cancelled: workers finish their
@@ -328,28 +371,7 @@ func (c *Consumer) shutdown(ctx context.Context, m *member, finish func(clean bo
 	// expelled mid-handover, its final commits refused and its batches redelivered.
 	// At most MaxPollInterval: a handler that ignores its cancelled ctx longer than
 	// that must not keep the partitions from the others.
-	hbCtx, stopHB := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.MaxPollInterval)
-	hbDone := make(chan struct{})
-	go func() { // owner: shutdown; ends at stopHB or after MaxPollInterval
-		defer close(hbDone)
-		t := time.NewTicker(c.cfg.HeartbeatInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-hbCtx.Done():
-				return
-			case <-t.C:
-				hctx, cancel := context.WithTimeout(hbCtx, c.cfg.SessionTimeout)
-				if _, err := m.heartbeat(hctx, c.sessionPool, nil); err != nil && hbCtx.Err() == nil {
-					c.log.Warn("heartbeat while shutting down failed", "error", err)
-				}
-				cancel()
-			}
-		}
-	}()
-	finish(true)
-	stopHB()
-	<-hbDone
+	c.whileHeartbeating(context.WithoutCancel(ctx), m, func() { finish(true) })
 	if c.killed.Load() || c.cfg.InstanceID != "" {
 		return
 	}
@@ -362,6 +384,60 @@ func (c *Consumer) shutdown(ctx context.Context, m *member, finish func(clean bo
 	}
 }
 
+// whileHeartbeating runs fn on the calling goroutine (the session loop, the only
+// heartbeat sender otherwise) while a goroutine of its own heartbeats every
+// HeartbeatInterval, for at most MaxPollInterval, and returns the time of the last
+// heartbeat that succeeded (zero when none). fn is a hook, a release or a shutdown's
+// wait for its workers: one slower than the session timeout must not get a healthy
+// member expelled, after which it would rejoin, run the hook again and be expelled
+// again. Past MaxPollInterval the heartbeats stop, as for a stuck handler, so a hook
+// that never returns cannot keep its partitions from the others. The assignments the
+// heartbeats return are dropped: the session loop's next heartbeat reconciles.
+func (c *Consumer) whileHeartbeating(ctx context.Context, m *member, fn func()) time.Time {
+	hbCtx, stop := context.WithTimeout(ctx, c.cfg.MaxPollInterval)
+	var lastOK atomic.Int64
+	hbDone := make(chan struct{})
+	go func() { // owner: whileHeartbeating; ends when fn returned (stop) or after MaxPollInterval
+		defer close(hbDone)
+		t := time.NewTicker(c.cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-hbCtx.Done():
+				return
+			case <-t.C:
+				if c.beforeHeartbeat != nil {
+					c.beforeHeartbeat()
+				}
+				hctx, cancel := context.WithTimeout(hbCtx, c.cfg.SessionTimeout)
+				_, err := m.heartbeat(hctx, c.sessionPool, nil)
+				cancel()
+				switch {
+				case err == nil:
+					lastOK.Store(time.Now().UnixNano())
+				case hbCtx.Err() == nil:
+					c.log.Warn("heartbeat while a hook or handover runs failed", "error", err)
+				}
+			}
+		}
+	}()
+	fn()
+	stop()
+	<-hbDone
+	if ns := lastOK.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// latest is the later of two times.
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 func (c *Consumer) stuckWorker(workers map[int32]*worker) *worker {
 	for _, w := range workers {
 		if since := w.inflightSince.Load(); since != 0 && time.Since(time.Unix(0, since)) > c.cfg.MaxPollInterval {
@@ -371,6 +447,7 @@ func (c *Consumer) stuckWorker(workers map[int32]*worker) *worker {
 	return nil
 }
 
+// hook calls fn with a context that ends after MaxPollInterval (Config.OnAssigned).
 func (c *Consumer) hook(ctx context.Context, fn Hook, reason string, partitions []int32) {
 	if len(partitions) == 0 {
 		return
@@ -379,7 +456,9 @@ func (c *Consumer) hook(ctx context.Context, fn Hook, reason string, partitions 
 	c.metrics.rebalances.WithLabelValues(c.cfg.Stream, c.cfg.Group, reason).Inc()
 	c.log.Info("partitions "+reason, "partitions", partitions)
 	if fn != nil {
-		fn(ctx, partitions)
+		hctx, cancel := context.WithTimeout(ctx, c.cfg.MaxPollInterval)
+		defer cancel()
+		fn(hctx, partitions)
 	}
 }
 

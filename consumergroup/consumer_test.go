@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -169,6 +170,35 @@ func TestConsumerRejectsBadConfig(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidArgument, field)
 		require.Contains(t, err.Error(), "Config."+field)
 	}
+}
+
+// TestConsumerRejectsTimeoutsPastInt32Milliseconds: SessionTimeout and
+// RebalanceTimeout travel to PostgreSQL as integer milliseconds, and RebalanceTimeout
+// defaults to MaxPollInterval; longer than 2^31-1 ms (about 24.8 days) each is refused
+// by New naming its field, checked after the defaults apply. They passed, and Run
+// failed with an untyped encoding error. The longest allowed value works.
+func TestConsumerRejectsTimeoutsPastInt32Milliseconds(t *testing.T) {
+	t.Parallel()
+	const tooLong = 25 * 24 * time.Hour
+	for field, cfg := range map[string]Config{
+		"MaxPollInterval":  {Stream: "s", Group: "g", MaxPollInterval: tooLong},
+		"RebalanceTimeout": {Stream: "s", Group: "g", RebalanceTimeout: tooLong},
+		"SessionTimeout":   {Stream: "s", Group: "g", SessionTimeout: tooLong},
+	} {
+		_, err := New(nil, cfg)
+		require.ErrorIs(t, err, ErrInvalidArgument, field)
+		require.Contains(t, err.Error(), "Config."+field)
+	}
+
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	cfg := testConfig(stream, group)
+	cfg.MaxPollInterval = math.MaxInt32 * time.Millisecond // RebalanceTimeout follows it
+	c, err := New(pool, cfg)
+	require.NoError(t, err)
+	runConsumer(t, c, func(context.Context, *Batch) error { return nil })
+	waitFor(t, 5*time.Second, "joined and assigned", func() bool { return len(c.Assignment()) == 1 })
 }
 
 // TestRebalanceHandsOverAfterCommit: a second member joins; the first finishes its

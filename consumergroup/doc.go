@@ -18,11 +18,12 @@
 // member whose session expires is removed by any other member's heartbeat (or by
 // cleanup_stale_consumers) and its partitions move at once.
 //
-// A commit (commit_offsets) locks the partition's ownership row FOR SHARE where the
+// A commit (commit_offsets) locks the partition's ownership row FOR KEY SHARE where the
 // member owns it at its epoch and its session is live, and writes the offset in the
-// same transaction; a handover updates that row, so it waits for an in-flight commit
-// or makes it find nothing (ErrFenced, nothing written). CommitTx holds the lock until
-// the handler's transaction ends.
+// same transaction; a handover locks that row FOR UPDATE before it changes the owner,
+// so it waits for an in-flight commit or makes it find nothing (ErrFenced, nothing
+// written). CommitTx holds the lock until the handler's transaction ends; updates
+// that move nothing (a pending target, pause) do not wait for it.
 //
 // # Files
 //
@@ -37,7 +38,9 @@
 // # Goroutines
 //
 // Run owns the listener goroutine (exits when Run returns) and runs the session loop
-// itself. The session loop owns one worker goroutine per owned partition: it stops a
+// itself. While the session loop runs a hook, a release or its shutdown's wait for the
+// workers, a heartbeat goroutine it owns (whileHeartbeating) heartbeats in its place;
+// it exits when that call returns or after MaxPollInterval. The session loop owns one worker goroutine per owned partition: it stops a
 // worker on revoke (the worker finishes its batch and commits), cancels it when the
 // partition is lost, and waits for every worker before the session ends. A worker
 // owns a small goroutine that cancels its fetch on stop (exits with the worker).
@@ -50,7 +53,10 @@
 //     Commits lock only partition rows, so they cannot deadlock with a rebalance.
 //   - Every join gets a fresh member id, so a fenced member can never be mistaken for
 //     its successor; static membership (InstanceID) transfers the old member's
-//     partitions to the new id and epoch in the join itself.
+//     partitions to the new id and epoch in the join itself. A static member fenced
+//     while another live member holds its instance id stops (ErrInstanceFenced).
+//   - commit_batch refuses an already committed batch in the offset write's own
+//     condition, so overlapping attempts of one batch commit once (G4).
 //   - A heartbeat from a member past its session timeout is refused even before any
 //     reaper removed it, and so is its commit.
 //   - A worker that was stopped while its handler was blocked (ErrorBlock) exits

@@ -13,8 +13,18 @@ var (
 	// ErrFenced: the member is not a live member of the group at its epoch (its session
 	// expired, it left, or a restart with its instance id replaced it), or it does not
 	// own the partition it commits. Nothing was written. The Consumer reacts by
-	// dropping its partitions (OnLost) and joining again.
+	// dropping its partitions (OnLost) and joining again, unless another live member
+	// now holds its InstanceID: then Run returns ErrInstanceFenced.
 	ErrFenced = errors.New("fenced")
+	// ErrInstanceFenced: Run returns it (wrapping the ErrFenced that ended the session)
+	// when this static member was fenced because another member joined with the same
+	// Config.InstanceID and holds it with a live session: two processes configured with
+	// one instance id, or a restart while the old process still ran. As with Kafka's
+	// FENCED_INSTANCE_ID, the older member stops (after OnLost) instead of joining again,
+	// which would take the partitions back and fence the other, forever, both handling
+	// them meanwhile. A restart after the old process died is not affected: it joins
+	// and takes over the instance.
+	ErrInstanceFenced = errors.New("instance id taken over by another member")
 	// ErrGroupNotFound: the group does not exist.
 	ErrGroupNotFound = errors.New("group not found")
 	// ErrInvalidGroupID: a group id that is not 1 to 249 characters of [A-Za-z0-9._:-].

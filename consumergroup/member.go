@@ -121,6 +121,18 @@ func (m *member) commit(ctx context.Context, db streams.DBTX, offsets []Partitio
 	return nil
 }
 
+// commitBatch commits the batch [from, next) of partition inside the caller's
+// transaction, fenced like commit and only once: ErrAlreadyCommitted when the group's
+// offset is already past from (an earlier attempt of the batch committed).
+func (m *member) commitBatch(ctx context.Context, db streams.DBTX, partition int32, from, next int64, now *time.Time) error {
+	_, err := db.Exec(ctx, "SELECT streamd.commit_batch($1, $2, $3, $4, $5, $6, $7, $8)",
+		m.stream, m.group, m.consumerID, m.epoch, partition, from, next, now)
+	if err != nil {
+		return fmt.Errorf("commit batch [%d, %d) of %s/%d for group %s: %w", from, next, m.stream, partition, m.group, sqlerr.Wrap(err))
+	}
+	return nil
+}
+
 // deadLetter copies the event at (partition, offset) into the dead letter queue,
 // fenced like a commit.
 func (m *member) deadLetter(ctx context.Context, db streams.DBTX, partition int32, offset int64, cause string,
@@ -147,6 +159,23 @@ func committedOffset(ctx context.Context, db streams.DBTX, stream, group string,
 		return 0, false, nil
 	}
 	return *off, true, nil
+}
+
+// instanceHolder returns the member that holds instanceID in the group with a live
+// session, "" when none does.
+func instanceHolder(ctx context.Context, db streams.DBTX, stream, group, instanceID string) (string, error) {
+	var holder *string
+	err := db.QueryRow(ctx, `SELECT (SELECT consumer_id FROM streamd.consumer_registrations
+		WHERE stream_name = $1 AND group_id = $2 AND instance_id = $3
+		  AND last_heartbeat + session_timeout_ms * interval '1 millisecond' >= now())`,
+		stream, group, instanceID).Scan(&holder)
+	if err != nil {
+		return "", fmt.Errorf("read holder of instance id %q in group %s of %s: %w", instanceID, group, stream, sqlerr.Wrap(err))
+	}
+	if holder == nil {
+		return "", nil
+	}
+	return *holder, nil
 }
 
 // groupChannel is the group's LISTEN/NOTIFY channel (streamd.cg_channel).

@@ -348,7 +348,7 @@ func TestErrorCodesMap(t *testing.T) {
 	for code, want := range map[string]error{
 		sqlerr.Fenced: ErrFenced, sqlerr.GroupNotFound: ErrGroupNotFound, sqlerr.InvalidGroupID: ErrInvalidGroupID,
 		sqlerr.GroupNotEmpty: ErrGroupNotEmpty, sqlerr.GroupInvalidArg: ErrInvalidArgument,
-		sqlerr.DeadLetterNotFound: ErrDeadLetterNotFound,
+		sqlerr.DeadLetterNotFound: ErrDeadLetterNotFound, sqlerr.AlreadyCommitted: ErrAlreadyCommitted,
 	} {
 		err := sqlerr.Wrap(fmt.Errorf("x: %w", &pgconn.PgError{Code: code, Message: "m"}))
 		require.True(t, errors.Is(err, want), code)

@@ -8,9 +8,16 @@
 --
 -- Lock order, everywhere: the consumer_groups row, then consumer_registrations rows,
 -- then consumer_partitions rows in ascending partition order. Commits lock only
--- partition rows (FOR SHARE, ascending), so they never deadlock with a rebalance, and a
--- handover (which updates the partition row) waits for an in-flight commit or makes it
--- find nothing: the fence is checked and the offset written in one transaction.
+-- partition rows (FOR KEY SHARE, ascending), so they never deadlock with a rebalance,
+-- and the fence is checked and the offset written in one transaction. FOR KEY SHARE,
+-- not FOR SHARE: a handler's transaction may stay open after its CommitTx (up to
+-- MaxPollInterval), and FOR SHARE conflicts with every UPDATE of the row, so setting a
+-- pending target (cg_assign) or pausing waited for it while holding the group row, and
+-- the whole group stalled. FOR KEY SHARE conflicts only with FOR UPDATE and DELETE: so
+-- every change of a partition's owner first locks the row FOR UPDATE (cg_drop_member,
+-- release_partitions, the static join; expiry and admin resets go through
+-- cg_drop_member; delete_group deletes), and a handover waits for an in-flight commit
+-- or makes it find nothing (G1).
 -- Group operations lock the group row FOR NO KEY UPDATE, not FOR UPDATE: a commit's
 -- first offset row takes FOR KEY SHARE on it (its foreign key check), which FOR UPDATE
 -- conflicts with; a handler's transaction kept open after its CommitTx then blocked
@@ -61,14 +68,15 @@ $$;
 
 -- Removes a member: each partition it owns goes to its pending target (the target has
 -- waited for exactly this) or becomes unowned; pending moves to it are cancelled.
--- The caller holds the group lock and runs cg_assign afterwards.
+-- The caller holds the group lock and runs cg_assign afterwards. The partitions it
+-- owns are locked FOR UPDATE first, which waits for their in-flight commits (their
+-- FOR KEY SHARE); those only promised to it are not: clearing a target is no handover.
 CREATE OR REPLACE FUNCTION streamd.cg_drop_member(p_stream_name text, p_group_id text, p_consumer_id text, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM streamd.consumer_partitions cp
-     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id
-       AND (cp.owner_id = p_consumer_id OR cp.target_id = p_consumer_id)
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = p_consumer_id
      ORDER BY cp.partition FOR UPDATE;
     UPDATE streamd.consumer_partitions cp
        SET owner_id = cp.target_id,
@@ -248,9 +256,10 @@ BEGIN
          WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id AND cr.instance_id = p_instance_id
            FOR UPDATE;
         IF FOUND THEN
+            -- FOR UPDATE: the owner changes, so wait for the old member's in-flight
+            -- commits (FOR KEY SHARE) and make later ones find nothing (G1).
             PERFORM 1 FROM streamd.consumer_partitions cp
-             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id
-               AND (cp.owner_id = v_old OR cp.target_id = v_old)
+             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = v_old
              ORDER BY cp.partition FOR UPDATE;
             UPDATE streamd.consumer_registrations cr
                SET consumer_id = p_consumer_id, member_epoch = v_epoch, last_heartbeat = v_now, last_poll_at = v_now,
@@ -373,6 +382,7 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch, 'not a member at this epoch');
     END IF;
+    -- FOR UPDATE: conflicts with the FOR KEY SHARE of an in-flight commit (cg_fence).
     PERFORM 1 FROM streamd.consumer_partitions cp
      WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = ANY (p_partitions)
        AND cp.owner_id = p_consumer_id AND cp.owner_epoch = p_epoch
@@ -423,10 +433,12 @@ BEGIN
 END;
 $$;
 
--- The fence: locks the ownership rows of p_partitions (FOR SHARE, ascending) where the
--- member owns them at p_epoch and is a live member; raises SD101 naming the first
+-- The fence: locks the ownership rows of p_partitions (FOR KEY SHARE, ascending) where
+-- the member owns them at p_epoch and is a live member; raises SD101 naming the first
 -- partition it does not own. The locks hold until the caller's transaction ends, so a
--- handover cannot pass a commit that was accepted.
+-- handover (which locks the row FOR UPDATE before changing its owner) cannot pass a
+-- commit that was accepted; updates that move no partition (a pending target, pause)
+-- take FOR NO KEY UPDATE and do not wait for it.
 CREATE OR REPLACE FUNCTION streamd.cg_fence(
     p_stream_name text,
     p_group_id    text,
@@ -449,11 +461,35 @@ BEGIN
                           AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch
                           AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= p_now)
          ORDER BY cp.partition
-           FOR SHARE OF cp) x;
+           FOR KEY SHARE OF cp) x;
     SELECT min(u.p) INTO v_first FROM unnest(p_partitions) AS u(p) WHERE u.p <> ALL (v_locked);
     IF v_first IS NOT NULL THEN
         PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch,
                                         format('it does not own partition %s at this epoch', v_first));
+    END IF;
+END;
+$$;
+
+-- Raises SD105 when a partition appears twice, or an offset to commit is not between 0
+-- and its partition's log end. The arrays have the same length.
+CREATE OR REPLACE FUNCTION streamd.cg_check_offsets(p_stream_name text, p_partitions integer[], p_offsets bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_bad record;
+BEGIN
+    IF (SELECT count(DISTINCT u.p) FROM unnest(p_partitions) u(p)) <> cardinality(p_partitions) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = 'commit offsets: a partition appears twice';
+    END IF;
+    SELECT u.p, u.o, h.next_offset INTO v_bad
+      FROM unnest(p_partitions, p_offsets) AS u(p, o)
+      LEFT JOIN streamd.stream_partitions h ON h.stream_name = p_stream_name AND h.partition = u.p
+     WHERE u.p IS NULL OR u.o IS NULL OR u.o < 0 OR h.next_offset IS NULL OR u.o > h.next_offset
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105',
+            MESSAGE = format('commit offsets: offset %s for partition %s of stream %L is outside [0, %s] (the log end)',
+                             v_bad.o, v_bad.p, p_stream_name, coalesce(v_bad.next_offset::text, 'no such partition'));
     END IF;
 END;
 $$;
@@ -474,25 +510,12 @@ CREATE OR REPLACE FUNCTION streamd.commit_offsets(
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, now());
-    v_bad record;
 BEGIN
     IF p_partitions IS NULL OR p_offsets IS NULL OR cardinality(p_partitions) <> cardinality(p_offsets)
        OR (p_metadata IS NOT NULL AND cardinality(p_metadata) <> cardinality(p_partitions)) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = 'commit offsets: partitions, offsets and metadata must have the same length';
     END IF;
-    IF (SELECT count(DISTINCT u.p) FROM unnest(p_partitions) u(p)) <> cardinality(p_partitions) THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = 'commit offsets: a partition appears twice';
-    END IF;
-    SELECT u.p, u.o, h.next_offset INTO v_bad
-      FROM unnest(p_partitions, p_offsets) AS u(p, o)
-      LEFT JOIN streamd.stream_partitions h ON h.stream_name = p_stream_name AND h.partition = u.p
-     WHERE u.p IS NULL OR u.o IS NULL OR u.o < 0 OR h.next_offset IS NULL OR u.o > h.next_offset
-     LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD105',
-            MESSAGE = format('commit offsets: offset %s for partition %s of stream %L is outside [0, %s] (the log end)',
-                             v_bad.o, v_bad.p, p_stream_name, coalesce(v_bad.next_offset::text, 'no such partition'));
-    END IF;
+    PERFORM streamd.cg_check_offsets(p_stream_name, p_partitions, p_offsets);
 
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, p_partitions, v_now);
 
@@ -510,6 +533,12 @@ $$;
 -- earlier attempt of this batch committed (its acknowledgement was lost, and the
 -- worker ran the batch again) and SD107 is raised, so the handler's transaction, which
 -- would repeat its writes, cannot commit (G4, exactly-once effects with CommitTx).
+-- The check is the write's own condition (ON CONFLICT ... DO UPDATE ... WHERE), not a
+-- read before it: the fence's lock is shared, so two attempts of a batch can overlap
+-- (the first one's COMMIT still in flight when the worker retried); the second then
+-- waits for the first one's offset row, under READ COMMITTED re-checks the condition
+-- against the row the first committed, writes nothing and raises SD107. Two first
+-- commits of a partition meet in the unique index the same way.
 CREATE OR REPLACE FUNCTION streamd.commit_batch(
     p_stream_name text,
     p_group_id    text,
@@ -522,17 +551,32 @@ CREATE OR REPLACE FUNCTION streamd.commit_batch(
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_stored bigint;
+    v_now     timestamptz := coalesce(p_now, now());
+    v_written boolean;
+    v_stored  bigint;
 BEGIN
-    PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], coalesce(p_now, now()));
-    SELECT co."offset" INTO v_stored FROM streamd.consumer_offsets co
-     WHERE co.stream_name = p_stream_name AND co.group_id = p_group_id AND co.partition = p_partition;
-    IF v_stored > p_from THEN
+    IF p_from IS NULL OR p_next IS NULL OR p_from > p_next THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105',
+            MESSAGE = format('commit batch: [%s, %s) is not a batch', p_from, p_next);
+    END IF;
+    PERFORM streamd.cg_check_offsets(p_stream_name, ARRAY[p_partition], ARRAY[p_next]);
+    PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], v_now);
+    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
+    VALUES (p_stream_name, p_group_id, p_partition, p_next, p_consumer_id, p_epoch, NULL, v_now)
+    ON CONFLICT (stream_name, group_id, partition) DO UPDATE
+       SET "offset" = EXCLUDED."offset", consumer_id = EXCLUDED.consumer_id, member_epoch = EXCLUDED.member_epoch,
+           metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at
+     WHERE co."offset" <= p_from
+    RETURNING true INTO v_written;
+    IF v_written IS NULL THEN
+        -- The row is locked now (ON CONFLICT locks it even when the WHERE fails), so
+        -- this reads the offset that refused the batch.
+        SELECT co."offset" INTO v_stored FROM streamd.consumer_offsets co
+         WHERE co.stream_name = p_stream_name AND co.group_id = p_group_id AND co.partition = p_partition;
         RAISE EXCEPTION USING ERRCODE = 'SD107',
             MESSAGE = format('group %L of stream %L: partition %s is committed at %s, past this batch''s start %s: an earlier attempt committed it',
                              p_group_id, p_stream_name, p_partition, v_stored, p_from);
     END IF;
-    PERFORM streamd.commit_offsets(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], ARRAY[p_next], NULL, p_now);
 END;
 $$;
 

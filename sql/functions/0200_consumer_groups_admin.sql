@@ -14,7 +14,8 @@ $$;
 -- p_mode: 'earliest' (log start), 'latest' (log end), 'timestamp' (first event at or
 -- after p_time), 'offset' (p_value, clamped to the partition's stored range), 'shift'
 -- (committed offset, or the log start when none, plus p_value, clamped).
--- p_partitions NULL means all. Refused (SD104) while the group has live members,
+-- p_partitions NULL means all; an empty array means none: nothing is reset and, even
+-- with p_force, nobody is expelled. Refused (SD104) while the group has live members,
 -- unless p_force, which expels them first (fencing their commits; they join again and
 -- start from the new offsets). Returns each partition's previous and new offset.
 CREATE OR REPLACE FUNCTION streamd.reset_group_offsets(
@@ -49,6 +50,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = format('reset offsets: offset %s is negative', p_value);
     END IF;
     PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, false);
+    IF cardinality(p_partitions) = 0 THEN
+        RETURN; -- no partition to reset: nothing to expel the members for
+    END IF;
     SELECT min(u.p) INTO v_bad FROM unnest(p_partitions) AS u(p)
      WHERE NOT EXISTS (SELECT 1 FROM streamd.stream_partitions h WHERE h.stream_name = p_stream_name AND h.partition = u.p);
     IF v_bad IS NOT NULL OR array_position(p_partitions, NULL) IS NOT NULL THEN
@@ -79,12 +83,15 @@ BEGIN
                  ON co.stream_name = h.stream_name AND co.group_id = p_group_id AND co.partition = h.partition
               WHERE h.stream_name = p_stream_name AND (p_partitions IS NULL OR h.partition = ANY (p_partitions))
               ORDER BY h.partition LOOP
+        -- The shift is added as numeric and clamped before it becomes a bigint again:
+        -- a shift near the bigint range (say "to the end": 2^63-1) must clamp, not
+        -- overflow.
         v_new := CASE p_mode
                      WHEN 'earliest'  THEN r.lo
                      WHEN 'latest'    THEN r.hi
                      WHEN 'timestamp' THEN streamd.offset_for_time(p_stream_name, r.p, p_time)
                      WHEN 'offset'    THEN p_value
-                     ELSE coalesce(r.cur, r.lo) + p_value
+                     ELSE greatest(r.lo, least(r.hi, coalesce(r.cur, r.lo)::numeric + p_value))::bigint
                  END;
         v_new := greatest(r.lo, least(r.hi, v_new));
         INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
@@ -101,14 +108,19 @@ END;
 $$;
 
 -- Deletes a group with its members, ownership rows and committed offsets (its dead
--- letters stay). Refused (SD104) while it has live members unless p_force. Returns
--- false when there was no such group.
+-- letters stay). Refused (SD104) while it has live members unless p_force; SD103 for
+-- an invalid group id. Returns false when there was no such group. Deleting the
+-- ownership rows waits for in-flight commits (their FOR KEY SHARE), as a handover does.
 CREATE OR REPLACE FUNCTION streamd.delete_group(p_stream_name text, p_group_id text, p_force boolean, p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, now());
 BEGIN
+    IF NOT streamd.cg_valid_group_id(p_group_id) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD103',
+            MESSAGE = format('invalid group id %L: use 1 to 249 characters of A-Z a-z 0-9 . _ : -', p_group_id);
+    END IF;
     PERFORM 1 FROM streamd.consumer_groups g
      WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR UPDATE;
     IF NOT FOUND THEN
