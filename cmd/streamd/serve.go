@@ -153,8 +153,8 @@ func (c *serveConfig) validate() error {
 	if c.maxRequestBytes <= 0 {
 		return fmt.Errorf("--max-request-bytes %d must be positive", c.maxRequestBytes)
 	}
-	if c.leaseTTL < time.Second {
-		return fmt.Errorf("--lease-ttl %v must be at least 1s", c.leaseTTL)
+	if c.leaseTTL < time.Second || c.leaseTTL > 24*time.Hour {
+		return fmt.Errorf("--lease-ttl %v must be between 1s and 24h", c.leaseTTL)
 	}
 	if c.coordinatorName == "" {
 		return errors.New("--coordinator-name must not be empty")

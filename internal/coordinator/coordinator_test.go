@@ -265,3 +265,50 @@ func TestSlotStartFailureIsRetriedInTheSlot(t *testing.T) {
 	require.Eventually(t, func() bool { return calls.Load() == 1 }, 20*time.Second, 20*time.Millisecond,
 		"the slot was tried again and run")
 }
+
+// TestOwnCommittedStartIsRunAgain: a slot's start that committed but whose answer was
+// lost is tried again by the same leader (same epoch), which then runs the slot. It
+// used to read the row as "finished already" and skip the slot.
+func TestOwnCommittedStartIsRunAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	lease, holder, jobName := testdb.Name("lease"), testdb.Name("holder"), testdb.Name("job")
+	const interval = time.Hour
+	slot := time.Now().UnixNano() / int64(interval)
+	if time.Until(time.Unix(0, (slot+1)*int64(interval))) < time.Minute {
+		t.Skip("too close to the end of the slot")
+	}
+	var epoch int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.acquire_lease($1, $2, 600000)", lease, holder).Scan(&epoch))
+	var started bool // the first attempt: committed, its answer lost on the way back
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.start_coordinator_run($1, $2, $3, $4, $5)",
+		jobName, slot, lease, holder, epoch).Scan(&started))
+	require.True(t, started)
+
+	var calls atomic.Int64
+	jobs, err := coordinator.NewJobs(pool, nil, nil, []coordinator.Job{{
+		Name: jobName, Interval: interval, Run: func(context.Context) error { calls.Add(1); return nil },
+	}}, nil)
+	require.NoError(t, err)
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); jobs.Lead(lctx, coordinator.Leadership{Lease: lease, Holder: holder, Epoch: epoch}) }()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, func() bool {
+		var finished bool
+		err := pool.QueryRow(ctx, "SELECT finished_at IS NOT NULL FROM streamd.coordinator_runs WHERE job = $1 AND slot = $2",
+			jobName, slot).Scan(&finished)
+		return err == nil && finished
+	}, 10*time.Second, 20*time.Millisecond, "the slot ran and finished")
+	require.EqualValues(t, 1, calls.Load())
+}
+
+// TestLeaseTTLPastInt32MillisecondsRefused: the lease functions take milliseconds as
+// an integer; a longer TTL wrapped around to a negative one, every lease was born
+// expired and every instance led at once. NewElector refuses it.
+func TestLeaseTTLPastInt32MillisecondsRefused(t *testing.T) {
+	t.Parallel()
+	_, err := coordinator.NewElector(testdb.Pool(t), &coordinator.ElectorConfig{LeaseName: testdb.Name("lease"), LeaseTTL: 600 * time.Hour})
+	require.ErrorContains(t, err, "LeaseTTL")
+}

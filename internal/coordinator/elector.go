@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"sync"
 	"time"
@@ -63,6 +64,12 @@ func (c *ElectorConfig) withDefaults() (ElectorConfig, error) {
 	}
 	if out.LeaseTTL < 100*time.Millisecond {
 		return out, fmt.Errorf("coordinator: ElectorConfig.LeaseTTL %v is below 100ms", out.LeaseTTL)
+	}
+	if out.LeaseTTL > math.MaxInt32*time.Millisecond {
+		// The lease functions take milliseconds as an integer: a longer TTL wrapped
+		// around to a negative one, every lease was born expired, and every instance
+		// led at once.
+		return out, fmt.Errorf("coordinator: ElectorConfig.LeaseTTL %v is over %v", out.LeaseTTL, math.MaxInt32*time.Millisecond)
 	}
 	if out.RenewInterval == 0 {
 		out.RenewInterval = out.LeaseTTL / 5

@@ -48,6 +48,9 @@ $$;
 -- the lease, or the slot's run already finished, or another holder of a newer epoch
 -- is running it. A run that a deposed leader started but never finished is taken over
 -- (its work is idempotent: retention, reaping), so each slot finishes exactly once.
+-- So is one this epoch started itself: a start that committed but whose answer was
+-- lost (a connection dropped after COMMIT) is tried again by the same leader, which
+-- must then run the slot (it used to read "finished already" and skip it).
 CREATE OR REPLACE FUNCTION streamd.start_coordinator_run(p_job text, p_slot bigint, p_lease text, p_holder text, p_epoch bigint)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -58,7 +61,7 @@ BEGIN
     INSERT INTO streamd.coordinator_runs AS r (job, slot, holder, epoch) VALUES (p_job, p_slot, p_holder, p_epoch)
     ON CONFLICT (job, slot) DO UPDATE
        SET holder = EXCLUDED.holder, epoch = EXCLUDED.epoch, started_at = clock_timestamp(), error = NULL
-     WHERE r.finished_at IS NULL AND r.epoch < EXCLUDED.epoch;
+     WHERE r.finished_at IS NULL AND r.epoch <= EXCLUDED.epoch;
     RETURN FOUND;
 END;
 $$;
