@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/streamd/streamd/internal/api"
 	"github.com/streamd/streamd/internal/coordinator"
@@ -41,10 +44,14 @@ type serveConfig struct {
 	tailer          bool
 	tlsCert         string
 	tlsKey          string
+
+	// envErrs are environment values that did not parse, by the flag they set:
+	// validate reports those whose flag was not given (flags win).
+	envErrs map[string]error
 }
 
 func newServeCmd(g *globals) *cobra.Command {
-	c := &serveConfig{}
+	c := &serveConfig{envErrs: map[string]error{}}
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the coordinator daemon: migrate, elect a leader, serve HTTP",
@@ -68,7 +75,7 @@ Every setting is a flag, and also an environment variable (named in each flag's
 help); flags win.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := c.validate(); err != nil {
+			if err := c.validate(cmd.Flags()); err != nil {
 				return err
 			}
 			return serve(cmd.Context(), cmd, g, c)
@@ -78,39 +85,53 @@ help); flags win.`,
 	f.StringVar(&c.httpAddr, "http-addr", envOr("STREAMD_HTTP_ADDR", "127.0.0.1:8484"), "HTTP listen address ($STREAMD_HTTP_ADDR)")
 	f.StringVar(&c.authToken, "auth-token", os.Getenv("STREAMD_AUTH_TOKEN"), "bearer token of the admin principal ($STREAMD_AUTH_TOKEN)")
 	f.StringVar(&c.authTokenFile, "auth-token-file", os.Getenv("STREAMD_AUTH_TOKEN_FILE"), "file of 'principal token' lines ($STREAMD_AUTH_TOKEN_FILE)")
-	f.BoolVar(&c.authDisabled, "auth-disabled", os.Getenv("STREAMD_AUTH_DISABLED") == "true", "serve /v1/ without tokens, for local development only ($STREAMD_AUTH_DISABLED=true)")
+	f.BoolVar(&c.authDisabled, "auth-disabled", c.envBool("auth-disabled", "STREAMD_AUTH_DISABLED", false), "serve /v1/ without tokens, for local development only ($STREAMD_AUTH_DISABLED=true)")
 	f.StringVar(&c.tlsCert, "tls-cert", os.Getenv("STREAMD_TLS_CERT"), "TLS certificate file; serve HTTPS when set ($STREAMD_TLS_CERT)")
 	f.StringVar(&c.tlsKey, "tls-key", os.Getenv("STREAMD_TLS_KEY"), "TLS key file ($STREAMD_TLS_KEY)")
-	f.Int64Var(&c.maxRequestBytes, "max-request-bytes", envInt64("STREAMD_MAX_REQUEST_BYTES", 8<<20), "largest /v1/ request body ($STREAMD_MAX_REQUEST_BYTES)")
+	f.Int64Var(&c.maxRequestBytes, "max-request-bytes", c.envInt64("max-request-bytes", "STREAMD_MAX_REQUEST_BYTES", 8<<20), "largest /v1/ request body ($STREAMD_MAX_REQUEST_BYTES)")
 	f.StringVar(&c.coordinatorName, "coordinator-name", envOr("STREAMD_COORDINATOR_NAME", "streamd-coordinator"), "name of the coordinator lease; instances with the same name elect one leader ($STREAMD_COORDINATOR_NAME)")
-	f.DurationVar(&c.leaseTTL, "lease-ttl", envDuration("STREAMD_LEASE_TTL", 5*time.Second), "coordinator lease TTL: the longest a dead leader delays its successor ($STREAMD_LEASE_TTL)")
-	f.DurationVar(&c.metricsInterval, "metrics-interval", envDuration("STREAMD_METRICS_INTERVAL", 15*time.Second), "how often the leader refreshes the lag and queue gauges ($STREAMD_METRICS_INTERVAL)")
-	f.DurationVar(&c.reaperInterval, "reaper-interval", envDuration("STREAMD_REAPER_INTERVAL", time.Second), "how often the leader expires stale group members ($STREAMD_REAPER_INTERVAL)")
-	f.DurationVar(&c.retentionEvery, "retention-interval", envDuration("STREAMD_RETENTION_INTERVAL", time.Minute), "how often the leader applies retention policies ($STREAMD_RETENTION_INTERVAL)")
+	f.DurationVar(&c.leaseTTL, "lease-ttl", c.envDuration("lease-ttl", "STREAMD_LEASE_TTL", 5*time.Second), "coordinator lease TTL: the longest a dead leader delays its successor ($STREAMD_LEASE_TTL)")
+	f.DurationVar(&c.metricsInterval, "metrics-interval", c.envDuration("metrics-interval", "STREAMD_METRICS_INTERVAL", 15*time.Second), "how often the leader refreshes the lag and queue gauges ($STREAMD_METRICS_INTERVAL)")
+	f.DurationVar(&c.reaperInterval, "reaper-interval", c.envDuration("reaper-interval", "STREAMD_REAPER_INTERVAL", time.Second), "how often the leader expires stale group members ($STREAMD_REAPER_INTERVAL)")
+	f.DurationVar(&c.retentionEvery, "retention-interval", c.envDuration("retention-interval", "STREAMD_RETENTION_INTERVAL", time.Minute), "how often the leader applies retention policies ($STREAMD_RETENTION_INTERVAL)")
 	f.StringSliceVar(&c.retentionOnly, "retention-streams", splitEnv("STREAMD_RETENTION_STREAMS"), "apply retention to these streams only (default: every stream with an enabled policy) ($STREAMD_RETENTION_STREAMS, comma-separated)")
-	f.BoolVar(&c.tailer, "tailer", os.Getenv("STREAMD_TAILER") != "false", "the leader tails the WAL and re-broadcasts wake-ups with pg_notify (falls back to polling by itself without wal_level=logical or replication rights) ($STREAMD_TAILER=false disables)")
-	f.DurationVar(&c.shutdownTimeout, "shutdown-timeout", envDuration("STREAMD_SHUTDOWN_TIMEOUT", 15*time.Second), "bound on finishing in-flight requests at shutdown ($STREAMD_SHUTDOWN_TIMEOUT)")
+	f.BoolVar(&c.tailer, "tailer", c.envBool("tailer", "STREAMD_TAILER", true), "the leader tails the WAL and re-broadcasts wake-ups with pg_notify (falls back to polling by itself without wal_level=logical or replication rights) ($STREAMD_TAILER=false disables)")
+	f.DurationVar(&c.shutdownTimeout, "shutdown-timeout", c.envDuration("shutdown-timeout", "STREAMD_SHUTDOWN_TIMEOUT", 15*time.Second), "bound on finishing in-flight requests at shutdown ($STREAMD_SHUTDOWN_TIMEOUT)")
 	return cmd
 }
 
-func envInt64(name string, def int64) int64 {
-	var v int64
+// envInt64, envDuration and envBool read the default of flag from the environment
+// variable name; a value that does not parse (all of it: "8MiB" is not 8) is kept in
+// c.envErrs for validate, and the default applies.
+func (c *serveConfig) envInt64(flag, name string, def int64) int64 {
 	if s := os.Getenv(name); s != "" {
-		if _, err := fmt.Sscan(s, &v); err == nil {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err == nil {
 			return v
 		}
-		envErrors = append(envErrors, fmt.Errorf("$%s=%q is not an integer", name, s))
+		c.envErrs[flag] = fmt.Errorf("$%s=%q is not an integer", name, s)
 	}
 	return def
 }
 
-func envDuration(name string, def time.Duration) time.Duration {
+func (c *serveConfig) envDuration(flag, name string, def time.Duration) time.Duration {
 	if s := os.Getenv(name); s != "" {
 		d, err := time.ParseDuration(s)
 		if err == nil {
 			return d
 		}
-		envErrors = append(envErrors, fmt.Errorf("$%s=%q is not a duration (e.g. 5s)", name, s))
+		c.envErrs[flag] = fmt.Errorf("$%s=%q is not a duration (e.g. 5s)", name, s)
+	}
+	return def
+}
+
+func (c *serveConfig) envBool(flag, name string, def bool) bool {
+	if s := os.Getenv(name); s != "" {
+		v, err := strconv.ParseBool(s)
+		if err == nil {
+			return v
+		}
+		c.envErrs[flag] = fmt.Errorf("$%s=%q is not a boolean (true or false)", name, s)
 	}
 	return def
 }
@@ -131,12 +152,16 @@ func splitList(v string) []string {
 	return out
 }
 
-// envErrors collects environment values that did not parse; validate reports them.
-var envErrors []error
-
-func (c *serveConfig) validate() error {
-	if len(envErrors) > 0 {
-		return errors.Join(envErrors...)
+func (c *serveConfig) validate(flags *pflag.FlagSet) error {
+	var envErrs []error
+	for flag, err := range c.envErrs {
+		if flags == nil || !flags.Changed(flag) {
+			envErrs = append(envErrs, err)
+		}
+	}
+	if len(envErrs) > 0 {
+		slices.SortFunc(envErrs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+		return errors.Join(envErrs...)
 	}
 	if _, _, err := net.SplitHostPort(c.httpAddr); err != nil {
 		return fmt.Errorf("--http-addr %q: %v", c.httpAddr, err)

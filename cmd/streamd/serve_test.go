@@ -90,6 +90,7 @@ func TestServeConfigErrorsNameTheSetting(t *testing.T) {
 		{[]string{"serve", "--auth-disabled", "--tls-cert", "c.pem"}, "--tls-key"},
 		{[]string{"serve", "--auth-disabled", "--http-addr", "nonsense"}, "--http-addr"},
 		{[]string{"serve", "--auth-disabled", "--lease-ttl", "10ms"}, "--lease-ttl"},
+		{[]string{"serve", "--auth-disabled", "--lease-ttl", "600h"}, "--lease-ttl"},
 		{[]string{"serve", "--auth-disabled", "--max-request-bytes", "0"}, "--max-request-bytes"},
 		{[]string{"serve", "--auth-token-file", "/nonexistent/tokens"}, "--auth-token-file"},
 		{[]string{"serve", "--auth-token", "short"}, "shorter than 16"},
@@ -97,6 +98,44 @@ func TestServeConfigErrorsNameTheSetting(t *testing.T) {
 	} {
 		_, err := run(t, ctx, "", tc.args...)
 		require.ErrorContains(t, err, tc.want, "%v", tc.args)
+	}
+}
+
+// TestServeEnvironment: environment values parse whole and strictly, and a flag wins
+// over its variable. $STREAMD_MAX_REQUEST_BYTES=8MiB used to read as 8 bytes (every
+// request over 8 bytes then got a 413), $STREAMD_TAILER=0 or FALSE left the tailer on,
+// and a bad variable stopped serve even when its flag was given.
+func TestServeEnvironment(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		env, value string
+		args       []string
+		want       string
+	}{
+		{"STREAMD_MAX_REQUEST_BYTES", "8MiB", nil, "$STREAMD_MAX_REQUEST_BYTES"},
+		{"STREAMD_MAX_REQUEST_BYTES", "1e6", nil, "$STREAMD_MAX_REQUEST_BYTES"},
+		{"STREAMD_TAILER", "no", nil, "$STREAMD_TAILER"},
+		{"STREAMD_AUTH_DISABLED", "yes", nil, "$STREAMD_AUTH_DISABLED"},
+		// The flag is given: its variable is not read, whatever it holds; the error
+		// is the next bad setting's.
+		{"STREAMD_LEASE_TTL", "5", []string{"--lease-ttl", "5s"}, "--http-addr"},
+		{"STREAMD_MAX_REQUEST_BYTES", "8MiB", []string{"--max-request-bytes", "1024"}, "--http-addr"},
+	} {
+		t.Run(tc.env+"="+tc.value, func(t *testing.T) {
+			t.Setenv(tc.env, tc.value)
+			args := append([]string{"serve", "--auth-disabled", "--http-addr", "nonsense"}, tc.args...)
+			if tc.env == "STREAMD_AUTH_DISABLED" {
+				args = []string{"serve", "--http-addr", "nonsense"}
+			}
+			_, err := run(t, ctx, "", args...)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+	for value, want := range map[string]bool{"0": false, "FALSE": false, "false": false, "1": true, "true": true} {
+		t.Setenv("STREAMD_TAILER", value)
+		on, err := newServeCmd(&globals{}).Flags().GetBool("tailer")
+		require.NoError(t, err)
+		require.Equal(t, want, on, "STREAMD_TAILER=%s", value)
 	}
 }
 
