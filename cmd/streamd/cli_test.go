@@ -139,9 +139,9 @@ func TestServeHealthMetricsAndCleanStop(t *testing.T) {
 		parser := expfmt.NewTextParser(model.UTF8Validation)
 		families, err = parser.TextToMetricFamilies(bufio.NewReader(resp.Body))
 		require.NoError(t, err)
-		leader := families["streamd_coordinator_is_leader"]
+		leader, updated := families["streamd_coordinator_is_leader"], families["streamd_coordinator_gauges_updated_timestamp_seconds"]
 		return leader != nil && leader.Metric[0].GetGauge().GetValue() == 1 &&
-			families["streamd_coordinator_gauges_updated_timestamp_seconds"].Metric[0].GetGauge().GetValue() > 0
+			updated != nil && updated.Metric[0].GetGauge().GetValue() > 0
 	}, 30*time.Second, 50*time.Millisecond)
 	require.Contains(t, families, "streamd_up")
 	require.Contains(t, families, "streamd_tailer_connected", "the leader runs the wake-up tailer")

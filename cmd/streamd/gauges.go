@@ -20,7 +20,9 @@ type gauges struct {
 	inFlight   *prometheus.GaugeVec
 	delayed    *prometheus.GaugeVec
 	oldestAge  *prometheus.GaugeVec
-	lastUpdate prometheus.Gauge
+	// lastUpdate has no labels; a vector so that a follower exports no series (a
+	// stale timestamp on followers made a freshness alert fire on them).
+	lastUpdate *prometheus.GaugeVec
 }
 
 func newGauges(pool *pgxpool.Pool, reg prometheus.Registerer) *gauges {
@@ -37,8 +39,8 @@ func newGauges(pool *pgxpool.Pool, reg prometheus.Registerer) *gauges {
 			Help: "Delayed or nacked messages not yet visible, per queue (leader only)."}, []string{"queue"}),
 		oldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "streamd_queue_oldest_message_age_seconds",
 			Help: "Age of the oldest message per queue (leader only)."}, []string{"queue"}),
-		lastUpdate: prometheus.NewGauge(prometheus.GaugeOpts{Name: "streamd_coordinator_gauges_updated_timestamp_seconds",
-			Help: "When the leader last refreshed the lag and queue gauges."}),
+		lastUpdate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "streamd_coordinator_gauges_updated_timestamp_seconds",
+			Help: "When the leader last refreshed the lag and queue gauges (leader only)."}, nil),
 	}
 	reg.MustRegister(g.lag, g.depth, g.inFlight, g.delayed, g.oldestAge, g.lastUpdate)
 	return g
@@ -110,7 +112,7 @@ func (g *gauges) refresh(ctx context.Context) error {
 		}
 		g.oldestAge.WithLabelValues(q.name).Set(age)
 	}
-	g.lastUpdate.SetToCurrentTime()
+	g.lastUpdate.WithLabelValues().SetToCurrentTime()
 	return nil
 }
 
@@ -121,6 +123,7 @@ func (g *gauges) clear() {
 	g.inFlight.Reset()
 	g.delayed.Reset()
 	g.oldestAge.Reset()
+	g.lastUpdate.Reset()
 }
 
 // run refreshes every interval until ctx ends (the term), then clears.

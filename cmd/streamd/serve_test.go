@@ -14,9 +14,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -147,4 +150,25 @@ func TestSplitList(t *testing.T) {
 	require.Nil(t, splitList(""))
 	require.Nil(t, splitList(" , "))
 	require.Equal(t, []string{"a", "b"}, splitList("a, b,"))
+}
+
+// TestGaugesClearExportsNothing: when a term ends, the leader-only gauges go away,
+// the refresh timestamp too: a follower exported the last (or a zero) timestamp, and a
+// freshness alert fired on it.
+func TestGaugesClearExportsNothing(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	g := newGauges(testdb.Pool(t), reg)
+	require.NoError(t, g.refresh(context.Background()))
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	require.True(t, slices.ContainsFunc(families, func(f *dto.MetricFamily) bool {
+		return f.GetName() == "streamd_coordinator_gauges_updated_timestamp_seconds"
+	}))
+	g.clear()
+	families, err = reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		require.Empty(t, f.GetMetric(), "%s after the term", f.GetName())
+	}
 }

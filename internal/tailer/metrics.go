@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"reason"}),
 		lagBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "streamd_tailer_lag_bytes",
-			Help: "Server WAL end minus the last position the tailer handled, at the last message from the server.",
+			Help: "WAL the server has written (pg_current_wal_lsn) past the last position the tailer handled, sampled every status interval.",
 		}),
 		delay: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "streamd_tailer_delay_seconds",

@@ -96,6 +96,9 @@ func TestNoPrivilegeFallsBackGracefully(t *testing.T) {
 	require.Equal(t, 0.0, gaugeValue(t, reg, "streamd_tailer_connected", ""))
 	cancel()
 	require.NoError(t, <-done)
+	// A stopped tailer (its instance no longer leads) reports no fallback: the last
+	// value used to stay, skewing sums over instances forever.
+	require.Equal(t, 0.0, gaugeValue(t, reg, "streamd_tailer_fallback_polling", tailer.ReasonPrivilege))
 
 	// No privilege to create the publication: false, not an error.
 	_, err = admin.Exec(ctx, "DROP PUBLICATION streamd_wakeups")

@@ -99,16 +99,23 @@ func (t *Tailer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("tailer: parse Config.ConnString: %w", err)
 	}
+	plainCfg := poolCfg.ConnConfig.Config.Copy()
 	connCfg := poolCfg.ConnConfig.Config.Copy()
 	connCfg.RuntimeParams["replication"] = "database"
 	connCfg.RuntimeParams["application_name"] = t.cfg.ApplicationName
 	t.log.Info("tailer started", "publication", t.cfg.Publication)
 	defer t.log.Info("tailer stopped")
+	// A tailer that stopped (its instance no longer leads) reports no fallback and no
+	// lag: its last values would skew sums over instances forever.
+	defer func() {
+		t.m.setFallback("")
+		t.m.lagBytes.Set(0)
+	}()
 
 	backoff := t.cfg.MinBackoff
 	lastReason := ""
 	for ctx.Err() == nil {
-		err := t.session(ctx, connCfg)
+		err := t.session(ctx, connCfg, plainCfg)
 		t.m.connected.Set(0)
 		if ctx.Err() != nil {
 			break
@@ -157,7 +164,7 @@ var errStreamedThenLost = errors.New("tailer: replication connection lost")
 
 // session opens one replication connection, creates a temporary slot, and streams
 // until an error or ctx ends.
-func (t *Tailer) session(ctx context.Context, connCfg *pgconn.Config) (err error) {
+func (t *Tailer) session(ctx context.Context, connCfg, plainCfg *pgconn.Config) (err error) {
 	conn, err := pgconn.ConnectConfig(ctx, connCfg)
 	if err != nil {
 		if code := pgCode(err); code == "42501" || code == "28000" {
@@ -217,7 +224,9 @@ func (t *Tailer) session(ctx context.Context, connCfg *pgconn.Config) (err error
 	t.m.setFallback("")
 	t.log.Debug("tailer streaming", "slot", slot, "start_lsn", start)
 
-	err = t.stream(ctx, conn, start)
+	lag := &walLag{cfg: plainCfg}
+	defer lag.close()
+	err = t.stream(ctx, conn, start, lag)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -260,13 +269,18 @@ func (t *Tailer) check(ctx context.Context, conn *pgconn.PgConn) error {
 // stream reads the replication stream until an error or ctx ends. handled is the
 // end of the last transaction the handler returned for (or a position with nothing
 // of ours before it); it is the only position ever confirmed.
-func (t *Tailer) stream(ctx context.Context, conn *pgconn.PgConn, handled pglogrepl.LSN) error {
+func (t *Tailer) stream(ctx context.Context, conn *pgconn.PgConn, handled pglogrepl.LSN, lag *walLag) error {
 	dec := newDecoder()
 	nextStatus := time.Now().Add(t.cfg.StatusInterval)
 	for {
 		if !time.Now().Before(nextStatus) {
 			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: handled}); err != nil {
 				return fmt.Errorf("send standby status: %w", err)
+			}
+			if end, err := lag.walEnd(ctx); err == nil {
+				t.m.lagBytes.Set(float64(lsnSub(end, handled)))
+			} else if ctx.Err() == nil {
+				t.log.Debug("tailer: reading the WAL end for the lag gauge failed", "error", err)
 			}
 			nextStatus = time.Now().Add(t.cfg.StatusInterval)
 		}
@@ -296,7 +310,6 @@ func (t *Tailer) stream(ctx context.Context, conn *pgconn.PgConn, handled pglogr
 				if !dec.inTx && ka.ServerWALEnd > handled {
 					handled = ka.ServerWALEnd
 				}
-				t.m.lagBytes.Set(float64(lsnSub(ka.ServerWALEnd, handled)))
 				if ka.ReplyRequested {
 					nextStatus = time.Time{}
 				}
@@ -320,13 +333,51 @@ func (t *Tailer) stream(ctx context.Context, conn *pgconn.PgConn, handled pglogr
 				if c.endLSN > handled {
 					handled = c.endLSN
 				}
-				t.m.lagBytes.Set(float64(lsnSub(xld.ServerWALEnd, handled)))
 			}
 		case *pgproto3.ErrorResponse:
 			return pgconn.ErrorResponseToPgError(msg)
 		case *pgproto3.CopyDone:
 			return errors.New("server ended the replication stream")
 		}
+	}
+}
+
+// walLag reads the server's WAL end (pg_current_wal_lsn) on a plain connection of its
+// own, opened on first use: the replication stream does not carry it (a logical
+// walsender's messages hold the position of what it sent), so a lag computed from
+// them stayed near 0 however far behind the tailer was.
+type walLag struct {
+	cfg  *pgconn.Config
+	conn *pgconn.PgConn
+}
+
+func (l *walLag) walEnd(ctx context.Context) (pglogrepl.LSN, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if l.conn == nil {
+		conn, err := pgconn.ConnectConfig(ctx, l.cfg)
+		if err != nil {
+			return 0, err
+		}
+		l.conn = conn
+	}
+	rs, err := l.conn.Exec(ctx, "SELECT pg_current_wal_lsn()").ReadAll()
+	if err == nil && (len(rs) != 1 || len(rs[0].Rows) != 1) {
+		err = errors.New("pg_current_wal_lsn returned no row")
+	}
+	if err != nil {
+		l.close()
+		return 0, err
+	}
+	return pglogrepl.ParseLSN(string(rs[0].Rows[0][0]))
+}
+
+func (l *walLag) close() {
+	if l.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = l.conn.Close(ctx)
+		cancel()
+		l.conn = nil
 	}
 }
 

@@ -325,3 +325,40 @@ func TestIdleTailerDoesNotPinWAL(t *testing.T) {
 		return confirmed >= after
 	})
 }
+
+// TestLagBytesSeesABacklog: streamd_tailer_lag_bytes (which the docs say to alert on)
+// grows when the handler falls behind a burst of commits, and comes down when it has
+// caught up. It used to be computed from the replication messages' positions, which a
+// logical walsender sets to what it sent: the gauge stayed near 0 behind megabytes of
+// WAL.
+func TestLagBytesSeesABacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testPool(t)
+	stream := createStream(t, pool, 1)
+	reg := prometheus.NewRegistry()
+	startTailer(t, tailertest.Shared(t), newRecorder(stream), func(c *tailer.Config) {
+		c.Registerer = reg
+		c.StatusInterval = 50 * time.Millisecond
+		inner := c.Handler
+		c.Handler = func(ctx context.Context, ev tailer.Event) {
+			inner(ctx, ev)
+			if !ev.All {
+				time.Sleep(20 * time.Millisecond) // a slow handler: 50 commits a second
+			}
+		}
+	})
+	// 150 commits of about 19 kB of incompressible data, written faster than the
+	// handler takes them: megabytes of WAL behind it.
+	for range 150 {
+		_, err := pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_type, data)
+			VALUES ($1, 't', jsonb_build_object('p', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 600))))`, stream)
+		require.NoError(t, err)
+	}
+	waitFor(t, 10*time.Second, "the lag gauge to see the backlog", func() bool {
+		return gaugeValue(t, reg, "streamd_tailer_lag_bytes", "") > 5e5
+	})
+	waitFor(t, 20*time.Second, "the lag gauge to come down", func() bool {
+		return gaugeValue(t, reg, "streamd_tailer_lag_bytes", "") < 1e5
+	})
+}
