@@ -222,8 +222,9 @@ func TestCLIZeroFlagsRefused(t *testing.T) {
 
 // TestServeStopsWithALongPollRunning: serve's shutdown does not wait out
 // --shutdown-timeout for a long poll (a receive waiting 30 s): past half of it the
-// remaining requests are cancelled and serve stops cleanly. It used to return the
-// shutdown's deadline error.
+// remaining requests are cancelled and serve stops cleanly (it used to return the
+// shutdown's deadline error); the long poll and a fetch long poll answer 503 with
+// Retry-After (they used to answer 499, "the client closed the request").
 func TestServeStopsWithALongPollRunning(t *testing.T) {
 	t.Parallel()
 	addr, cancel, done := serveInProcess(t, "--auth-disabled", "--shutdown-timeout", "4s",
@@ -241,22 +242,38 @@ func TestServeStopsWithALongPollRunning(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 
-	polling := make(chan struct{})
-	go func() {
-		close(polling)
-		resp, err := http.Post("http://"+addr+"/v1/queues/"+q+"/receive", "application/json", strings.NewReader(`{"wait_ms":30000}`))
-		if err == nil {
-			resp.Body.Close()
+	s := testdb.Name("lp")
+	resp, err = http.Post("http://"+addr+"/v1/streams", "application/json", strings.NewReader(fmt.Sprintf(`{"name":%q}`, s)))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+	answers := make(chan string, 2)
+	poll := func(req func() (*http.Response, error)) {
+		resp, err := req()
+		if err != nil {
+			answers <- err.Error()
+			return
 		}
-	}()
-	<-polling
-	time.Sleep(300 * time.Millisecond) // the receive is waiting
+		resp.Body.Close()
+		answers <- fmt.Sprintf("%d retry-after=%s", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	go poll(func() (*http.Response, error) {
+		return http.Post("http://"+addr+"/v1/queues/"+q+"/receive", "application/json", strings.NewReader(`{"wait_ms":30000}`))
+	})
+	go poll(func() (*http.Response, error) {
+		return http.Get("http://" + addr + "/v1/streams/" + s + "/partitions/0/records?offset=0&wait_ms=30000")
+	})
+	time.Sleep(300 * time.Millisecond) // both are waiting
 	cancel()
 	select {
 	case err := <-done:
 		require.NoError(t, err, "a clean stop")
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not stop")
+	}
+	for range 2 {
+		require.Equal(t, "503 retry-after=1", <-answers)
 	}
 }
 

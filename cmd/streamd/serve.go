@@ -323,8 +323,8 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	// Requests' contexts end when shutdown gives up waiting for them (see below), so
 	// that long polls (fetch and receive waits of up to 30 s) return instead of
 	// holding the shutdown to its timeout.
-	reqCtx, cancelReqs := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelReqs()
+	reqCtx, cancelReqs := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelReqs(nil)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		BaseContext: func(net.Listener) context.Context { return reqCtx }}
 	g.logger.Info("streamd serving", "http_addr", ln.Addr().String(), "tls", c.tlsCert != "", "holder", elector.Holder(), "pid", os.Getpid())
@@ -351,10 +351,11 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	case <-ctx.Done():
 	}
 	g.logger.Info("streamd stopping")
-	// Stop accepting, finish in-flight requests, then end the term and release the
-	// lease (the elector does that on return) so a successor takes over at once.
-	// Requests still running after half of --shutdown-timeout (long polls, mostly)
-	// see their context cancelled, and get the rest of it to answer.
+	// The term ended with ctx (electorCtx derives from it): the jobs stop and the
+	// lease is released at once, so a successor takes over while this instance stops
+	// accepting and finishes its in-flight requests. Requests still running after half
+	// of --shutdown-timeout (long polls, mostly) see their context cancelled with
+	// api.ErrShuttingDown, and get the rest of it to answer (503, Retry-After).
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.shutdownTimeout)
 	defer cancel()
 	shut := make(chan error, 1)
@@ -364,7 +365,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	case shutdownErr = <-shut:
 	case <-time.After(c.shutdownTimeout / 2):
 		g.logger.Info("cancelling the requests still running (long polls)")
-		cancelReqs()
+		cancelReqs(api.ErrShuttingDown) // they answer 503 with Retry-After
 		shutdownErr = <-shut
 	}
 	stopElector()

@@ -210,6 +210,11 @@ func (s *Server) authenticate(r *http.Request) (string, error) {
 	return found, nil
 }
 
+// ErrShuttingDown is the cause with which the server that embeds the API cancels the
+// requests still running when it stops (long polls): they answer 503 with
+// Retry-After, not 499, which says the client went away.
+var ErrShuttingDown = errors.New("the server is shutting down")
+
 // statusOf maps an error to an HTTP status and a short machine-readable code.
 func statusOf(err error) (int, string) {
 	switch {
@@ -244,6 +249,11 @@ var extraStatus []func(error) (int, string, bool)
 
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	code, name := statusOf(err)
+	if code == 499 && errors.Is(context.Cause(r.Context()), ErrShuttingDown) {
+		code, name = http.StatusServiceUnavailable, "shutting_down"
+		err = fmt.Errorf("%w: try again (another instance, or this one once restarted)", ErrShuttingDown)
+		w.Header().Set("Retry-After", "1")
+	}
 	msg := err.Error()
 	if code == http.StatusInternalServerError {
 		s.cfg.Logger.Error("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
