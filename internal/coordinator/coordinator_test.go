@@ -293,7 +293,10 @@ func TestOwnCommittedStartIsRunAgain(t *testing.T) {
 	require.NoError(t, err)
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); jobs.Lead(lctx, coordinator.Leadership{Lease: lease, Holder: holder, Epoch: epoch}) }()
+	go func() {
+		defer close(done)
+		jobs.Lead(lctx, coordinator.Leadership{Lease: lease, Holder: holder, Epoch: epoch})
+	}()
 	defer func() { cancel(); <-done }()
 	require.Eventually(t, func() bool {
 		var finished bool
