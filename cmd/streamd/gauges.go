@@ -14,12 +14,12 @@ import (
 // consumer lag per group partition and queue depths. Followers export none (they
 // reset when a term ends), so a dashboard sums over instances without double counts.
 type gauges struct {
-	pool       *pgxpool.Pool
-	lag        *prometheus.GaugeVec
-	depth      *prometheus.GaugeVec
-	inFlight   *prometheus.GaugeVec
-	delayed    *prometheus.GaugeVec
-	oldestAge  *prometheus.GaugeVec
+	pool      *pgxpool.Pool
+	lag       *prometheus.GaugeVec
+	depth     *prometheus.GaugeVec
+	inFlight  *prometheus.GaugeVec
+	delayed   *prometheus.GaugeVec
+	oldestAge *prometheus.GaugeVec
 	// lastUpdate has no labels; a vector so that a follower exports no series (a
 	// stale timestamp on followers made a freshness alert fire on them).
 	lastUpdate *prometheus.GaugeVec
