@@ -142,6 +142,9 @@ $$;
 --
 -- An event whose event_id the stream already holds is not stored again: its row says
 -- duplicate = true with the original position (L4). Offsets stay gapless either way.
+-- Event ids are unique per stream across tenants: a tenant role whose event id is held
+-- by an event it cannot see (another tenant's, or one without a tenant) gets SD005 and
+-- nothing of the batch is stored (docs/tenants.md).
 --
 -- Head rows are locked in ascending partition order, so concurrent batches never
 -- deadlock on them; they stay locked until the calling transaction ends (L1).
@@ -180,6 +183,7 @@ DECLARE
     v_base     bigint;
     v_ts       timestamptz;
     v_inserted integer;
+    v_hidden   text;
     r          record;
 BEGIN
     SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
@@ -258,6 +262,22 @@ BEGIN
         PERFORM set_config('streamd.append_trusted', 'off', true);
         RETURN QUERY SELECT u.i::integer, u.p, u.o, u.ts, false FROM unnest(v_parts, v_offs, v_tss) WITH ORDINALITY AS u(p, o, ts, i);
         RETURN;
+    END IF;
+
+    -- A tenant role cannot see another tenant's events (nor those without a tenant),
+    -- but the unique index holds every tenant's event ids: an id held by such an event
+    -- stored nothing and had no position to report (the event was lost, and the
+    -- producer failed with an untyped count mismatch after the rest committed). It is
+    -- refused instead; the error undoes the whole batch.
+    IF streamd.current_tenant() IS NOT NULL THEN
+        SELECT x.e INTO v_hidden FROM unnest(v_ids) WITH ORDINALITY AS x(e, i)
+         WHERE NOT EXISTS (SELECT 1 FROM streamd.events e WHERE e.stream_name = p_stream_name AND e.event_id = x.e)
+         ORDER BY x.i LIMIT 1;
+        IF v_hidden IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD005',
+                MESSAGE = format('event id %L is already used on stream %L by an event this role cannot see (another tenant''s)',
+                                 v_hidden, p_stream_name);
+        END IF;
     END IF;
 
     -- Rare path: some event_ids were already stored (a retry). Close the holes their

@@ -28,9 +28,15 @@
 -- again since (a new token) changes nothing. A receipt named twice settles once. A
 -- negative offset is refused (SD204) before anything is settled.
 --
--- Lock order, to rule out deadlocks: FIFO group rows (message_groups) in group_key
--- order, then message rows. Receive locks groups and messages with SKIP LOCKED and so
--- never waits.
+-- Lock order, to rule out deadlocks: FIFO group rows (message_groups) in (group_key,
+-- tenant_id) order, then message rows. Receive locks groups and messages with SKIP
+-- LOCKED and so never waits.
+--
+-- Tenants: a FIFO group is (queue, group key, tenant) (migration 0014): each tenant's
+-- messages of a group key form their own group, and the group row's tenant_id is the
+-- messages' tenant_id, or '' for messages without one. Row-level security shows a
+-- tenant role only its own groups and messages; the owner sees all of them, so every
+-- statement that goes from a group row to its messages names the tenant.
 
 -- Functions whose result type changed since they were first applied (CREATE OR
 -- REPLACE cannot change it). Nothing depends on them.
@@ -41,6 +47,10 @@ DROP FUNCTION IF EXISTS streamd.queue_term(text, bigint[], uuid[], text[], times
 -- queue_send gained p_fresh_ids (with a default: a call with the old arguments would
 -- otherwise match both).
 DROP FUNCTION IF EXISTS streamd.queue_send(text, text[], text[], text[], bigint[], timestamptz[], text[], integer[], text[], timestamptz);
+-- Groups are per tenant (migration 0014): queue_lock_groups returns the groups' tenants
+-- too, and queue_groups_advance takes them.
+DROP FUNCTION IF EXISTS streamd.queue_lock_groups(text, bigint[], uuid[]);
+DROP FUNCTION IF EXISTS streamd.queue_groups_advance(text, text[], timestamptz);
 
 -- The queue's row; raises SD202 for an invalid name and SD201 for an unknown queue.
 CREATE OR REPLACE FUNCTION streamd.queue_get(p_queue text) RETURNS streamd.queues
@@ -223,7 +233,9 @@ $$;
 --
 -- Dedup covers the ids a sender names (migration 0012): such a row has dedup = true
 -- and is in the partial unique index messages_dedup. A generated id (a NULL in p_ids)
--- is a random UUID that cannot repeat; its row stays out of that index.
+-- is a random UUID that cannot repeat; its row stays out of that index. The index is
+-- the queue's, across tenants: a tenant role that names an id held by a message it
+-- cannot see gets SD204 and nothing of the batch is stored (docs/tenants.md).
 --
 -- p_fresh_ids says the caller made every id of the batch itself, as random UUIDs
 -- (messages/ does for a batch that names no id): none is a dedup key, so the insert
@@ -252,6 +264,7 @@ DECLARE
     v_dlq  text;
     v_new  text[];
     v_offs bigint[];
+    v_hidden text;
     v_tenant text := nullif(current_setting('streamd.tenant_id', true), '');
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(1396986164, hashtext(p_queue)); -- see queue_lock_shared
@@ -312,13 +325,15 @@ BEGIN
     IF v_q.fifo THEN
         -- Lock (or create) the groups in key order before inserting, so that sends to
         -- one group commit one at a time and offsets in a group follow commit order.
-        INSERT INTO streamd.message_groups AS g (stream_name, group_key, visible_at)
-        SELECT p_queue, s.k, s.v FROM (
+        -- The groups are the sender's tenant's, as the messages are (v_tenant is
+        -- their tenant_id: the column default, or the value the fresh path writes).
+        INSERT INTO streamd.message_groups AS g (stream_name, group_key, tenant_id, visible_at)
+        SELECT p_queue, s.k, coalesce(v_tenant, ''), s.v FROM (
             SELECT DISTINCT ON (u.g) u.g AS k,
                    coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) AS v
             FROM unnest(p_groups, p_deliver_at, p_delays_ms) WITH ORDINALITY u(g, da, dl, i) ORDER BY u.g, u.i) s
         ORDER BY s.k
-        ON CONFLICT (stream_name, group_key) DO UPDATE SET visible_at = g.visible_at;
+        ON CONFLICT (stream_name, group_key, tenant_id) DO UPDATE SET visible_at = g.visible_at;
     END IF;
 
     IF p_fresh_ids THEN
@@ -356,6 +371,28 @@ BEGIN
         ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING
         RETURNING m.message_id, m."offset")
     SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
+
+    -- A tenant role cannot see another tenant's messages (nor those without a tenant),
+    -- but the dedup index holds every tenant's ids: a send of an id such a message
+    -- holds stored nothing, and reporting it as a duplicate (of no offset) lost the
+    -- message and let any tenant block another's ids. It is refused instead, and
+    -- nothing of the batch is written. (An original of the role's own that was acked
+    -- between the insert and this statement is refused the same way; a retry then
+    -- stores the message, as it would have after the ack.)
+    IF coalesce(cardinality(v_new), 0) < v_n THEN
+        IF streamd.current_tenant() IS NOT NULL THEN
+            SELECT v.id INTO v_hidden FROM unnest(v_ids) WITH ORDINALITY v(id, i)
+            WHERE v.id <> ALL(coalesce(v_new, '{}'))
+              AND NOT EXISTS (SELECT 1 FROM streamd.messages e
+                              WHERE e.message_id = v.id AND e.stream_name = p_queue AND e.dedup)
+            ORDER BY v.i LIMIT 1;
+            IF v_hidden IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'SD204',
+                    MESSAGE = format('queue %L: message id %L is already used in this queue by a message this role cannot see (another tenant''s)',
+                                     p_queue, v_hidden);
+            END IF;
+        END IF;
+    END IF;
 
     -- A new statement: it sees duplicates' originals even when they committed while
     -- the insert waited for them. Each original is one probe of the unique index.
@@ -450,39 +487,49 @@ BEGIN
 END;
 $$;
 
--- Locks the FIFO groups of the messages named by (offset, token), in key order, and
--- returns their keys.
-CREATE OR REPLACE FUNCTION streamd.queue_lock_groups(p_queue text, p_offsets bigint[], p_tokens uuid[])
-RETURNS text[]
+-- Locks the FIFO groups of the messages named by (offset, token), in (key, tenant)
+-- order, and returns their keys and tenants (parallel arrays, for
+-- queue_groups_advance).
+CREATE OR REPLACE FUNCTION streamd.queue_lock_groups(p_queue text, p_offsets bigint[], p_tokens uuid[],
+                                                     OUT keys text[], OUT tenants text[])
 LANGUAGE sql SET enable_seqscan = off AS $$
-    SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key), '{}') FROM (
-        SELECT g.group_key FROM streamd.message_groups g
+    SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key, l.tenant_id), '{}'),
+           coalesce(array_agg(l.tenant_id ORDER BY l.group_key, l.tenant_id), '{}') FROM (
+        SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
         WHERE g.stream_name = p_queue
-          AND g.group_key IN (SELECT m.group_key FROM streamd.messages m
-                              JOIN unnest(p_offsets, p_tokens) r(o, t) ON m."offset" = r.o AND m.lease_token = r.t
-                              WHERE m.stream_name = p_queue)
-        ORDER BY g.group_key
+          AND (g.group_key, g.tenant_id) IN (
+              SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.messages m
+              JOIN unnest(p_offsets, p_tokens) r(o, t) ON m."offset" = r.o AND m.lease_token = r.t
+              WHERE m.stream_name = p_queue)
+        ORDER BY g.group_key, g.tenant_id
         FOR UPDATE OF g) l
 $$;
 
--- Brings FIFO groups (locked by the caller) up to date after their messages changed:
--- an empty group's row goes; otherwise the group may deliver again at its head's
--- visibility time, and not before now (so a settled group goes to the back of the
--- round robin).
-CREATE OR REPLACE FUNCTION streamd.queue_groups_advance(p_queue text, p_groups text[], p_now timestamptz)
+-- Brings FIFO groups (locked by the caller; p_groups and p_tenants are parallel:
+-- group key and group tenant_id) up to date after their messages changed: an empty
+-- group's row goes; otherwise the group may deliver again at its head's visibility
+-- time, and not before now (so a settled group goes to the back of the round robin).
+-- A group's messages are those of its tenant only, named in each statement: the owner
+-- sees every tenant's messages, a tenant role only its own.
+CREATE OR REPLACE FUNCTION streamd.queue_groups_advance(p_queue text, p_groups text[], p_tenants text[], p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, statement_timestamp());
 BEGIN
     DELETE FROM streamd.message_groups g
-    WHERE g.stream_name = p_queue AND g.group_key = ANY(p_groups)
-      AND NOT EXISTS (SELECT 1 FROM streamd.messages m WHERE m.stream_name = p_queue AND m.group_key = g.group_key);
+    USING unnest(p_groups, p_tenants) k(key, ten)
+    WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten
+      AND NOT EXISTS (SELECT 1 FROM streamd.messages m
+                      WHERE m.stream_name = p_queue AND m.group_key = g.group_key
+                        AND coalesce(m.tenant_id, '') = g.tenant_id);
     UPDATE streamd.message_groups g SET visible_at = greatest(v_now, h.vis)
-    FROM (SELECT k, (SELECT m.visibility_timeout FROM streamd.messages m
-                     WHERE m.stream_name = p_queue AND m.group_key = k ORDER BY m."offset" LIMIT 1) AS vis
-          FROM unnest(p_groups) k) h
-    WHERE g.stream_name = p_queue AND g.group_key = h.k AND h.vis IS NOT NULL;
+    FROM (SELECT k.key, k.ten,
+                 (SELECT m.visibility_timeout FROM streamd.messages m
+                  WHERE m.stream_name = p_queue AND m.group_key = k.key AND coalesce(m.tenant_id, '') = k.ten
+                  ORDER BY m."offset" LIMIT 1) AS vis
+          FROM unnest(p_groups, p_tenants) k(key, ten)) h
+    WHERE g.stream_name = p_queue AND g.group_key = h.key AND g.tenant_id = h.ten AND h.vis IS NOT NULL;
 END;
 $$;
 
@@ -514,6 +561,7 @@ DECLARE
     v_ctids  tid[];
     v_dead   bigint[];
     v_groups text[];
+    v_tens   text[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
     IF p_max IS NULL OR p_max < 1 OR p_max > 10000 THEN
@@ -542,8 +590,8 @@ BEGIN
               LIMIT p_max
               FOR UPDATE SKIP LOCKED) c;
     ELSE
-        SELECT array_agg(l.group_key) INTO v_groups
-        FROM (SELECT g.group_key FROM streamd.message_groups g
+        SELECT array_agg(l.group_key), array_agg(l.tenant_id) INTO v_groups, v_tens
+        FROM (SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
               WHERE g.stream_name = p_queue AND g.visible_at <= v_now
               ORDER BY g.visible_at, g.group_key
               LIMIT p_max
@@ -556,13 +604,13 @@ BEGIN
         SELECT array_agg(h.o) FILTER (WHERE NOT h.exhausted AND h.vis <= v_now),
                array_agg(h.o) FILTER (WHERE h.exhausted AND h.vis <= v_now)
         INTO v_offs, v_dead
-        FROM unnest(v_groups) k
+        FROM unnest(v_groups, v_tens) k(key, ten)
         CROSS JOIN LATERAL (
             SELECT m."offset" AS o, m.visibility_timeout AS vis,
                    (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts
                       AND streamd.queue_dlq_ok(m.dead_letter_stream)) AS exhausted
             FROM streamd.messages m
-            WHERE m.stream_name = p_queue AND m.group_key = k
+            WHERE m.stream_name = p_queue AND m.group_key = k.key AND coalesce(m.tenant_id, '') = k.ten
             ORDER BY m."offset" LIMIT 1) h;
     END IF;
 
@@ -589,7 +637,7 @@ BEGIN
                   m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at;
     END IF;
     IF v_q.fifo THEN
-        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_now);
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
     END IF;
 END;
 $$;
@@ -603,6 +651,7 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = o
 DECLARE
     v_q      streamd.queues;
     v_groups text[];
+    v_tens   text[];
     v_lo     bigint;
     v_hi     bigint;
 BEGIN
@@ -616,7 +665,7 @@ BEGIN
             MESSAGE = format('queue %L: receipt offset %s is negative', p_queue, v_lo);
     END IF;
     IF v_q.fifo THEN
-        v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
+        SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
     END IF;
     -- The token check is a filter (as a join, the planner could scan the whole queue
     -- to hash it). A token is a random UUID made for one delivery of one message, so a
@@ -638,7 +687,7 @@ BEGIN
         RETURNING m."offset", m.lease_token;
     END IF;
     IF v_q.fifo THEN
-        PERFORM streamd.queue_groups_advance(p_queue, v_groups, p_now);
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, p_now);
     END IF;
 END;
 $$;
@@ -656,6 +705,7 @@ DECLARE
     v_now      timestamptz := coalesce(p_now, statement_timestamp());
     v_q        streamd.queues;
     v_groups   text[];
+    v_tens     text[];
     v_retry    bigint[];
     v_dead     bigint[];
     v_dead_err text[];
@@ -668,7 +718,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: nack delay is negative', p_queue);
     END IF;
     IF v_q.fifo THEN
-        v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
+        SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
     END IF;
     SELECT array_agg(c.o) FILTER (WHERE NOT c.exhausted), array_agg(c.o) FILTER (WHERE c.exhausted),
            array_agg(c.err) FILTER (WHERE c.exhausted), array_agg(c.o), array_agg(c.t)
@@ -697,7 +747,7 @@ BEGIN
         WHERE m.stream_name = p_queue AND m."offset" = r.o AND m.lease_token = r.t AND r.o = ANY(v_retry);
     END IF;
     IF v_q.fifo THEN
-        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_now);
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
     END IF;
     RETURN QUERY SELECT x.o, x.t, coalesce(x.o = ANY(v_dead), false) FROM unnest(v_offs, v_toks) x(o, t);
 END;
@@ -713,6 +763,7 @@ DECLARE
     v_now    timestamptz := coalesce(p_now, statement_timestamp());
     v_q      streamd.queues;
     v_groups text[];
+    v_tens   text[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
     PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
@@ -721,7 +772,7 @@ BEGIN
             MESSAGE = format('queue %L: visibility timeout %s ms must be positive', p_queue, p_vt_ms);
     END IF;
     IF v_q.fifo THEN
-        v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
+        SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
     END IF;
     -- not_before moves too (not a HOT update, unlike a receive's): a receive skips
     -- in-flight rows that messages_ready lists among the ready ones, one by one, and a
@@ -734,7 +785,7 @@ BEGIN
     WHERE m.stream_name = p_queue AND m."offset" = r.o AND m.lease_token = r.t
     RETURNING m."offset", r.t, m.visibility_timeout;
     IF v_q.fifo THEN
-        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_now);
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
     END IF;
 END;
 $$;
@@ -749,6 +800,7 @@ LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_q      streamd.queues;
     v_groups text[];
+    v_tens   text[];
     v_offs   bigint[];
     v_toks   uuid[];
     v_errs   text[];
@@ -757,7 +809,7 @@ BEGIN
     v_q := streamd.queue_get(p_queue);
     PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
     IF v_q.fifo THEN
-        v_groups := streamd.queue_lock_groups(p_queue, p_offsets, p_tokens);
+        SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
     END IF;
     SELECT array_agg(c.o), array_agg(c.t), array_agg(c.e), array_agg(c.moved) INTO v_offs, v_toks, v_errs, v_moved
     FROM (SELECT m."offset" AS o, r.t, r.e, streamd.queue_dlq_ok(m.dead_letter_stream) AS moved
@@ -772,7 +824,7 @@ BEGIN
         PERFORM streamd.queue_dead_letter(p_queue, v_offs, v_errs, true, p_now);
     END IF;
     IF v_q.fifo THEN
-        PERFORM streamd.queue_groups_advance(p_queue, v_groups, p_now);
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, p_now);
     END IF;
     RETURN QUERY SELECT x.o, x.t, x.mv FROM unnest(v_offs, v_toks, v_moved) x(o, t, mv);
 END;
@@ -805,13 +857,14 @@ BEGIN
     END IF;
     PERFORM streamd.queue_lock_shared(ARRAY(SELECT DISTINCT m.origin_stream FROM streamd.messages m
                                             WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)));
-    -- FIFO origins: lock (or create) the groups first, as a send does.
-    INSERT INTO streamd.message_groups AS g (stream_name, group_key, visible_at)
-    SELECT DISTINCT m.origin_stream, coalesce(m.group_key, ''), v_now
+    -- FIFO origins: lock (or create) the groups first, as a send does; a message goes
+    -- back to its own tenant's group.
+    INSERT INTO streamd.message_groups AS g (stream_name, group_key, tenant_id, visible_at)
+    SELECT DISTINCT m.origin_stream, coalesce(m.group_key, ''), coalesce(m.tenant_id, ''), v_now
     FROM streamd.messages m JOIN streamd.queues oq ON oq.queue_name = m.origin_stream AND oq.fifo
     WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)
-    ORDER BY 1, 2
-    ON CONFLICT (stream_name, group_key) DO UPDATE SET visible_at = g.visible_at;
+    ORDER BY 1, 2, 3
+    ON CONFLICT (stream_name, group_key, tenant_id) DO UPDATE SET visible_at = g.visible_at;
 
     -- Only rows whose origin exists in this statement's snapshot: the insert below
     -- joins the same snapshot's queues, so a row is deleted only when it is inserted.
@@ -850,7 +903,8 @@ BEGIN
 END;
 $$;
 
--- Deletes every message of a queue (and its FIFO groups); returns how many.
+-- Deletes every message of a queue (and its FIFO groups); returns how many. A tenant
+-- role deletes only its tenant's messages and groups (row-level security).
 CREATE OR REPLACE FUNCTION streamd.queue_purge(p_queue text) RETURNS bigint
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
@@ -873,15 +927,18 @@ DECLARE
     v_now    timestamptz := coalesce(p_now, statement_timestamp());
     v_q      streamd.queues;
     v_groups text[];
+    v_tens   text[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
     IF v_q.fifo THEN
-        SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key), '{}') INTO v_groups FROM (
-            SELECT g.group_key FROM streamd.message_groups g
+        SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key, l.tenant_id), '{}'),
+               coalesce(array_agg(l.tenant_id ORDER BY l.group_key, l.tenant_id), '{}')
+        INTO v_groups, v_tens FROM (
+            SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
             WHERE g.stream_name = p_queue
-              AND g.group_key IN (SELECT m.group_key FROM streamd.messages m
-                                  WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets))
-            ORDER BY g.group_key FOR UPDATE OF g) l;
+              AND (g.group_key, g.tenant_id) IN (SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.messages m
+                                                 WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets))
+            ORDER BY g.group_key, g.tenant_id FOR UPDATE OF g) l;
     END IF;
     RETURN QUERY
     DELETE FROM streamd.messages m
@@ -889,7 +946,7 @@ BEGIN
       AND NOT (m.lease_token IS NOT NULL AND m.visibility_timeout > v_now)
     RETURNING m."offset";
     IF v_q.fifo THEN
-        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_now);
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
     END IF;
 END;
 $$;
