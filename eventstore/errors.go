@@ -14,6 +14,9 @@ const (
 	codeSessionHeld      = sqlerr.SessionHeld
 	codeNotVersioned     = sqlerr.NotVersioned
 	codeUnknownEventType = sqlerr.UnknownEventType
+	// codeLockNotAvailable is PostgreSQL's lock_not_available: a lock wait cut short
+	// by lock_timeout (Open bounds its wait for an append in flight with it).
+	codeLockNotAvailable = "55P03"
 )
 
 // Conditions the event store reports, matched with errors.Is. Errors raised by SQL
@@ -24,15 +27,21 @@ var (
 	// ErrVersionMismatch: the key was not at the expected version; another writer got
 	// there first. Nothing was written.
 	ErrVersionMismatch = errors.New("version mismatch")
-	// ErrNotOpen: the session does not hold the key (never opened, closed, or taken
-	// over by another session after it expired).
+	// ErrNotOpen: the session does not hold the key, and no other live session does:
+	// it was never opened, was closed or released, the session that took it over
+	// after it expired has closed or expired since, or an append outside any session
+	// wrote the key after it expired (which ends the expired hold).
 	ErrNotOpen = errors.New("key not open in this session")
-	// ErrSessionExpired: the session held the key but its timeout has passed.
+	// ErrSessionExpired: the session holds the key but its timeout has passed (Renew
+	// revives it).
 	ErrSessionExpired = errors.New("session expired")
-	// ErrSessionHeld: another live session holds the key.
+	// ErrSessionHeld: another live session holds the key. For an append outside any
+	// session, or Open; for a session, it means another session took the key over
+	// after this one expired.
 	ErrSessionHeld = errors.New("key held by another session")
 	// ErrOpenTimeout: Open could not take the key within its open timeout, because
-	// another session held it all along.
+	// another session held it all along or an append in flight (AppendTx in an open
+	// transaction) kept the key locked.
 	ErrOpenTimeout = errors.New("open timed out")
 	// ErrNotVersioned: the stream does not keep key versions (see ConfigureStream).
 	ErrNotVersioned = errors.New("stream does not keep key versions")

@@ -228,10 +228,12 @@ func TestOtherAppendPathsGetVersions(t *testing.T) {
 		require.Equal(t, int64(i+1), e.KeyVersion)
 		require.Equal(t, fmt.Sprint(i+1), string(e.Data))
 	}
-	// A stream without key versions leaves key_version NULL whatever the INSERT says.
+	// A stream without key versions leaves key_version NULL; a seed-style INSERT that
+	// names the column with NULL works (one with a value is refused:
+	// TestInsertKeyVersionIsNeverDropped).
 	plain := testdb.Name("plain")
 	require.NoError(t, f.client.CreateStream(f.ctx, plain, 1))
-	_, err = f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, key, data, key_version) VALUES ($1, 'p', '1', 9)`, plain)
+	_, err = f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, key, data, key_version) VALUES ($1, 'p', '1', NULL)`, plain)
 	require.NoError(t, err)
 	var n int
 	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM streamd.events WHERE stream_name = $1 AND key_version IS NULL`, plain).Scan(&n))
@@ -384,4 +386,104 @@ func TestAppendRacingASettingsChangeIsRetried(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT key_version FROM streamd.events WHERE stream_name = $1", s).Scan(&kv))
 	require.NotNil(t, kv)
 	require.EqualValues(t, 1, *kv)
+}
+
+// TestInsertKeyVersionIsNeverDropped: a plain INSERT's key_version is an expected
+// version, checked or refused, never dropped: on a stream without key versions it is
+// ErrNotVersioned (as Store.Append), on a versioned stream without a key it is
+// streams.ErrInvalidArgument (as append_versioned's expectation without a key). Both
+// used to be set to NULL silently, so two writers that both expected version 1 both
+// succeeded. NULL, or no key_version, is no expectation.
+func TestInsertKeyVersionIsNeverDropped(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	plain := testdb.Name("plain")
+	require.NoError(t, f.client.CreateStream(f.ctx, plain, 2))
+	for i := range 2 {
+		_, err := f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, key, data, key_version) VALUES ($1, 'k', '1', 1)`, plain)
+		require.ErrorIs(t, wrap(err), eventstore.ErrNotVersioned, "writer %d", i)
+	}
+	_, err := f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, data, key_version) VALUES ($1, '1', 1)`, plain)
+	require.ErrorIs(t, wrap(err), eventstore.ErrNotVersioned, "keyless")
+	_, err = f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, key, data, key_version) VALUES ($1, 'k', '1', NULL)`, plain)
+	require.NoError(t, err, "seed style: key_version NULL")
+	var n int
+	require.NoError(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM streamd.events WHERE stream_name = $1`, plain).Scan(&n))
+	require.Equal(t, 1, n)
+
+	_, err = f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, data, key_version) VALUES ($1, '1', 7)`, f.stream)
+	require.ErrorIs(t, wrap(err), streams.ErrInvalidArgument)
+	require.ErrorContains(t, err, "needs a key")
+	_, err = f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, data, key_version) VALUES ($1, '1', NULL)`, f.stream)
+	require.NoError(t, err)
+	require.Equal(t, 1, f.count(t))
+}
+
+// TestEventIDOfAnotherKeyIsRefused: on a versioned stream, an append whose event id is
+// stored under another key is refused with streams.ErrInvalidArgument and writes
+// nothing, on every append path; it is not a retry of that other key's event. It used
+// to succeed as a duplicate and report the other key's position and version (Versions
+// [4] while the key was at version 0). A retry under the same key still succeeds.
+func TestEventIDOfAnotherKeyIsRefused(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	for i := range 3 {
+		_, err := f.store.Append(f.ctx, f.stream, "b", eventstore.AnyVersion, ev("x", i))
+		require.NoError(t, err)
+	}
+	shared := ev("x", 9)
+	shared.EventID = "shared-id"
+	_, err := f.store.Append(f.ctx, f.stream, "b", eventstore.AnyVersion, shared)
+	require.NoError(t, err)
+	fresh := ev("x", 10)
+	fresh.EventID = "fresh-id"
+
+	for _, batch := range [][]eventstore.Event{{shared}, {fresh, shared}} {
+		_, err = f.store.Append(f.ctx, f.stream, "a", eventstore.NoVersion, batch...)
+		require.ErrorIs(t, err, streams.ErrInvalidArgument, "batch of %d", len(batch))
+		require.ErrorContains(t, err, `is stored under key 'b', not 'a'`)
+	}
+	_, err = f.client.Produce(f.ctx, streams.Record{Stream: f.stream, Key: "a", EventID: "shared-id", Data: json.RawMessage(`1`)})
+	require.ErrorIs(t, err, streams.ErrInvalidArgument, "producer")
+	_, err = f.client.Produce(f.ctx, streams.Record{Stream: f.stream, EventID: "shared-id", Data: json.RawMessage(`1`)})
+	require.ErrorIs(t, err, streams.ErrInvalidArgument, "producer, keyless")
+	_, err = f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, key, event_id, data) VALUES ($1, 'a', 'shared-id', '1')`, f.stream)
+	require.ErrorIs(t, wrap(err), streams.ErrInvalidArgument, "plain INSERT")
+
+	v, err := f.store.Version(f.ctx, f.stream, "a")
+	require.NoError(t, err)
+	require.Equal(t, int64(0), v)
+	require.Equal(t, 4, f.count(t), "nothing written")
+
+	r, err := f.store.Append(f.ctx, f.stream, "b", eventstore.AnyVersion, shared)
+	require.NoError(t, err, "a retry under the event's own key")
+	require.True(t, r.Positions[0].Duplicate)
+	require.Equal(t, []int64{4}, r.Versions)
+	tag, err := f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, key, event_id, data) VALUES ($1, 'b', 'shared-id', '1')`, f.stream)
+	require.NoError(t, err)
+	require.Zero(t, tag.RowsAffected(), "a plain INSERT retry is skipped")
+}
+
+// TestReadChecksTheStream: Read of a stream that does not exist, or does not keep key
+// versions, fails as Version and Load do (streams.ErrStreamNotFound, ErrNotVersioned);
+// a key without events reads as empty. Read used to return no events and no error.
+func TestReadChecksTheStream(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	_, err := f.store.Read(f.ctx, testdb.Name("missing"), "k", 0, 0)
+	require.ErrorIs(t, err, streams.ErrStreamNotFound)
+	plain := testdb.Name("plain")
+	require.NoError(t, f.client.CreateStream(f.ctx, plain, 1))
+	_, err = f.client.Produce(f.ctx, streams.Record{Stream: plain, Key: "k", Data: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	_, err = f.store.Read(f.ctx, plain, "k", 0, 0)
+	require.ErrorIs(t, err, eventstore.ErrNotVersioned)
+	_, _, err = f.store.Load(f.ctx, plain, "k")
+	require.ErrorIs(t, err, eventstore.ErrNotVersioned)
+	_, _, err = f.store.Load(f.ctx, testdb.Name("missing"), "k")
+	require.ErrorIs(t, err, streams.ErrStreamNotFound)
+
+	got, err := f.store.Read(f.ctx, f.stream, "nobody", 0, 0)
+	require.NoError(t, err)
+	require.Empty(t, got)
 }

@@ -28,8 +28,11 @@ type OpenOpts struct {
 // Session is an exclusive writer session on one key (seed 004): while it is live, no
 // other session can open the key and appends outside it fail with ErrSessionHeld.
 // Every operation of the session checks, in SQL and under the key's row lock, that
-// the session still holds the key: ErrSessionExpired after its timeout passed,
-// ErrNotOpen after Close or after another session took the expired key over.
+// the session still holds the key: ErrSessionExpired after its timeout passed (and
+// nobody wrote or took the key since); ErrSessionHeld once another session took the
+// expired key over and still holds it; ErrNotOpen when nobody holds the key any more
+// (released behind the session's back, a takeover that has ended since, or an append
+// outside any session after the session expired, which ends its hold).
 //
 // A Session is safe for concurrent use; Close is idempotent.
 type Session struct {
@@ -46,9 +49,11 @@ type Session struct {
 }
 
 // Open opens key of stream for exclusive writing. When another live session holds the
-// key, it retries until the open timeout and then fails with ErrOpenTimeout. Errors
-// also: ErrNotVersioned (sessions need key versions), streams.ErrStreamNotFound,
-// streams.ErrInvalidArgument (empty key, negative timeouts).
+// key, it retries until the open timeout and then fails with ErrOpenTimeout; an
+// append in flight on the key (AppendTx in a transaction not yet committed) is waited
+// for, but no longer than the open timeout either. Errors also: ErrNotVersioned
+// (sessions need key versions), streams.ErrStreamNotFound, streams.ErrInvalidArgument
+// (empty key, negative timeouts).
 func (s *Store) Open(ctx context.Context, stream, key string, opts *OpenOpts) (*Session, error) {
 	sess, err := s.openSession(ctx, stream, key, opts)
 	s.metrics.open(err)
@@ -78,11 +83,11 @@ func (s *Store) openSession(ctx context.Context, stream, key string, opts *OpenO
 	deadline := time.Now().Add(o.OpenTimeout)
 	wait := 5 * time.Millisecond
 	for {
-		err := sess.open(ctx)
+		err := sess.open(ctx, time.Until(deadline))
 		if err == nil {
 			return sess, nil
 		}
-		if !isHeld(err) {
+		if !isHeld(err) && sqlerr.Code(err) != codeLockNotAvailable {
 			return nil, err
 		}
 		left := time.Until(deadline)
@@ -100,16 +105,19 @@ func (s *Store) openSession(ctx context.Context, stream, key string, opts *OpenO
 	}
 }
 
-func (sess *Session) open(ctx context.Context) error {
-	return sess.hold(ctx, "open", "streamd.open_key_session")
+// open takes the key for the session, waiting at most wait (at least 1 ms) for an
+// append in flight on the key: the key head's row lock is otherwise waited for
+// without bound, past the open timeout. A lock wait cut short is 55P03
+// (lock_not_available), which openSession retries like a held key.
+func (sess *Session) open(ctx context.Context, wait time.Duration) error {
+	var exp time.Time
+	err := sess.store.pool.QueryRow(ctx, "SELECT streamd.open_key_session($1, $2, $3, $4, $5, $6)",
+		sess.stream, sess.key, sess.id, sess.timeout, sess.store.now(), max(wait, time.Millisecond)).Scan(&exp)
+	return sess.held(err, "open", exp)
 }
 
-// hold runs fn (open_key_session or renew_key_session) for the session and keeps the
-// expiry it returns.
-func (sess *Session) hold(ctx context.Context, verb, fn string) error {
-	var exp time.Time
-	err := sess.store.pool.QueryRow(ctx, "SELECT "+fn+"($1, $2, $3, $4, $5)",
-		sess.stream, sess.key, sess.id, sess.timeout, sess.store.now()).Scan(&exp)
+// held keeps the expiry that open_key_session or renew_key_session returned.
+func (sess *Session) held(err error, verb string, exp time.Time) error {
 	if err != nil {
 		return fmt.Errorf("%s %s/%s: %w", verb, sess.stream, sess.key, sqlerr.Wrap(err))
 	}
@@ -138,15 +146,20 @@ func (sess *Session) check() error {
 	return nil
 }
 
-// Renew extends the session by its timeout from now. It fails with ErrSessionHeld
-// when another session took the key over after this one expired (even if that one
-// has closed since: this session lost its exclusive hold in between); a session that
-// expired but was not taken over is renewed.
+// Renew extends the session by its timeout from now. A session that expired is
+// renewed if nobody wrote or took the key since; otherwise it lost its exclusive hold
+// in between, and Renew fails: with ErrSessionHeld when another live session took the
+// key over, with ErrNotOpen when nobody holds it (the session was released behind its
+// back, the session that took the key over has closed or expired since, or an append
+// outside any session wrote the key after this session expired).
 func (sess *Session) Renew(ctx context.Context) error {
 	if err := sess.check(); err != nil {
 		return err
 	}
-	return sess.hold(ctx, "renew", "streamd.renew_key_session")
+	var exp time.Time
+	err := sess.store.pool.QueryRow(ctx, "SELECT streamd.renew_key_session($1, $2, $3, $4, $5)",
+		sess.stream, sess.key, sess.id, sess.timeout, sess.store.now()).Scan(&exp)
+	return sess.held(err, "renew", exp)
 }
 
 // Append appends events to the session's key, as Store.Append does, after checking
@@ -175,7 +188,7 @@ func (sess *Session) SaveSnapshot(ctx context.Context, version int64, snap Snaps
 }
 
 // Close releases the key at once. Closing a session that no longer holds the key
-// (expired and taken over) is not an error; closing again after a Close that
+// (see Renew) is not an error; closing again after a Close that
 // succeeded is a no-op. The release runs even when ctx has ended (a deferred Close
 // with the request's cancelled ctx), bounded by 10 s; when it fails, the session
 // takes no more appends and Close may be called again to retry the release (else

@@ -55,7 +55,7 @@ func TestExpiredSessionCannotAppend(t *testing.T) {
 
 // Only one session holds a key: a second Open waits for the open timeout and fails;
 // appends outside the session are refused; after expiry another session takes the key
-// over and the first one's appends fail with ErrNotOpen.
+// over and the first one's appends fail with ErrSessionHeld while it holds it.
 func TestSessionIsExclusive(t *testing.T) {
 	t.Parallel()
 	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -198,9 +198,10 @@ func TestEventTypeRegistryEnforced(t *testing.T) {
 	require.True(t, ok)
 }
 
-// TestRenewAfterATakeoverFails: a session that expired, was taken over, and whose
-// taker has closed since, cannot renew: it lost its exclusive hold in between
-// (ErrSessionHeld). Renew used to take the key back silently.
+// TestRenewAfterATakeoverFails: a session that expired and was taken over cannot
+// renew: it lost its exclusive hold in between. While the taker holds the key that is
+// ErrSessionHeld; once the taker has closed, nobody holds the key and it is ErrNotOpen
+// (as for an append in the session). Renew used to take the key back silently.
 func TestRenewAfterATakeoverFails(t *testing.T) {
 	t.Parallel()
 	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -212,8 +213,11 @@ func TestRenewAfterATakeoverFails(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.Append(f.ctx, eventstore.NoVersion, ev("x", 1))
 	require.NoError(t, err)
-	require.NoError(t, b.Close(f.ctx))
 	require.ErrorIs(t, a.Renew(f.ctx), eventstore.ErrSessionHeld)
+	require.NoError(t, b.Close(f.ctx))
+	require.ErrorIs(t, a.Renew(f.ctx), eventstore.ErrNotOpen)
+	_, err = a.Append(f.ctx, eventstore.ExactVersion(1), ev("x", 2))
+	require.ErrorIs(t, err, eventstore.ErrNotOpen)
 	require.NoError(t, a.Close(f.ctx))
 }
 
@@ -231,4 +235,137 @@ func TestCloseWithAnEndedContextReleases(t *testing.T) {
 	other, err := f.store.Open(f.ctx, f.stream, "k", nil)
 	require.NoError(t, err, "the key is free")
 	require.NoError(t, other.Close(f.ctx))
+}
+
+// TestAppendOutsideASessionEndsItsExpiredHold: once a session has expired, an append
+// outside any session passes (the key is free to write) and ends the expired hold in
+// the same statement, on every append path; the session can then neither renew nor
+// append (ErrNotOpen), as it lost exclusive access in between. It used to renew and
+// go on as if it had held the key throughout. The clock starts an hour in the past,
+// so that the paths without an injected time (the producer, a plain INSERT: the
+// database's clock) see the session expired too.
+func TestAppendOutsideASessionEndsItsExpiredHold(t *testing.T) {
+	t.Parallel()
+	paths := []struct {
+		name   string
+		append func(f *fixture) error
+	}{
+		{"Store.Append", func(f *fixture) error {
+			_, err := f.store.Append(f.ctx, f.stream, "k", eventstore.AnyVersion, ev("outsider", 2))
+			return err
+		}},
+		{"producer (streamd.append)", func(f *fixture) error {
+			_, err := f.client.Produce(f.ctx, streams.Record{Stream: f.stream, Key: "k", Data: json.RawMessage(`2`)})
+			return err
+		}},
+		{"plain INSERT", func(f *fixture) error {
+			_, err := f.pool.Exec(f.ctx, `INSERT INTO streamd.events (stream_name, key, data) VALUES ($1, 'k', '2')`, f.stream)
+			return wrap(err)
+		}},
+	}
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			clk := &clock{t: time.Now().Add(-time.Hour)}
+			f := setup(t, &eventstore.Config{Clock: clk.now, SessionTimeout: time.Minute})
+			a, err := f.store.Open(f.ctx, f.stream, "k", nil)
+			require.NoError(t, err)
+			_, err = a.Append(f.ctx, eventstore.NoVersion, ev("x", 1))
+			require.NoError(t, err)
+			clk.add(2 * time.Minute)
+
+			require.NoError(t, p.append(f), "an expired session does not hold the key")
+			require.ErrorIs(t, a.Renew(f.ctx), eventstore.ErrNotOpen)
+			_, err = a.Append(f.ctx, eventstore.ExactVersion(2), ev("x", 3))
+			require.ErrorIs(t, err, eventstore.ErrNotOpen)
+			require.Equal(t, 2, f.count(t))
+			// The key is free: a new session takes it at once.
+			b, err := f.store.Open(f.ctx, f.stream, "k", &eventstore.OpenOpts{OpenTimeout: time.Millisecond})
+			require.NoError(t, err)
+			require.NoError(t, b.Close(f.ctx))
+			require.NoError(t, a.Close(f.ctx))
+		})
+	}
+}
+
+// TestAFailedAppendOutsideASessionKeepsTheExpiredHold: an append outside any session
+// that fails (here its expected version) writes nothing, so the expired session lost
+// nothing and still renews.
+func TestAFailedAppendOutsideASessionKeepsTheExpiredHold(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f := setup(t, &eventstore.Config{Clock: clk.now, SessionTimeout: time.Minute})
+	a, err := f.store.Open(f.ctx, f.stream, "k", nil)
+	require.NoError(t, err)
+	clk.add(2 * time.Minute)
+	_, err = f.store.Append(f.ctx, f.stream, "k", eventstore.ExactVersion(5), ev("outsider", 1))
+	require.ErrorIs(t, err, eventstore.ErrVersionMismatch)
+	require.NoError(t, a.Renew(f.ctx))
+	_, err = a.Append(f.ctx, eventstore.NoVersion, ev("x", 1))
+	require.NoError(t, err)
+	require.NoError(t, a.Close(f.ctx))
+}
+
+// TestRenewOfAReleasedSessionIsNotOpen: Renew of a session whose hold was released
+// behind its back (here by SQL; nobody holds the key) fails with ErrNotOpen, as an
+// append in that session does. It used to fail with ErrSessionHeld, which says
+// another live session holds the key.
+func TestRenewOfAReleasedSessionIsNotOpen(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	s, err := f.store.Open(f.ctx, f.stream, "k", &eventstore.OpenOpts{SessionID: "s-released"})
+	require.NoError(t, err)
+	_, err = f.pool.Exec(f.ctx, "SELECT streamd.close_key_session($1, 'k', 's-released')", f.stream)
+	require.NoError(t, err)
+	require.ErrorIs(t, s.Renew(f.ctx), eventstore.ErrNotOpen)
+	require.NoError(t, s.Close(f.ctx))
+}
+
+// TestOpenDoesNotWaitPastItsTimeoutForAnAppendInFlight: Open on a key that an AppendTx
+// in an uncommitted transaction has locked fails with ErrOpenTimeout after its open
+// timeout. It used to wait for the key head's row lock until that transaction ended;
+// here it would have waited until the test rolled back after 10 s.
+func TestOpenDoesNotWaitPastItsTimeoutForAnAppendInFlight(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	for _, key := range []string{"new-key", "old-key"} { // the head row inserted, or updated, in flight
+		if key == "old-key" {
+			_, err := f.store.Append(f.ctx, f.stream, key, eventstore.NoVersion, ev("x", 1))
+			require.NoError(t, err)
+		}
+		tx, err := f.pool.Begin(f.ctx)
+		require.NoError(t, err)
+		_, err = f.store.AppendTx(f.ctx, tx, f.stream, key, eventstore.AnyVersion, ev("x", 2))
+		require.NoError(t, err)
+
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { // owner: this test; exits when Open returns (at the latest once tx ends)
+			_, err := f.store.Open(f.ctx, f.stream, key, &eventstore.OpenOpts{OpenTimeout: 200 * time.Millisecond})
+			done <- err
+		}()
+		select {
+		case err = <-done:
+		case <-time.After(10 * time.Second):
+			require.NoError(t, tx.Rollback(f.ctx))
+			t.Fatalf("%s: Open waited past its open timeout for the append in flight", key)
+		}
+		require.ErrorIs(t, err, eventstore.ErrOpenTimeout, key)
+		require.Less(t, time.Since(start), 5*time.Second, key)
+		require.NoError(t, tx.Commit(f.ctx))
+		// Once the append committed, Open takes the key.
+		s, err := f.store.Open(f.ctx, f.stream, key, nil)
+		require.NoError(t, err)
+		require.NoError(t, s.Close(f.ctx))
+	}
+	// open_key_session puts the caller's lock_timeout back.
+	tx, err := f.pool.Begin(f.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(f.ctx) }()
+	var lt string
+	require.NoError(t, tx.QueryRow(f.ctx, `SELECT set_config('lock_timeout', '7s', true)`).Scan(&lt))
+	_, err = tx.Exec(f.ctx, "SELECT streamd.open_key_session($1, 'k', 's-lt', '1 minute', NULL, '50 ms')", f.stream)
+	require.NoError(t, err)
+	require.NoError(t, tx.QueryRow(f.ctx, "SHOW lock_timeout").Scan(&lt))
+	require.Equal(t, "7s", lt)
 }

@@ -288,16 +288,21 @@ type StoredEvent struct {
 	KeyVersion int64 `json:"key_version"`
 }
 
+// readSQL checks the stream as Version does: the check has no column of events, so
+// PostgreSQL runs it once, as a one-time filter, before the index range scan (also
+// when the key has no events, which is when it matters).
 const readSQL = `SELECT e.partition, e."offset", e.event_id, e.event_type, e.data, e.data_bytes, e.metadata,
        e."timestamp", e.correlation_id, e.causation_id, e.version, e.key_version
   FROM streamd.events e
  WHERE e.stream_name = $1 AND e.key = $2 AND e.key_version > $3
+   AND (SELECT true FROM streamd.require_key_versions($1))
  ORDER BY e.key_version
  LIMIT $4`
 
 // Read returns up to limit events of key with versions above after, in version
 // order (after = 0 reads from the first event; limit <= 0 means all). Events deleted
-// by retention are missing from the result.
+// by retention are missing from the result; a key without events reads as empty.
+// Errors: streams.ErrStreamNotFound, ErrNotVersioned (as Version and Load).
 func (s *Store) Read(ctx context.Context, stream, key string, after int64, limit int) ([]StoredEvent, error) {
 	return s.read(ctx, s.pool, stream, key, after, limit)
 }

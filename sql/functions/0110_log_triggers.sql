@@ -16,11 +16,25 @@ DECLARE
     v_kv     bigint;
     v_sid    text;
     v_exp    timestamptz;
+    v_now    timestamptz;
     v_named  boolean;
+    v_dupkey text;
 BEGIN
     SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = NEW.stream_name;
     IF NOT FOUND THEN
         PERFORM streamd.raise_partition_missing(NEW.stream_name, coalesce(NEW.partition, 0));
+    END IF;
+    -- A key_version given is an expectation (below): refused where it cannot be
+    -- checked rather than dropped, so a writer relying on it is told. NULL (what seed
+    -- style INSERTs pass, or leave out) is no expectation.
+    IF NEW.key_version IS NOT NULL THEN
+        IF NOT v_stream.key_versions THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD405',
+                MESSAGE = format('stream %L does not keep key versions: an insert''s key_version (an expected version) needs them (streamd.set_stream_event_sourcing)', NEW.stream_name);
+        ELSIF NEW.key IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD005',
+                MESSAGE = format('an insert''s key_version (an expected version) needs a key (stream %L, key_version %s)', NEW.stream_name, NEW.key_version);
+        END IF;
     END IF;
     IF NEW.partition IS NULL THEN
         IF NEW.key IS NOT NULL THEN
@@ -40,8 +54,17 @@ BEGIN
     v_named := NEW.event_id IS NOT NULL;
     IF NOT v_named THEN
         NEW.event_id := gen_random_uuid()::text;
-    ELSIF EXISTS (SELECT 1 FROM streamd.events e WHERE e.stream_name = NEW.stream_name AND e.event_id = NEW.event_id) THEN
-        RETURN NULL;
+    ELSE
+        SELECT e.key INTO v_dupkey FROM streamd.events e WHERE e.stream_name = NEW.stream_name AND e.event_id = NEW.event_id;
+        IF FOUND THEN
+            -- A retry only if it is the same event: on a stream with key versions an
+            -- id stored under another key is refused (SD005), as by append_versioned.
+            IF v_stream.key_versions AND v_dupkey IS DISTINCT FROM NEW.key THEN
+                RAISE EXCEPTION USING ERRCODE = 'SD005',
+                    MESSAGE = format('event id %L of stream %L is stored under key %L, not %L', NEW.event_id, NEW.stream_name, v_dupkey, NEW.key);
+            END IF;
+            RETURN NULL;
+        END IF;
     END IF;
     IF NEW.event_type IS NULL THEN
         NEW.event_type := '';
@@ -75,20 +98,34 @@ BEGIN
     -- unique index, leaving the key a version with no event). The offset just taken
     -- is given back: it is the head's last, as this transaction has held the head row
     -- since taking it (before, it stayed a hole, breaking L1's gapless offsets).
-    IF v_named AND EXISTS (SELECT 1 FROM streamd.events e WHERE e.stream_name = NEW.stream_name AND e.event_id = NEW.event_id) THEN
-        UPDATE streamd.stream_partitions h SET next_offset = h.next_offset - 1
-         WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition;
-        RETURN NULL;
+    IF v_named THEN
+        SELECT e.key INTO v_dupkey FROM streamd.events e WHERE e.stream_name = NEW.stream_name AND e.event_id = NEW.event_id;
+        IF FOUND THEN
+            IF v_stream.key_versions AND v_dupkey IS DISTINCT FROM NEW.key THEN
+                RAISE EXCEPTION USING ERRCODE = 'SD005',
+                    MESSAGE = format('event id %L of stream %L is stored under key %L, not %L', NEW.event_id, NEW.stream_name, v_dupkey, NEW.key);
+            END IF;
+            UPDATE streamd.stream_partitions h SET next_offset = h.next_offset - 1
+             WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition;
+            RETURN NULL;
+        END IF;
     END IF;
     -- Per-key versions (issue 9), under the head-row lock just taken. A key_version
     -- given by the INSERT is the version the writer expects this event to get
-    -- (optimistic concurrency from plain SQL); it is checked, never trusted.
+    -- (optimistic concurrency from plain SQL); it is checked, never trusted. An
+    -- insert (never in a session) that finds an expired session on the key ends its
+    -- hold in the same upsert, as streamd.append_versioned does, so that session
+    -- cannot renew as if it had held the key throughout.
     IF v_stream.key_versions AND NEW.key IS NOT NULL THEN
+        v_now := clock_timestamp();
         INSERT INTO streamd.key_heads AS h (stream_name, key, last_version, updated_at)
         VALUES (NEW.stream_name, NEW.key, 1, NEW."timestamp")
-        ON CONFLICT (stream_name, key) DO UPDATE SET last_version = h.last_version + 1, updated_at = excluded.updated_at
+        ON CONFLICT (stream_name, key) DO UPDATE
+           SET last_version = h.last_version + 1, updated_at = excluded.updated_at,
+               session_id = CASE WHEN h.session_expires_at <= v_now THEN NULL ELSE h.session_id END,
+               session_expires_at = CASE WHEN h.session_expires_at <= v_now THEN NULL ELSE h.session_expires_at END
         RETURNING h.last_version, h.session_id, h.session_expires_at INTO v_kv, v_sid, v_exp;
-        IF v_sid IS NOT NULL AND v_exp > clock_timestamp() THEN
+        IF v_sid IS NOT NULL AND v_exp > v_now THEN
             RAISE EXCEPTION USING ERRCODE = 'SD404',
                 MESSAGE = format('key %L of stream %L is held by session %L until %s', NEW.key, NEW.stream_name, v_sid, v_exp);
         END IF;
@@ -98,9 +135,7 @@ BEGIN
                                  NEW.key, NEW.stream_name, v_kv - 1, NEW.key_version);
         END IF;
         NEW.key_version := v_kv;
-    ELSE
-        NEW.key_version := NULL;
-    END IF;
+    END IF; -- else key_version is NULL: a value given was refused above
     RETURN NEW;
 END;
 $$;

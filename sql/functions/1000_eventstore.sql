@@ -25,10 +25,12 @@
 -- Order of locks: head rows in ascending partition order, then key heads in key order.
 -- A retried event (its event_id already stored) is returned as a duplicate with its
 -- original position and version and is not checked against p_expected_versions again,
--- so a retry of a successful append succeeds. Repeating an event_id within one batch
--- is refused (SD005). Two concurrent appends of the same new event_id to different
--- partitions (keyless events) make the second fail with unique_violation (23505); its
--- retry then finds the first and reports the duplicate.
+-- so a retry of a successful append succeeds. On a stream with key versions, an
+-- event_id stored under another key (or without one) is SD005, not a duplicate.
+-- Repeating an event_id within one batch is refused (SD005). Two concurrent appends
+-- of the same new event_id to different partitions (keyless events) make the second
+-- fail with unique_violation (23505); its retry then finds the first and reports the
+-- duplicate.
 -- p_require_versions (the event store's appends): a stream that does not keep key
 -- versions is SD405 even with no expected version and no session (streamd.append,
 -- which sends streams that only enforce event types here, leaves it false).
@@ -150,15 +152,30 @@ BEGIN
       WHERE h.stream_name = p_stream_name AND h.partition = ANY (v_parts)
       ORDER BY h.partition FOR NO KEY UPDATE;
 
-    -- Retries: events already stored keep their position.
-    SELECT array_agg(e.event_id IS NOT NULL ORDER BY u.i) INTO v_dup
+    -- Retries: events already stored keep their position. On a stream with key
+    -- versions a stored event is a retry only if it is stored under the key asked for:
+    -- an id stored under another key is another event (its position and version are
+    -- the other key's), so the append is refused (SD005) rather than reported as done.
+    SELECT array_agg(e.event_id IS NOT NULL ORDER BY u.i),
+           min(u.i) FILTER (WHERE e.event_id IS NOT NULL AND e.key IS DISTINCT FROM v_keys[u.i])
+      INTO v_dup, v_bad
       FROM unnest(v_ids) WITH ORDINALITY AS u(id, i)
       LEFT JOIN streamd.events e ON e.stream_name = p_stream_name AND e.event_id = u.id;
+    IF v_bad IS NOT NULL AND v_stream.key_versions THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005',
+            MESSAGE = format('event %s: event id %L of stream %L is stored under key %L, not %L',
+                             v_bad, v_ids[v_bad], p_stream_name,
+                             (SELECT e.key FROM streamd.events e WHERE e.stream_name = p_stream_name AND e.event_id = v_ids[v_bad]),
+                             v_keys[v_bad]);
+    END IF;
 
     IF v_stream.key_versions THEN
         -- Advance each key's head by its number of new events, then check sessions
         -- and expected versions against the versions the heads had before: a failed
-        -- check raises and undoes the advance with everything else.
+        -- check raises and undoes the advance with everything else. An append outside
+        -- any session that finds an expired session on a key ends that session's hold
+        -- in the same upsert: the session lost exclusive access, so it must not renew
+        -- (streamd.renew_key_session) as if it had held the key throughout.
         WITH b AS (
             SELECT u.k, count(*) AS cnt FROM unnest(v_keys, v_dup) AS u(k, d)
              WHERE u.k IS NOT NULL AND NOT u.d GROUP BY u.k
@@ -166,7 +183,9 @@ BEGIN
             INSERT INTO streamd.key_heads AS h (stream_name, key, last_version, updated_at)
             SELECT p_stream_name, b.k, b.cnt, v_now FROM b ORDER BY b.k
             ON CONFLICT (stream_name, key) DO UPDATE
-               SET last_version = h.last_version + excluded.last_version, updated_at = excluded.updated_at
+               SET last_version = h.last_version + excluded.last_version, updated_at = excluded.updated_at,
+                   session_id = CASE WHEN p_session_id IS NULL AND h.session_expires_at <= v_now THEN NULL ELSE h.session_id END,
+                   session_expires_at = CASE WHEN p_session_id IS NULL AND h.session_expires_at <= v_now THEN NULL ELSE h.session_expires_at END
             RETURNING h.key, h.last_version, h.session_id, h.session_expires_at
         )
         SELECT array_agg(up.key ORDER BY up.key), array_agg(up.last_version ORDER BY up.key), array_agg(b.cnt ORDER BY up.key),
@@ -319,14 +338,19 @@ $$;
 -- p_session_id until the returned time. Succeeds when nobody holds the key, its holder
 -- expired, or p_session_id already holds it; raises SD404 when another live session
 -- holds it (the caller retries until its open timeout). Waits for an append in flight
--- on the key to commit (row lock on the key head).
-CREATE OR REPLACE FUNCTION streamd.open_key_session(p_stream_name text, p_key text, p_session_id text, p_timeout interval, p_now timestamptz)
+-- on the key to commit (row lock on the key head): at most p_lock_wait when given
+-- (then lock_not_available, 55P03, which the caller retries like SD404), else as
+-- long as the lock_timeout setting lets it.
+DROP FUNCTION IF EXISTS streamd.open_key_session(text, text, text, interval, timestamptz);
+CREATE OR REPLACE FUNCTION streamd.open_key_session(p_stream_name text, p_key text, p_session_id text, p_timeout interval, p_now timestamptz,
+                                                    p_lock_wait interval DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_exp timestamptz;
-    v_sid text;
+    v_now  timestamptz := coalesce(p_now, clock_timestamp());
+    v_exp  timestamptz;
+    v_sid  text;
+    v_lock text;
 BEGIN
     PERFORM streamd.require_key_versions(p_stream_name);
     IF p_key IS NULL OR p_key = '' THEN
@@ -338,12 +362,24 @@ BEGIN
     IF p_timeout IS NULL OR p_timeout <= interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = format('open session: the session timeout must be positive, got %s', p_timeout);
     END IF;
+    IF p_lock_wait IS NOT NULL THEN
+        IF p_lock_wait <= interval '0' THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = format('open session: the lock wait must be positive, got %s', p_lock_wait);
+        END IF;
+        -- Transaction-local and put back below; a raise rolls it back with the
+        -- (sub)transaction, so the caller's setting survives either way.
+        v_lock := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', least(ceil(extract(epoch FROM p_lock_wait) * 1000), 2147483647)::bigint::text || 'ms', true);
+    END IF;
     INSERT INTO streamd.key_heads AS h (stream_name, key, last_version, session_id, session_expires_at, updated_at)
     VALUES (p_stream_name, p_key, 0, p_session_id, v_now + p_timeout, v_now)
     ON CONFLICT (stream_name, key) DO UPDATE
        SET session_id = excluded.session_id, session_expires_at = excluded.session_expires_at, updated_at = excluded.updated_at
      WHERE h.session_id IS NULL OR h.session_id = excluded.session_id OR h.session_expires_at <= v_now
     RETURNING h.session_expires_at INTO v_exp;
+    IF p_lock_wait IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', v_lock, true);
+    END IF;
     IF v_exp IS NULL THEN
         SELECT h.session_id, h.session_expires_at INTO v_sid, v_exp
           FROM streamd.key_heads h WHERE h.stream_name = p_stream_name AND h.key = p_key;
@@ -355,16 +391,19 @@ END;
 $$;
 
 -- Renews a session: it holds the key again until now + p_timeout, provided the key is
--- still its own (expired, perhaps, but not taken over since). A key another session
--- took over, or freed by a takeover that was closed since, is SD404: open_key_session
--- would have taken it back silently, and the renewed holder would not know it had lost
--- exclusive access in between.
+-- still its own (expired, perhaps, but nobody wrote or took it since). Otherwise the
+-- renewed holder would not know it had lost exclusive access in between (as
+-- open_key_session would take the key back silently), so renewal fails, with the
+-- errors of an append in the session: SD404 when another live session holds the key;
+-- SD402 when nobody does (closed or released by SQL, a takeover that was closed or
+-- expired since, or an append outside any session that ended the expired hold).
 CREATE OR REPLACE FUNCTION streamd.renew_key_session(p_stream_name text, p_key text, p_session_id text, p_timeout interval, p_now timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_exp timestamptz;
+    v_sid text;
 BEGIN
     IF p_timeout IS NULL OR p_timeout <= interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = format('renew session: the session timeout must be positive, got %s', p_timeout);
@@ -373,8 +412,15 @@ BEGIN
      WHERE h.stream_name = p_stream_name AND h.key = p_key AND h.session_id = p_session_id
     RETURNING h.session_expires_at INTO v_exp;
     IF v_exp IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD404',
-            MESSAGE = format('key %L of stream %L is no longer held by session %L (taken over since it expired)',
+        SELECT h.session_id, h.session_expires_at INTO v_sid, v_exp
+          FROM streamd.key_heads h WHERE h.stream_name = p_stream_name AND h.key = p_key;
+        IF v_sid IS NOT NULL AND v_exp > v_now THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD404',
+                MESSAGE = format('key %L of stream %L is held by another session than %L until %s',
+                                 p_key, p_stream_name, p_session_id, v_exp);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'SD402',
+            MESSAGE = format('key %L of stream %L is no longer held by session %L (closed, released, or written or taken over since it expired)',
                              p_key, p_stream_name, p_session_id);
     END IF;
     RETURN v_exp;
