@@ -2,6 +2,7 @@ package eventstore_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
 )
@@ -225,4 +227,40 @@ func TestUnboundRoleReadsEvents(t *testing.T) {
 		return tx.QueryRow(ctx, "SELECT count(*) FROM streamd.events WHERE stream_name = $1", stream).Scan(&n)
 	}))
 	require.Equal(t, 1, n)
+}
+
+// TestBindRefusesRolesThatBypassRowSecurity: row-level security does not apply to a
+// BYPASSRLS role, a superuser, or a member of the streamd tables' owner; binding one
+// used to succeed and look isolated while the role read every tenant. It is SD005 now,
+// and nothing is recorded.
+func TestBindRefusesRolesThatBypassRowSecurity(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, testdb.URL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	var owner string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT relowner::regrole::text FROM pg_class WHERE oid = 'streamd.events'::regclass").Scan(&owner))
+	for name, alter := range map[string]string{
+		"bypassrls":       "ALTER ROLE %s BYPASSRLS",
+		"superuser":       "ALTER ROLE %s SUPERUSER",
+		"member of owner": "GRANT " + owner + " TO %s",
+	} {
+		t.Run(name, func(t *testing.T) {
+			role, ident := newRole(t, admin, "streamd_bypass")
+			require.NoError(t, pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('streamd.tenant_roles'))")
+				if err == nil {
+					_, err = tx.Exec(ctx, fmt.Sprintf(alter, ident))
+				}
+				return err
+			}))
+			_, err := admin.Exec(ctx, "SELECT streamd.bind_tenant_role($1, 'acme')", role)
+			require.ErrorIs(t, sqlerr.Wrap(err), streams.ErrInvalidArgument)
+			require.ErrorContains(t, err, "bypasses row-level security")
+			var bound bool
+			require.NoError(t, admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM streamd.tenant_roles WHERE role_name = $1)", role).Scan(&bound))
+			require.False(t, bound)
+		})
+	}
 }

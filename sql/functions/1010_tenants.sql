@@ -16,6 +16,14 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = p_role) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = format('bind tenant role: role %L does not exist', p_role);
     END IF;
+    -- Row-level security does not apply to superusers, BYPASSRLS roles, or the tables'
+    -- owner and the roles that inherit its privileges: bound, such a role would look
+    -- isolated and see every tenant.
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = p_role AND (rolsuper OR rolbypassrls))
+       OR pg_has_role(p_role, (SELECT c.relowner FROM pg_class c WHERE c.oid = 'streamd.events'::regclass), 'USAGE') THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005',
+            MESSAGE = format('bind tenant role: role %L bypasses row-level security (a superuser, BYPASSRLS, or the owner of the streamd tables or a member of it): binding it would isolate nothing', p_role);
+    END IF;
     v_role := quote_ident(p_role);
     -- Concurrent GRANTs on one table fail with "tuple concurrently updated":
     -- serialise the bindings (held until the transaction ends).
