@@ -20,8 +20,9 @@ import (
 // message itself, e.g. with AckTx in the transaction of its own writes (exactly-once
 // effects); Work's settlement then finds the receipt spent and does nothing. Pass
 // ctx (or a ctx derived from it) to that settlement: Work then knows that the handler
-// spent the receipt, stops extending its lease, and does not count its own refused
-// settlement in streamd_queue_lease_lost_total.
+// spent the receipt and does not count its own refused settlement (nor the lease
+// extension's) in streamd_queue_lease_lost_total. The lease is still extended until
+// the settlement commits: a handler whose transaction rolls back keeps its message.
 type Handler func(ctx context.Context, m *Message) error
 
 type termError struct{ err error }
@@ -252,11 +253,11 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 				return
 			case <-t.C:
 			}
-			if self.done.Load() {
-				// The handler settled the message itself: there is no lease to keep
-				// (and an extension would wait for the row lock of its transaction).
-				return
-			}
+			// A handler that settled the message itself (AckTx, ...) may still roll its
+			// transaction back: the lease is kept until the settlement shows. Such an
+			// extension waits for the row lock of the handler's transaction (bounded by
+			// SettleTimeout), and finds the lease gone once that transaction commits.
+			settled := self.done.Load()
 			ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), w.SettleTimeout)
 			err := c.Extend(ectx, w.VisibilityTimeout, m.Receipt)
 			ecancel()
@@ -264,14 +265,22 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 			// a stale receipt's (it used to count as transient, and the handler ran
 			// on with a live ctx).
 			if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrQueueNotFound) {
+				if settled {
+					return // the handler's own settlement committed: nothing was lost
+				}
 				log.Warn("queue lease lost while the handler ran", slog.Int64("offset", m.Offset),
 					slog.String("message_id", m.MessageID), slog.Any("error", err))
 				cancel()
 				return
 			}
 			if err != nil {
-				// A transient failure: the lease may still hold; try again next tick.
-				log.Warn("queue lease extension failed", slog.Int64("offset", m.Offset), slog.Any("error", err))
+				// A transient failure (or, after the handler's own settlement, a wait for
+				// its transaction): the lease may still hold; try again next tick.
+				level := slog.LevelWarn
+				if settled {
+					level = slog.LevelDebug
+				}
+				log.Log(ctx, level, "queue lease extension failed", slog.Int64("offset", m.Offset), slog.Any("error", err))
 			}
 		}
 	}()

@@ -3,6 +3,7 @@ package messages_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -158,6 +159,57 @@ func TestWorkNegativeBackoffNacksAtOnce(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool { return attempts.Load() == 2 && count(t, pool, q) == 0 },
 		10*time.Second, 10*time.Millisecond, "retried at once, not after the 1h lease")
+	stop()
+	require.NoError(t, awaitWork(t, done, 10*time.Second, "after its ctx ended"))
+}
+
+// TestWorkKeepsTheLeaseOfARolledBackSelfAck (Q1): a handler whose own AckTx is rolled
+// back still holds its message: Work keeps extending the lease while the handler
+// runs, so no other consumer receives it meanwhile. Work used to stop extending as soon
+// as the handler's ack statement ran, before its transaction's outcome.
+func TestWorkKeepsTheLeaseOfARolledBackSelfAck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	other := newClient(t, pool, nil)
+	q := newQueue(t, pool, nil)
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
+	require.NoError(t, err)
+	stolen := make(chan []*messages.Message, 1)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	var once sync.Once
+	go func() {
+		done <- c.Work(wctx, q, &messages.WorkerConfig{Concurrency: 1, VisibilityTimeout: 300 * time.Millisecond,
+			ExtendEvery: 50 * time.Millisecond, PollWait: 50 * time.Millisecond},
+			func(hctx context.Context, m *messages.Message) error {
+				tx, err := pool.Begin(hctx)
+				if err != nil {
+					return err
+				}
+				if err := c.AckTx(hctx, tx, m.Receipt); err != nil {
+					return err
+				}
+				if err := tx.Rollback(hctx); err != nil { // the handler's writes failed
+					return err
+				}
+				// Three lease lengths: another consumer waits for the message.
+				got, err := other.Receive(hctx, q, &messages.ReceiveOpts{Wait: time.Second})
+				if err != nil && !errors.Is(err, context.Canceled) {
+					return err
+				}
+				once.Do(func() { stolen <- got })
+				return nil
+			})
+	}()
+	select {
+	case got := <-stolen:
+		require.Empty(t, got, "another consumer received the message while its handler still ran")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not finish")
+	}
 	stop()
 	require.NoError(t, awaitWork(t, done, 10*time.Second, "after its ctx ended"))
 }
