@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/streamd/streamd/internal/sqlerr"
@@ -68,7 +69,7 @@ const fetchSQL = `SELECT h.log_start_offset, h.next_offset,
         SELECT * FROM streamd.events e
          WHERE e.stream_name = h.stream_name AND e.partition = h.partition AND e."offset" >= $3
          ORDER BY e."offset"
-         LIMIT least($4, $5 / greatest((
+         LIMIT least($4::bigint, $5::bigint / greatest((
                SELECT max(coalesce(pg_column_size(f.data), 0) + coalesce(octet_length(f.data_bytes), 0)
                           + coalesce(octet_length(f.key), 0))
                  FROM (SELECT f.data, f.data_bytes, f.key FROM streamd.events f
@@ -149,7 +150,8 @@ func FetchTx(ctx context.Context, db DBTX, stream string, partition int32, offse
 }
 
 func fetchOnce(ctx context.Context, db DBTX, stream string, partition int32, offset int64, o *FetchOpts) (*FetchResult, error) {
-	rows, err := db.Query(ctx, fetchSQL, stream, partition, offset, o.MaxRecords, o.MaxBytes)
+	// MaxBytes one below the largest bigint: the bound adds one to it.
+	rows, err := db.Query(ctx, fetchSQL, stream, partition, offset, int64(o.MaxRecords), min(int64(o.MaxBytes), math.MaxInt64-1))
 	if err != nil {
 		return nil, fmt.Errorf("fetch %s/%d: %w", stream, partition, sqlerr.Wrap(err))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -196,4 +197,22 @@ func TestFetchMaxBytesBoundsWhatTheServerSends(t *testing.T) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	require.Equal(t, []int64{2, 1, 5}, tr.rows, "rows the server sent per fetch")
+}
+
+// TestFetchTakesAnyMaxBytesAndMaxRecords: MaxBytes and MaxRecords are Go ints; the
+// fetch's byte bound must not narrow them to 32 bits (math.MaxInt meant as "no limit"
+// failed to encode, and MaxInt32 overflowed at the log end).
+func TestFetchTakesAnyMaxBytesAndMaxRecords(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, s := setup(t, 1)
+	_, err := c.Produce(ctx, streams.Record{Stream: s, Data: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	for _, n := range []int{math.MaxInt32, 4 << 30, math.MaxInt} {
+		for _, off := range []int64{0, 1} { // 1 is the log end
+			res, err := c.Fetch(ctx, s, 0, off, &streams.FetchOpts{MaxBytes: n, MaxRecords: n})
+			require.NoError(t, err, "MaxBytes and MaxRecords %d, offset %d", n, off)
+			require.Len(t, res.Events, int(1-off))
+		}
+	}
 }
