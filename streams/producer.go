@@ -237,12 +237,12 @@ func (p *Producer) Produce(ctx context.Context, rec Record) (Position, error) {
 // returns when ctx ends.
 func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Position, error)) {
 	if err := validateRecord(&rec); err != nil {
-		failAsync(done, err)
+		p.failAsync(done, err)
 		return
 	}
 	partition, err := p.route(ctx, &rec)
 	if err != nil {
-		failAsync(done, err)
+		p.failAsync(done, err)
 		return
 	}
 	if rec.EventID == "" {
@@ -252,7 +252,7 @@ func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Posit
 	select {
 	case p.bufSem <- struct{}{}:
 	case <-ctx.Done():
-		failAsync(done, ctx.Err())
+		p.failAsync(done, ctx.Err())
 		return
 	}
 	pr := &pendingRecord{rec: rec, done: done}
@@ -260,7 +260,7 @@ func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Posit
 	if p.closed {
 		p.mu.Unlock()
 		<-p.bufSem
-		failAsync(done, ErrProducerClosed)
+		p.failAsync(done, ErrProducerClosed)
 		return
 	}
 	pr.epoch = p.epoch
@@ -279,9 +279,23 @@ func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Posit
 
 // failAsync reports an error found before a record was enqueued. done runs on a
 // goroutine of its own, which ends when done returns, as ProduceAsync promises: the
-// caller of ProduceAsync may hold a lock that done takes.
-func failAsync(done func(Position, error), err error) {
-	go done(Position{}, err)
+// caller of ProduceAsync may hold a lock that done takes. The record counts as
+// unfinished until done returns, so that Flush (and Close, which flushes) still waits
+// for every done of the records produced before it.
+func (p *Producer) failAsync(done func(Position, error), err error) {
+	p.mu.Lock()
+	epoch := p.epoch
+	p.unfinished[epoch]++
+	p.mu.Unlock()
+	go func() {
+		done(Position{}, err)
+		p.mu.Lock()
+		if p.unfinished[epoch]--; p.unfinished[epoch] <= 0 {
+			delete(p.unfinished, epoch)
+		}
+		p.idle.Broadcast()
+		p.mu.Unlock()
+	}()
 }
 
 // maybeSendLocked starts a batch for q when one is due: nothing in flight and either

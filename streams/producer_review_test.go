@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -316,4 +317,34 @@ func TestProducerMetadataLoadBlocksNoOne(t *testing.T) {
 	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM streamd.events WHERE stream_name = $1 AND event_id = 'short'",
 		stale).Scan(&n))
 	require.Equal(t, 1, n, "the record to stale was routed with the stale metadata")
+}
+
+// TestProducerFlushWaitsForEarlyFailures: a record refused before it was enqueued (an
+// unknown stream) has its done called on a goroutine of its own; Flush and Close still
+// wait for it, so a caller that reads the outcome after Flush sees it. done used to
+// run whenever, after Flush and Close had returned.
+func TestProducerFlushWaitsForEarlyFailures(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	prod, err := streams.NewProducer(testdb.Pool(t), nil)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var got error
+	for i := range 20 {
+		prod.ProduceAsync(ctx, streams.Record{Stream: testdb.Name("no-such"), Data: json.RawMessage(`1`)},
+			func(_ streams.Position, err error) {
+				if i == 19 {
+					time.Sleep(50 * time.Millisecond) // a slow callback
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				got = errors.Join(got, err)
+			})
+	}
+	require.NoError(t, prod.Flush(ctx))
+	mu.Lock()
+	require.Error(t, got, "the early failures' done ran before Flush returned")
+	require.Len(t, strings.Split(got.Error(), "\n"), 20)
+	mu.Unlock()
+	require.NoError(t, prod.Close(ctx))
 }
