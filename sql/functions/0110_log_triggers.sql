@@ -5,9 +5,12 @@
 -- marks the rows it inserts as trusted for the duration of its own statement only.
 --
 -- A duplicate event_id already committed is skipped (the INSERT reports 0 rows for it,
--- L4). Caveat: an INSERT ... ON CONFLICT DO NOTHING that meets a concurrent, not yet
--- committed duplicate leaves a one-offset hole; use streamd.append() for retried
--- batches, which closes such holes.
+-- L4). An event_id held by an event the inserting role cannot see (a tenant role's
+-- insert of another tenant's id, docs/tenants.md) is refused with SD005, with or without
+-- ON CONFLICT DO NOTHING, as streamd.append refuses it: skipping it would tell the
+-- tenant its event is stored. Caveat: an INSERT ... ON CONFLICT DO NOTHING that meets
+-- a concurrent, not yet committed duplicate (whoever's) leaves a one-offset hole; use
+-- streamd.append() for retried batches, which closes such holes.
 CREATE OR REPLACE FUNCTION streamd.events_before_insert() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -65,6 +68,13 @@ BEGIN
             END IF;
             RETURN NULL;
         END IF;
+        -- Under row-level security the id may be held by an event this role cannot
+        -- see, which the unique index would refuse after this took an offset (and
+        -- ON CONFLICT DO NOTHING then dropped, leaving a hole): refused now. The owner
+        -- (not under row-level security) skips the call.
+        IF row_security_active(TG_RELID) THEN
+            PERFORM streamd.refuse_hidden_event_ids(NEW.stream_name, ARRAY[NEW.event_id]);
+        END IF;
     END IF;
     IF NEW.event_type IS NULL THEN
         NEW.event_type := '';
@@ -108,6 +118,11 @@ BEGIN
             UPDATE streamd.stream_partitions h SET next_offset = h.next_offset - 1
              WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition;
             RETURN NULL;
+        END IF;
+        -- The same for an event this role cannot see, committed while this waited:
+        -- refused, and the error undoes the offset just taken with the statement.
+        IF row_security_active(TG_RELID) THEN
+            PERFORM streamd.refuse_hidden_event_ids(NEW.stream_name, ARRAY[NEW.event_id]);
         END IF;
     END IF;
     -- Per-key versions (issue 9), under the head-row lock just taken. A key_version

@@ -26,7 +26,9 @@
 -- A retried event (its event_id already stored) is returned as a duplicate with its
 -- original position and version and is not checked against p_expected_versions again,
 -- so a retry of a successful append succeeds. On a stream with key versions, an
--- event_id stored under another key (or without one) is SD005, not a duplicate.
+-- event_id stored under another key (or without one) is SD005, not a duplicate, and so
+-- is, for a tenant role, an event_id held by an event it cannot see (another tenant's:
+-- docs/tenants.md).
 -- Repeating an event_id within one batch is refused (SD005). Two concurrent appends
 -- of the same new event_id to different partitions (keyless events) make the second
 -- fail with unique_violation (23505); its retry then finds the first and reports the
@@ -167,6 +169,13 @@ BEGIN
                              v_bad, v_ids[v_bad], p_stream_name,
                              (SELECT e.key FROM streamd.events e WHERE e.stream_name = p_stream_name AND e.event_id = v_ids[v_bad]),
                              v_keys[v_bad]);
+    END IF;
+    -- A tenant role reads the events under row-level security: an id held by an event
+    -- it cannot see looked new above, and would advance its key's head before the
+    -- unique index refused it (23505). Refused here, as streamd.append refuses it,
+    -- before anything moves. The owner (not under row-level security) skips the call.
+    IF row_security_active('streamd.events'::regclass) THEN
+        PERFORM streamd.refuse_hidden_event_ids(p_stream_name, v_ids);
     END IF;
 
     IF v_stream.key_versions THEN

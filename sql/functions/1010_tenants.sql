@@ -39,11 +39,14 @@ BEGIN
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON streamd.events TO %s', v_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.messages, streamd.message_groups TO %s', v_role);
     EXECUTE format('GRANT USAGE ON ALL SEQUENCES IN SCHEMA streamd TO %s', v_role);
+    -- The appends' check for event ids held by other tenants (stored_event_ids, below).
+    EXECUTE format('GRANT EXECUTE ON FUNCTION streamd.stored_event_ids(text, text[]) TO %s', v_role);
 END;
 $$;
 
 -- Removes a role's binding (it then passes the policies like any unbound role: revoke
--- its grants too when it should see nothing). Returns false when it was not bound.
+-- its grants too when it should see nothing) and its EXECUTE on stored_event_ids, which
+-- only a binding needs. Returns false when it was not bound.
 CREATE OR REPLACE FUNCTION streamd.unbind_tenant_role(p_role name) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -53,6 +56,81 @@ BEGIN
         RETURN false;
     END IF;
     EXECUTE format('ALTER ROLE %s RESET streamd.tenant_id', quote_ident(p_role));
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION streamd.stored_event_ids(text, text[]) FROM %s', quote_ident(p_role));
     RETURN true;
+END;
+$$;
+
+-- Event ids are unique per stream across tenants (the unique index holds them all), but
+-- a tenant role reads the events under row-level security: an id held by an event it
+-- cannot see (another tenant's, or one without a tenant) looked new to it. The appends
+-- refuse such an id (SD005) rather than take an offset and a key version for an event
+-- the index then refuses or, under ON CONFLICT DO NOTHING, drops (a hole, L1).
+
+-- The ids of p_event_ids that an event of stream p_stream_name holds, whoever's event
+-- it is: it runs as its owner, the owner of the streamd tables (the role that migrated),
+-- which row-level security does not apply to. Callers compare it with what they see
+-- themselves (streamd.refuse_hidden_event_ids). STABLE: it reads with the caller's
+-- snapshot.
+--
+-- What it reveals: whether an id is used on a stream, nothing of the event or whose it
+-- is. A role that may append to the stream learns that anyway (its insert of the id is
+-- refused: a unique_violation before these checks). A role that may not append need
+-- not learn it, so EXECUTE is not PUBLIC: bind_tenant_role grants it to the roles it
+-- binds, the only roles the appends call it for (the owner and unbound roles see every
+-- event), and the statement at the end grants it to roles bound before it existed.
+-- Migrations and bindings both change the function's privileges (pg_proc row):
+-- serialise them with bind_tenant_role's lock, held until the migration commits.
+SELECT pg_advisory_xact_lock(hashtext('streamd.tenant_roles'));
+
+CREATE OR REPLACE FUNCTION streamd.stored_event_ids(p_stream_name text, p_event_ids text[]) RETURNS text[]
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(array_agg(e.event_id), '{}')
+      FROM streamd.events e
+     WHERE e.stream_name = p_stream_name AND e.event_id = ANY (p_event_ids)
+$$;
+REVOKE EXECUTE ON FUNCTION streamd.stored_event_ids(text, text[]) FROM PUBLIC;
+
+-- Raises SD005 naming the first of p_event_ids (in their order) that stream
+-- p_stream_name holds in an event the current role cannot see, as streamd.append does.
+-- Only a tenant role has such events: for any other role it returns at once. Callers
+-- (the offset trigger, streamd.append_versioned) call it only where row-level security
+-- is active for them, so the owner, whom streamd's own append path runs as, does not
+-- even pay the tenant lookup.
+CREATE OR REPLACE FUNCTION streamd.refuse_hidden_event_ids(p_stream_name text, p_event_ids text[]) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_stored text[];
+    v_hidden text;
+BEGIN
+    IF streamd.current_tenant() IS NULL OR coalesce(cardinality(p_event_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    v_stored := streamd.stored_event_ids(p_stream_name, p_event_ids);
+    IF cardinality(v_stored) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT x.e INTO v_hidden
+      FROM unnest(p_event_ids) WITH ORDINALITY AS x(e, i)
+     WHERE x.e = ANY (v_stored)
+       AND NOT EXISTS (SELECT 1 FROM streamd.events e WHERE e.stream_name = p_stream_name AND e.event_id = x.e)
+     ORDER BY x.i LIMIT 1;
+    IF v_hidden IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005',
+            MESSAGE = format('event id %L is already used on stream %L by an event this role cannot see (another tenant''s)',
+                             v_hidden, p_stream_name);
+    END IF;
+END;
+$$;
+
+-- Roles bound before stored_event_ids existed get what bind_tenant_role now grants.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT t.role_name FROM streamd.tenant_roles t JOIN pg_catalog.pg_roles ro ON ro.rolname = t.role_name LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION streamd.stored_event_ids(text, text[]) TO %s', quote_ident(r.role_name));
+    END LOOP;
 END;
 $$;
