@@ -13,8 +13,11 @@ import (
 // Settlement: every call names messages by Receipt and checks the lease token in SQL.
 // Receipts whose message was received again since, settled, purged or moved are
 // refused with a *LeaseLostError (matching ErrLeaseLost) that lists them; the other
-// receipts of the call are settled. Receipts may name several queues; a receipt named
-// twice counts once. A receipt with a negative offset is refused with
+// receipts of the call are settled. Receipts may name several queues: each queue's are
+// settled by a statement of their own, in queue-name order, so an error on one queue
+// (it was deleted, the connection broke) leaves the queues before it settled and those
+// after it not; use AckTx (and the like) in one transaction for all or nothing. A
+// receipt named twice counts once. A receipt with a negative offset is refused with
 // ErrInvalidArgument, and then nothing is settled.
 
 // Ack deletes the messages of receipts: they are done. A receipt whose lease expired
