@@ -16,7 +16,8 @@ import (
 // receipts of the call are settled. Receipts may name several queues: each queue's are
 // settled by a statement of their own, in queue-name order, so an error on one queue
 // (it was deleted, the connection broke) leaves the queues before it settled and those
-// after it not; use AckTx (and the like) in one transaction for all or nothing. A
+// after it not. AckTx in one transaction is all or nothing; for the others, settle one
+// queue per call when that matters. A
 // receipt named twice counts once. A receipt with a negative offset is refused with
 // ErrInvalidArgument, and then nothing is settled.
 
