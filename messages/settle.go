@@ -17,9 +17,8 @@ import (
 // settled by a statement of their own, in queue-name order, so an error on one queue
 // (it was deleted, the connection broke) leaves the queues before it settled and those
 // after it not. AckTx in one transaction is all or nothing; for the others, settle one
-// queue per call when that matters. A
-// receipt named twice counts once. A receipt with a negative offset is refused with
-// ErrInvalidArgument, and then nothing is settled.
+// queue per call when that matters. A receipt named twice counts once. A receipt with
+// a negative offset is refused with ErrInvalidArgument, and then nothing is settled.
 
 // Ack deletes the messages of receipts: they are done. A receipt whose lease expired
 // but whose message nobody received since still acks.
