@@ -251,18 +251,20 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 			delete(workers, w.partition)
 			setOwned()
 			if w.lost.Load() {
-				lastOK = latest(lastOK, c.whileHeartbeating(ctx, m, func() {
+				hbOK, _ := c.whileHeartbeating(ctx, m, func() {
 					c.hook(ctx, c.cfg.OnLost, "lost", []int32{w.partition})
-				}))
+				})
+				lastOK = latest(lastOK, hbOK) // a fencing shows at the next heartbeat
 				continue
 			}
 			// A clean stop: the coordinator asked for it because the partition is
 			// being revoked. Hand it over.
 			var err error
-			lastOK = latest(lastOK, c.whileHeartbeating(ctx, m, func() {
+			hbOK, _ := c.whileHeartbeating(ctx, m, func() {
 				c.hook(ctx, c.cfg.OnRevoked, "revoked", []int32{w.partition})
 				err = m.release(ctx, c.sessionPool, []int32{w.partition}, nil)
-			}))
+			})
+			lastOK = latest(lastOK, hbOK) // a fencing fails the release (below)
 			if err != nil {
 				c.log.Warn("release failed", "partition", w.partition, "error", err)
 				if errors.Is(err, ErrFenced) {
@@ -343,7 +345,7 @@ func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assign
 	if len(releaseNow) == 0 && len(added) == 0 {
 		return time.Time{}
 	}
-	hbOK := c.whileHeartbeating(ctx, m, func() {
+	hbOK, fenced := c.whileHeartbeating(ctx, m, func() {
 		if len(releaseNow) > 0 {
 			if err := m.release(ctx, c.sessionPool, releaseNow, nil); err != nil {
 				c.log.Warn("release failed", "partitions", releaseNow, "error", err)
@@ -351,6 +353,14 @@ func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assign
 		}
 		c.hook(ctx, c.cfg.OnAssigned, "assigned", added)
 	})
+	if fenced {
+		// The membership ended while OnAssigned ran: the partitions are no longer
+		// this member's. Starting their workers would run handlers (whose commits are
+		// refused) until the session loop's next heartbeat; it heartbeats now instead,
+		// is refused, and rejoins.
+		c.signal()
+		return hbOK
+	}
 	for _, p := range added {
 		w := newWorker(ctx, c, m, p, h, slices.Contains(a.Paused, p))
 		workers[p] = w
@@ -371,7 +381,7 @@ func (c *Consumer) shutdown(ctx context.Context, m *member, finish func(clean bo
 	// expelled mid-handover, its final commits refused and its batches redelivered.
 	// At most MaxPollInterval: a handler that ignores its cancelled ctx longer than
 	// that must not keep the partitions from the others.
-	c.whileHeartbeating(context.WithoutCancel(ctx), m, func() { finish(true) })
+	_, _ = c.whileHeartbeating(context.WithoutCancel(ctx), m, func() { finish(true) })
 	if c.killed.Load() || c.cfg.InstanceID != "" {
 		return
 	}
@@ -387,15 +397,17 @@ func (c *Consumer) shutdown(ctx context.Context, m *member, finish func(clean bo
 // whileHeartbeating runs fn on the calling goroutine (the session loop, the only
 // heartbeat sender otherwise) while a goroutine of its own heartbeats every
 // HeartbeatInterval, for at most MaxPollInterval, and returns the time of the last
-// heartbeat that succeeded (zero when none). fn is a hook, a release or a shutdown's
+// heartbeat that succeeded (zero when none) and whether one was refused because the
+// membership ended (ErrFenced; the heartbeats stop then). fn is a hook, a release or a shutdown's
 // wait for its workers: one slower than the session timeout must not get a healthy
 // member expelled, after which it would rejoin, run the hook again and be expelled
 // again. Past MaxPollInterval the heartbeats stop, as for a stuck handler, so a hook
 // that never returns cannot keep its partitions from the others. The assignments the
 // heartbeats return are dropped: the session loop's next heartbeat reconciles.
-func (c *Consumer) whileHeartbeating(ctx context.Context, m *member, fn func()) time.Time {
+func (c *Consumer) whileHeartbeating(ctx context.Context, m *member, fn func()) (time.Time, bool) {
 	hbCtx, stop := context.WithTimeout(ctx, c.cfg.MaxPollInterval)
 	var lastOK atomic.Int64
+	var fenced atomic.Bool
 	hbDone := make(chan struct{})
 	go func() { // owner: whileHeartbeating; ends when fn returned (stop) or after MaxPollInterval
 		defer close(hbDone)
@@ -415,6 +427,10 @@ func (c *Consumer) whileHeartbeating(ctx context.Context, m *member, fn func()) 
 				switch {
 				case err == nil:
 					lastOK.Store(time.Now().UnixNano())
+				case errors.Is(err, ErrFenced):
+					fenced.Store(true)
+					c.log.Warn("member fenced while a hook or handover runs", "error", err)
+					return // no heartbeat can succeed for this membership any more
 				case hbCtx.Err() == nil:
 					c.log.Warn("heartbeat while a hook or handover runs failed", "error", err)
 				}
@@ -425,9 +441,9 @@ func (c *Consumer) whileHeartbeating(ctx context.Context, m *member, fn func()) 
 	stop()
 	<-hbDone
 	if ns := lastOK.Load(); ns != 0 {
-		return time.Unix(0, ns)
+		return time.Unix(0, ns), fenced.Load()
 	}
-	return time.Time{}
+	return time.Time{}, fenced.Load()
 }
 
 // latest is the later of two times.

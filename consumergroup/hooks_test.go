@@ -82,3 +82,47 @@ func TestSlowOnRevokedKeepsTheMembership(t *testing.T) {
 	require.Zero(t, lost.Load(), "a was never expelled")
 	require.EqualValues(t, 1, revoked.Load())
 }
+
+// TestFencedDuringOnAssignedStartsNoWorkers: when the membership ends while OnAssigned
+// runs (here its epoch is moved by hand, as a forced reset or an expiry would), the
+// heartbeats that run meanwhile are refused, and the partitions it was given are not
+// processed under that membership: the member heartbeats at once, is refused, and
+// rejoins. Their workers used to start and run handlers (whose commits were then
+// refused) until the session loop's next heartbeat.
+func TestFencedDuringOnAssignedStartsNoWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	produce(t, pool, stream, 0, 5)
+	cfg := testConfig(stream, group)
+	cfg.HeartbeatInterval = time.Second // the session loop's next heartbeat comes late
+	var fencedEpoch atomic.Int64
+	var first atomic.Bool
+	first.Store(true)
+	cfg.OnAssigned = func(context.Context, []int32) {
+		if !first.CompareAndSwap(true, false) {
+			return
+		}
+		var epoch int64
+		err := pool.QueryRow(ctx, `UPDATE streamd.consumer_registrations SET member_epoch = member_epoch + 1000
+			WHERE stream_name = $1 AND group_id = $2 RETURNING member_epoch - 1000`, stream, group).Scan(&epoch)
+		if err != nil {
+			t.Errorf("fence the member: %v", err)
+		}
+		fencedEpoch.Store(epoch)
+		time.Sleep(2 * cfg.HeartbeatInterval) // a heartbeat runs, and is refused
+	}
+	c, err := New(pool, cfg)
+	require.NoError(t, err)
+	var underFenced atomic.Int32
+	runConsumer(t, c, func(_ context.Context, b *Batch) error {
+		if b.MemberEpoch == fencedEpoch.Load() {
+			underFenced.Add(1)
+		}
+		return nil
+	})
+	waitFor(t, 15*time.Second, "every event committed after the rejoin", func() bool { return groupLag(t, pool, stream, group) == 0 })
+	require.Zero(t, underFenced.Load(), "batches handled under the membership that ended during OnAssigned")
+}
