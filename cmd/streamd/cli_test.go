@@ -145,6 +145,12 @@ func TestServeHealthMetricsAndCleanStop(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond)
 	require.Contains(t, families, "streamd_up")
 	require.Contains(t, families, "streamd_tailer_connected", "the leader runs the wake-up tailer")
+	// The lease is renewed on a pool of its own, not the API's (a burst of requests
+	// that took every API connection made renewals time out and leadership flap).
+	var electorConns int
+	require.NoError(t, testdb.Pool(t).QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", electorApplicationName).Scan(&electorConns))
+	require.Positive(t, electorConns, "no connection of the elector's own pool")
 	for name := range families {
 		if !strings.HasPrefix(name, "go_") && !strings.HasPrefix(name, "process_") && !strings.HasPrefix(name, "promhttp_") {
 			require.True(t, strings.HasPrefix(name, "streamd_"), "metric %s", name)

@@ -257,7 +257,18 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		g.logger.Warn("API authentication is disabled: every request acts as admin")
 	}
 
-	elector, err := coordinator.NewElector(pool, &coordinator.ElectorConfig{
+	// The elector renews the lease on a pool of its own: on the API's, a burst of
+	// requests that took every connection made renewals time out (their budget is the
+	// renew interval), and leadership, with it every job, flapped.
+	electorCfg := pool.Config()
+	electorCfg.MaxConns, electorCfg.MinConns = 2, 0
+	electorCfg.ConnConfig.RuntimeParams["application_name"] = electorApplicationName
+	electorPool, err := pgxpool.NewWithConfig(ctx, electorCfg)
+	if err != nil {
+		return fmt.Errorf("coordinator pool: %w", err)
+	}
+	defer electorPool.Close()
+	elector, err := coordinator.NewElector(electorPool, &coordinator.ElectorConfig{
 		LeaseName: c.coordinatorName, LeaseTTL: c.leaseTTL, Logger: g.logger, Registerer: reg})
 	if err != nil {
 		return err
@@ -380,6 +391,9 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 }
 
 // coordinatorJobs are the jobs the leader runs.
+// electorApplicationName names the elector's connections in pg_stat_activity.
+const electorApplicationName = "streamd-coordinator-lease"
+
 func coordinatorJobs(pool *pgxpool.Pool, c *serveConfig, retainer *retention.Runner) []coordinator.Job {
 	return []coordinator.Job{{
 		Name:     c.coordinatorName + "/retention",
