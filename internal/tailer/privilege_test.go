@@ -117,3 +117,42 @@ func TestNoPrivilegeFallsBackGracefully(t *testing.T) {
 	require.NoError(t, admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'streamd_wakeups')").Scan(&exists))
 	require.True(t, exists)
 }
+
+// TestPublicationLockTimeoutIsRetriedSoon: when creating the publication fails for a
+// passing reason (here a lock_timeout behind a transaction that locks streamd.events),
+// the tailer tries again with its reconnect backoff and streams once the lock is gone.
+// It used to report "publication unsupported" and wait UnsupportedRetry (a minute).
+func TestPublicationLockTimeoutIsRetriedSoon(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, dbURL := tailertest.Cluster(t, nil) // its own: it drops the publication
+	admin, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	defer admin.Close()
+	_, err = admin.Exec(ctx, "DROP PUBLICATION IF EXISTS streamd_wakeups")
+	require.NoError(t, err)
+
+	blocker, err := admin.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, "LOCK TABLE streamd.events IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	tl, err := tailer.New(&tailer.Config{
+		ConnString:       dbURL + " options='-c lock_timeout=100ms'",
+		Handler:          func(context.Context, tailer.Event) {},
+		MinBackoff:       20 * time.Millisecond,
+		MaxBackoff:       200 * time.Millisecond,
+		UnsupportedRetry: time.Hour,
+	})
+	require.NoError(t, err)
+	tctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- tl.Run(tctx) }() // owner: this test; exits at cancel below
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	time.Sleep(500 * time.Millisecond) // a few tries time out behind the lock
+	require.NotEqual(t, tailer.StateUnsupported, tl.State(), "a lock timeout taken for 'unsupported'")
+	require.NoError(t, blocker.Rollback(ctx))
+	waitFor(t, 10*time.Second, "the tailer streaming once the lock is gone", func() bool { return tl.State() == tailer.StateStreaming })
+}

@@ -29,6 +29,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/streamd/streamd/internal/sqlerr"
 )
 
 // State is what the tailer is doing.
@@ -255,7 +257,10 @@ func (t *Tailer) check(ctx context.Context, conn *pgconn.PgConn) error {
 	}
 	rs, err = conn.Exec(ctx, "SELECT streamd.wakeup_publication_ensure()").ReadAll()
 	if err != nil {
-		if pgCode(err) != "" {
+		// A passing error (a lock or statement timeout behind another transaction, a
+		// serialization failure) is tried again soon like a lost connection; it used
+		// to count as "publication unsupported", retried only after UnsupportedRetry.
+		if pgCode(err) != "" && !sqlerr.Retriable(err) {
 			return &unsupportedError{reason: ReasonPublication, err: fmt.Errorf("create publication: %w", err)}
 		}
 		return fmt.Errorf("create publication: %w", err)
