@@ -183,7 +183,6 @@ DECLARE
     v_base     bigint;
     v_ts       timestamptz;
     v_inserted integer;
-    v_hidden   text;
     r          record;
 BEGIN
     SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
@@ -268,17 +267,9 @@ BEGIN
     -- but the unique index holds every tenant's event ids: an id held by such an event
     -- stored nothing and had no position to report (the event was lost, and the
     -- producer failed with an untyped count mismatch after the rest committed). It is
-    -- refused instead; the error undoes the whole batch.
-    IF streamd.current_tenant() IS NOT NULL THEN
-        SELECT x.e INTO v_hidden FROM unnest(v_ids) WITH ORDINALITY AS x(e, i)
-         WHERE NOT EXISTS (SELECT 1 FROM streamd.events e WHERE e.stream_name = p_stream_name AND e.event_id = x.e)
-         ORDER BY x.i LIMIT 1;
-        IF v_hidden IS NOT NULL THEN
-            RAISE EXCEPTION USING ERRCODE = 'SD005',
-                MESSAGE = format('event id %L is already used on stream %L by an event this role cannot see (another tenant''s)',
-                                 v_hidden, p_stream_name);
-        END IF;
-    END IF;
+    -- refused instead (the check the other append paths make first); the error undoes
+    -- the whole batch.
+    PERFORM streamd.refuse_hidden_event_ids(p_stream_name, v_ids);
 
     -- Rare path: some event_ids were already stored (a retry). Close the holes their
     -- reserved offsets left by moving our own rows (not yet visible to anyone) down in

@@ -94,10 +94,11 @@ REVOKE EXECUTE ON FUNCTION streamd.stored_event_ids(text, text[]) FROM PUBLIC;
 
 -- Raises SD005 naming the first of p_event_ids (in their order) that stream
 -- p_stream_name holds in an event the current role cannot see, as streamd.append does.
--- Only a tenant role has such events: for any other role it returns at once. Callers
--- (the offset trigger, streamd.append_versioned) call it only where row-level security
--- is active for them, so the owner, whom streamd's own append path runs as, does not
--- even pay the tenant lookup.
+-- Only a tenant role has such events: for any other role it returns at once. The
+-- offset trigger and streamd.append_versioned call it before taking offsets, only where
+-- row-level security is active for them, so the owner, whom streamd's own append path
+-- runs as, does not even pay the tenant lookup; streamd.append calls it after its
+-- insert, on its rare path (some ids not stored).
 CREATE OR REPLACE FUNCTION streamd.refuse_hidden_event_ids(p_stream_name text, p_event_ids text[]) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
