@@ -15,6 +15,7 @@ import (
 	"github.com/streamd/streamd/eventstore"
 	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/internal/testmetrics"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -111,27 +112,8 @@ func TestExpectedVersionMismatchWritesNothing(t *testing.T) {
 	r, err := f.store.Append(f.ctx, f.stream, "k", eventstore.ExactVersion(1), ev("x", 2))
 	require.NoError(t, err)
 	require.Equal(t, int64(2), r.Version)
-	require.Equal(t, 3.0, counter(t, reg, "version_mismatch"))
-	require.Equal(t, 2.0, counter(t, reg, "ok"))
-}
-
-// counter returns streamd_eventstore_appends_total{result} from reg.
-func counter(t *testing.T, reg *prometheus.Registry, result string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != "streamd_eventstore_appends_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == result {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	t.Fatalf("no streamd_eventstore_appends_total{result=%q}", result)
-	return 0
+	require.Equal(t, 3.0, testmetrics.Value(t, reg, "streamd_eventstore_appends_total", "result", "version_mismatch"))
+	require.Equal(t, 2.0, testmetrics.Value(t, reg, "streamd_eventstore_appends_total", "result", "ok"))
 }
 
 // Two writers race on one key with the same expected version: exactly one wins, the

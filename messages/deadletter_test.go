@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/internal/testmetrics"
 	"github.com/streamd/streamd/messages"
 )
 
@@ -540,9 +541,9 @@ func TestDuplicateReceiptSettlesOnce(t *testing.T) {
 	require.NoError(t, c.Nack(ctx, &messages.NackOpts{Error: "again"}, m[3].Receipt, m[3].Receipt))
 	require.Equal(t, map[string]int{`"term"`: 1, `"nack"`: 1, `"named"`: 1}, deadLetterData(t, pool, dlq))
 	require.Equal(t, 1, count(t, pool, q), "the message with attempts left went back")
-	require.Equal(t, 3.0, counterValue(t, reg, "streamd_queue_dead_lettered_messages_total", q))
-	require.Equal(t, 1.0, counterValue(t, reg, "streamd_queue_nacked_messages_total", q))
-	require.Zero(t, counterValue(t, reg, "streamd_queue_lease_lost_total", q))
+	require.Equal(t, 3.0, queueCounter(t, reg, "streamd_queue_dead_lettered_messages_total", q))
+	require.Equal(t, 1.0, queueCounter(t, reg, "streamd_queue_nacked_messages_total", q))
+	require.Zero(t, queueCounter(t, reg, "streamd_queue_lease_lost_total", q))
 }
 
 // TestDuplicateReceiptSettlesOnceInSQL guards Q2 in the SQL functions themselves
@@ -590,22 +591,10 @@ func deadLetterData(t *testing.T, pool *pgxpool.Pool, dlq string) map[string]int
 	return out
 }
 
-// counterValue returns the value of counter name for queue in reg (0 when absent).
-func counterValue(t *testing.T, reg *prometheus.Registry, name, queue string) float64 {
+// queueCounter is the value of counter name for queue in reg (0 before its first
+// increment: the series does not exist yet).
+func queueCounter(t *testing.T, reg *prometheus.Registry, name, queue string) float64 {
 	t.Helper()
-	families, err := reg.Gather()
-	require.NoError(t, err)
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "queue" && l.GetValue() == queue {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	v, _ := testmetrics.Lookup(t, reg, name, "queue", queue)
+	return v
 }

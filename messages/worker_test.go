@@ -125,8 +125,8 @@ func TestWorkHandlerSelfAckIsNoLeaseLost(t *testing.T) {
 		20*time.Second, 10*time.Millisecond)
 	stop()
 	require.NoError(t, awaitWork(t, done, 10*time.Second, "after its ctx ended"))
-	require.Equal(t, float64(n), counterValue(t, reg, "streamd_queue_acked_messages_total", q))
-	require.Zero(t, counterValue(t, reg, "streamd_queue_lease_lost_total", q))
+	require.Equal(t, float64(n), queueCounter(t, reg, "streamd_queue_acked_messages_total", q))
+	require.Zero(t, queueCounter(t, reg, "streamd_queue_lease_lost_total", q))
 }
 
 // TestWorkNegativeBackoffNacksAtOnce guards WorkerConfig.Backoff: a schedule that

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/internal/testmetrics"
 	"github.com/streamd/streamd/retention"
 	"github.com/streamd/streamd/streams"
 )
@@ -408,26 +409,6 @@ func (f failOn) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.Trace
 
 func (failOn) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// metricValue is the value of the counter name{label=value} in reg (0 when absent).
-func metricValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
 // A pass that fails part way counts the rows it deleted before the failure (they are
 // gone: each batch committed), in the metrics and in the result it returns; the
 // partitions it did not reach show nothing deleted and their log start unmoved. The
@@ -456,8 +437,8 @@ func TestFailedPassCountsWhatItDeleted(t *testing.T) {
 	require.Equal(t, seq(0, 20), f.stored(1), "partition 1 failed")
 	require.Equal(t, seq(0, 20), f.stored(2), "partition 2 was not reached")
 
-	require.Equal(t, 1.0, metricValue(t, reg, "streamd_retention_passes_total", "result", "error"))
-	require.Equal(t, 15.0, metricValue(t, reg, "streamd_retention_deleted_events_total", "kind", "delete"))
+	require.Equal(t, 1.0, testmetrics.Value(t, reg, "streamd_retention_passes_total", "result", "error"))
+	require.Equal(t, 15.0, testmetrics.Value(t, reg, "streamd_retention_deleted_events_total", "kind", "delete"))
 
 	require.NotNil(t, res)
 	require.Equal(t, int64(15), res.Deleted())

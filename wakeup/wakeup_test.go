@@ -14,6 +14,7 @@ import (
 
 	"github.com/streamd/streamd/internal/tailer/tailertest"
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/internal/testmetrics"
 	"github.com/streamd/streamd/streams"
 	"github.com/streamd/streamd/wakeup"
 )
@@ -152,7 +153,7 @@ func TestBroadcastCoalesces(t *testing.T) {
 		c.Registerer = reg
 	})
 	waitFor(t, 90*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
-	before := counter(t, reg, "streamd_wakeup_notifies_total")
+	before := testmetrics.Value(t, reg, "streamd_wakeup_notifies_total")
 
 	const commits = 300
 	subs := make([]*wakeup.Subscription, len(names))
@@ -170,52 +171,11 @@ func TestBroadcastCoalesces(t *testing.T) {
 	}
 	var tailerTx float64
 	waitFor(t, 10*time.Second, "tailer handed on every commit", func() bool {
-		tailerTx = counter(t, reg, "streamd_tailer_transactions_total")
+		tailerTx = testmetrics.Value(t, reg, "streamd_tailer_transactions_total")
 		return tailerTx >= commits
 	})
-	sent := counter(t, reg, "streamd_wakeup_notifies_total") - before
+	sent := testmetrics.Value(t, reg, "streamd_wakeup_notifies_total") - before
 	require.Less(t, sent, float64(commits)/3, "notifications are coalesced (%v for %d commits)", sent, commits)
-}
-
-func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			total := 0.0
-			for _, m := range mf.GetMetric() {
-				if m.Counter != nil {
-					total += m.Counter.GetValue()
-				} else if m.Gauge != nil {
-					total += m.Gauge.GetValue()
-				}
-			}
-			return total
-		}
-	}
-	t.Fatalf("metric %s not registered", name)
-	return 0
-}
-
-func gauge(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("metric %s{%s=%q} not found", name, label, value)
-	return 0
 }
 
 // TestMain stops the package's private cluster after the tests.
@@ -389,8 +349,8 @@ func TestWalLevelReplicaPollsOnly(t *testing.T) {
 		produce(t, c, stream)
 		require.Equal(t, "poll", r.next(t, 5*time.Second, "event"), "only polling can deliver")
 	}
-	require.Equal(t, 1.0, gauge(t, reg, "streamd_tailer_fallback_polling", "reason", "wal_level"))
-	require.Equal(t, 0.0, counter(t, reg, "streamd_tailer_connected"))
+	require.Equal(t, 1.0, testmetrics.Value(t, reg, "streamd_tailer_fallback_polling", "reason", "wal_level"))
+	require.Equal(t, 0.0, testmetrics.Value(t, reg, "streamd_tailer_connected"))
 	require.Equal(t, 1, logs.count("wake-ups come from polling only"), "said once, though retried many times")
 	require.False(t, b.Streaming())
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/streamd/streamd/internal/tailer"
 	"github.com/streamd/streamd/internal/tailer/tailertest"
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/internal/testmetrics"
 )
 
 // withUser returns connection string base for role user.
@@ -27,29 +28,6 @@ func withUser(t *testing.T, base, user string) string {
 		return u.String()
 	}
 	return base + " user=" + user // a later keyword overrides an earlier one
-}
-
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if reason == "" {
-				return m.GetGauge().GetValue()
-			}
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "reason" && lp.GetValue() == reason {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("metric %s{reason=%q} not found", name, reason)
-	return 0
 }
 
 // TestNoPrivilegeFallsBackGracefully: a role that may not replicate gets a tailer
@@ -91,14 +69,14 @@ func TestNoPrivilegeFallsBackGracefully(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- tl.Run(tctx) }() // owner: this test; exits at cancel below
 	waitFor(t, 20*time.Second, "state unsupported", func() bool { return tl.State() == tailer.StateUnsupported })
-	require.Equal(t, 1.0, gaugeValue(t, reg, "streamd_tailer_fallback_polling", tailer.ReasonPrivilege))
-	require.Equal(t, 0.0, gaugeValue(t, reg, "streamd_tailer_fallback_polling", tailer.ReasonWalLevel))
-	require.Equal(t, 0.0, gaugeValue(t, reg, "streamd_tailer_connected", ""))
+	require.Equal(t, 1.0, testmetrics.Value(t, reg, "streamd_tailer_fallback_polling", "reason", tailer.ReasonPrivilege))
+	require.Equal(t, 0.0, testmetrics.Value(t, reg, "streamd_tailer_fallback_polling", "reason", tailer.ReasonWalLevel))
+	require.Equal(t, 0.0, testmetrics.Value(t, reg, "streamd_tailer_connected"))
 	cancel()
 	require.NoError(t, <-done)
 	// A stopped tailer (its instance no longer leads) reports no fallback: the last
 	// value used to stay, skewing sums over instances forever.
-	require.Equal(t, 0.0, gaugeValue(t, reg, "streamd_tailer_fallback_polling", tailer.ReasonPrivilege))
+	require.Equal(t, 0.0, testmetrics.Value(t, reg, "streamd_tailer_fallback_polling", "reason", tailer.ReasonPrivilege))
 
 	// No privilege to create the publication: false, not an error.
 	_, err = admin.Exec(ctx, "DROP PUBLICATION streamd_wakeups")

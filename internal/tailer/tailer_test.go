@@ -16,6 +16,7 @@ import (
 	"github.com/streamd/streamd/internal/tailer"
 	"github.com/streamd/streamd/internal/tailer/tailertest"
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/internal/testmetrics"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -168,7 +169,7 @@ func TestWakeupsForEveryPartitionAndQueue(t *testing.T) {
 	rec := newRecorder(append([]string{stream, rolledBack}, queues...)...)
 	reg := prometheus.NewRegistry()
 	startTailer(t, tailertest.Shared(t), rec, func(c *tailer.Config) { c.Registerer = reg })
-	require.Equal(t, 1.0, gaugeValue(t, reg, "streamd_tailer_connected", ""))
+	require.Equal(t, 1.0, testmetrics.Value(t, reg, "streamd_tailer_connected"))
 
 	c := streams.NewClient(pool, nil)
 	// The rolled-back transaction goes first: when later commits have been seen, it
@@ -356,9 +357,9 @@ func TestLagBytesSeesABacklog(t *testing.T) {
 		require.NoError(t, err)
 	}
 	waitFor(t, 10*time.Second, "the lag gauge to see the backlog", func() bool {
-		return gaugeValue(t, reg, "streamd_tailer_lag_bytes", "") > 5e5
+		return testmetrics.Value(t, reg, "streamd_tailer_lag_bytes") > 5e5
 	})
 	waitFor(t, 20*time.Second, "the lag gauge to come down", func() bool {
-		return gaugeValue(t, reg, "streamd_tailer_lag_bytes", "") < 1e5
+		return testmetrics.Value(t, reg, "streamd_tailer_lag_bytes") < 1e5
 	})
 }
