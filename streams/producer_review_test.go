@@ -13,7 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/sqlerr"
@@ -39,16 +38,10 @@ func TestProducerHeldKeyFailsAlone(t *testing.T) {
 	prod, err := streams.NewProducer(pool, &streams.ProducerConfig{Linger: 100 * time.Millisecond})
 	require.NoError(t, err)
 	defer prod.Close(ctx)
-	keys := []string{"a", "held", "b"}
-	errs := make([]error, len(keys))
-	pos := make([]streams.Position, len(keys))
-	var wg sync.WaitGroup
-	for i, k := range keys {
-		wg.Add(1)
-		prod.ProduceAsync(ctx, streams.Record{Stream: s, Key: k, Data: json.RawMessage(`1`)},
-			func(p streams.Position, err error) { pos[i], errs[i] = p, err; wg.Done() })
-	}
-	wg.Wait()
+	pos, errs := produceOneBatch(t, prod,
+		streams.Record{Stream: s, Key: "a", Data: json.RawMessage(`1`)},
+		streams.Record{Stream: s, Key: "held", Data: json.RawMessage(`1`)},
+		streams.Record{Stream: s, Key: "b", Data: json.RawMessage(`1`)})
 	require.NoError(t, errs[0])
 	require.Equal(t, sqlerr.SessionHeld, sqlerr.Code(errs[1]), "the held key fails with SD404: %v", errs[1])
 	require.NoError(t, errs[2])
@@ -73,67 +66,13 @@ func TestProducerOversizedEventIDFailsAlone(t *testing.T) {
 	defer prod.Close(ctx)
 	noise := make([]byte, 8000) // random, so that the index cannot compress it
 	_, _ = rand.Read(noise)
-	ids := []string{"", hex.EncodeToString(noise), ""}
-	errs := make([]error, len(ids))
-	var wg sync.WaitGroup
-	for i, id := range ids {
-		wg.Add(1)
-		prod.ProduceAsync(ctx, streams.Record{Stream: s, EventID: id, Data: json.RawMessage(`1`)},
-			func(_ streams.Position, err error) { errs[i] = err; wg.Done() })
-	}
-	wg.Wait()
+	_, errs := produceOneBatch(t, prod,
+		streams.Record{Stream: s, Data: json.RawMessage(`1`)},
+		streams.Record{Stream: s, EventID: hex.EncodeToString(noise), Data: json.RawMessage(`1`)},
+		streams.Record{Stream: s, Data: json.RawMessage(`1`)})
 	require.NoError(t, errs[0])
 	require.Equal(t, "54000", sqlerr.Code(errs[1]), "the oversized event id fails: %v", errs[1])
 	require.NoError(t, errs[2])
-}
-
-// TestProducerFallbackMetrics: after a batch is retried record by record, the metrics
-// count what happened to the records: the ones appended on their own are appended
-// records, and only the one that failed is a failure. The batch's error used to be
-// counted for all of them (no records appended, one failed batch).
-func TestProducerFallbackMetrics(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t)
-	s := testdb.Name("fallbackmetrics")
-	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s, 1))
-	_, err := pool.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, false, true)", s)
-	require.NoError(t, err)
-	known := testdb.Name("Known")
-	_, err = pool.Exec(ctx, "INSERT INTO streamd.event_types (name) VALUES ($1)", known)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DELETE FROM streamd.event_types WHERE name = $1", known)
-	})
-
-	reg := prometheus.NewRegistry()
-	prod, err := streams.NewProducer(pool, &streams.ProducerConfig{Linger: 100 * time.Millisecond, Registerer: reg})
-	require.NoError(t, err)
-	defer prod.Close(ctx)
-	errs := make([]error, 3)
-	var wg sync.WaitGroup
-	for i, typ := range []string{known, known + "-unknown", known} {
-		wg.Add(1)
-		prod.ProduceAsync(ctx, streams.Record{Stream: s, EventType: typ, Data: json.RawMessage(`1`)},
-			func(_ streams.Position, err error) { errs[i] = err; wg.Done() })
-	}
-	wg.Wait()
-	require.NoError(t, errs[0])
-	require.Error(t, errs[1])
-	require.NoError(t, errs[2])
-
-	got := map[string]float64{}
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			if c := m.GetCounter(); c != nil {
-				got[mf.GetName()] = c.GetValue()
-			}
-		}
-	}
-	require.Equal(t, 2.0, got["streamd_producer_records_total"], "the records appended one by one are counted")
-	require.Equal(t, 1.0, got["streamd_producer_batch_failures_total"], "only the bad record's append failed")
 }
 
 // TestProducerAsyncEarlyErrorsCallDoneElsewhere: ProduceAsync calls done from another

@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/internal/testmetrics"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -225,9 +227,27 @@ func TestProducerFlushUnderLoad(t *testing.T) {
 	require.True(t, flushed.Load(), "the record buffered before Flush is done")
 }
 
+// produceOneBatch produces recs with ProduceAsync on prod (whose Linger gathers them
+// into one batch) and returns each record's position and error.
+func produceOneBatch(t *testing.T, prod *streams.Producer, recs ...streams.Record) ([]streams.Position, []error) {
+	t.Helper()
+	pos := make([]streams.Position, len(recs))
+	errs := make([]error, len(recs))
+	var wg sync.WaitGroup
+	for i, r := range recs {
+		wg.Add(1)
+		prod.ProduceAsync(context.Background(), r, func(p streams.Position, err error) { pos[i], errs[i] = p, err; wg.Done() })
+	}
+	wg.Wait()
+	return pos, errs
+}
+
 // TestProducerBadRecordFailsAlone: a record the database refuses (an event type the
 // stream does not register) fails alone; the others of its batch are appended. The
-// whole batch used to fail with it.
+// whole batch used to fail with it. The metrics count what happened to the records
+// after the batch was retried record by record: the ones appended on their own are
+// appended records, and only the one that failed is a failure (the batch's error used
+// to be counted for all of them: no records appended, one failed batch).
 func TestProducerBadRecordFailsAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -243,23 +263,22 @@ func TestProducerBadRecordFailsAlone(t *testing.T) {
 		_, _ = pool.Exec(context.Background(), "DELETE FROM streamd.event_types WHERE name = $1", known)
 	})
 
-	prod, err := streams.NewProducer(pool, &streams.ProducerConfig{Linger: 100 * time.Millisecond})
+	reg := prometheus.NewRegistry()
+	prod, err := streams.NewProducer(pool, &streams.ProducerConfig{Linger: 100 * time.Millisecond, Registerer: reg})
 	require.NoError(t, err)
 	defer prod.Close(ctx)
-	errs := make([]error, 3)
-	var wg sync.WaitGroup
-	for i, typ := range []string{known, known + "-unknown", known} {
-		wg.Add(1)
-		prod.ProduceAsync(ctx, streams.Record{Stream: s, EventType: typ, Data: json.RawMessage(`1`)},
-			func(_ streams.Position, err error) { errs[i] = err; wg.Done() })
-	}
-	wg.Wait()
+	_, errs := produceOneBatch(t, prod,
+		streams.Record{Stream: s, EventType: known, Data: json.RawMessage(`1`)},
+		streams.Record{Stream: s, EventType: known + "-unknown", Data: json.RawMessage(`1`)},
+		streams.Record{Stream: s, EventType: known, Data: json.RawMessage(`1`)})
 	require.NoError(t, errs[0])
 	require.Error(t, errs[1])
 	require.NoError(t, errs[2])
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.events WHERE stream_name = $1", s).Scan(&n))
 	require.Equal(t, 2, n)
+	require.Equal(t, 2.0, testmetrics.Value(t, reg, "streamd_producer_records_total"), "the records appended one by one are counted")
+	require.Equal(t, 1.0, testmetrics.Value(t, reg, "streamd_producer_batch_failures_total"), "only the bad record's append failed")
 }
 
 // TestProducerSeesNewPartitions: after a stream grows, a record for one of its new
