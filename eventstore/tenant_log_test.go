@@ -3,7 +3,6 @@ package eventstore_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,6 +14,23 @@ import (
 	"github.com/streamd/streamd/streams"
 )
 
+// tenantStream creates a stream of the given partitions and two tenant roles, acme and
+// globex, and returns the owner's connection, the stream and the two roles'
+// connections (as tenantQueue does for a queue).
+func tenantStream(t *testing.T, prefix string, partitions int) (admin *pgx.Conn, stream string, acme, globex *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, testdb.URL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	stream = testdb.Name(prefix)
+	_, err = admin.Exec(ctx, "SELECT streamd.create_stream($1, $2)", stream, partitions)
+	require.NoError(t, err)
+	acme = tenantRole(t, admin, "acme-"+stream)
+	globex = tenantRole(t, admin, "globex-"+stream)
+	return admin, stream, acme, globex
+}
+
 // TestTenantAppendRefusesOtherTenantsEventID: event ids are unique per stream across
 // the tenants that share it. A tenant's append of an event id that another tenant's
 // event holds is refused with ErrInvalidArgument, naming the id, and stores nothing of
@@ -24,15 +40,8 @@ import (
 func TestTenantAppendRefusesOtherTenantsEventID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, testdb.URL(t))
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	stream := testdb.Name("tenant-ids")
-	_, err = admin.Exec(ctx, "SELECT streamd.create_stream($1, 2)", stream)
-	require.NoError(t, err)
-	acme := tenantRole(t, admin, "acme-"+stream)
-	globex := tenantRole(t, admin, "globex-"+stream)
-	_, err = acme.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, ARRAY['ev-1','ev-2'], NULL, ARRAY['k','k'], ARRAY['1','2'], NULL, NULL, NULL, NULL, NULL)`, stream)
+	admin, stream, acme, globex := tenantStream(t, "tenant-ids", 2)
+	_, err := acme.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, ARRAY['ev-1','ev-2'], NULL, ARRAY['k','k'], ARRAY['1','2'], NULL, NULL, NULL, NULL, NULL)`, stream)
 	require.NoError(t, err)
 	count := func() int {
 		var n int
@@ -99,15 +108,8 @@ func logOffsets(t *testing.T, admin *pgx.Conn, stream string) ([]int64, int64) {
 func TestTenantInsertOnConflictRefusesOtherTenantsEventID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, testdb.URL(t))
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	stream := testdb.Name("tenant-oncf")
-	_, err = admin.Exec(ctx, "SELECT streamd.create_stream($1, 1)", stream)
-	require.NoError(t, err)
-	acme := tenantRole(t, admin, "acme-"+stream)
-	globex := tenantRole(t, admin, "globex-"+stream)
-	_, err = globex.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_id, data) VALUES ($1, 'x', '1')`, stream)
+	admin, stream, acme, globex := tenantStream(t, "tenant-oncf", 1)
+	_, err := globex.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_id, data) VALUES ($1, 'x', '1')`, stream)
 	require.NoError(t, err)
 
 	_, err = acme.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_id, data) VALUES ($1, 'x', '2') ON CONFLICT DO NOTHING`, stream)
@@ -129,15 +131,8 @@ func TestTenantInsertOnConflictRefusesOtherTenantsEventID(t *testing.T) {
 func TestTenantInsertRefusesOtherTenantsEventID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, testdb.URL(t))
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	stream := testdb.Name("tenant-ins")
-	_, err = admin.Exec(ctx, "SELECT streamd.create_stream($1, 1)", stream)
-	require.NoError(t, err)
-	acme := tenantRole(t, admin, "acme-"+stream)
-	globex := tenantRole(t, admin, "globex-"+stream)
-	_, err = globex.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_id, data) VALUES ($1, 'x', '1')`, stream)
+	admin, stream, acme, globex := tenantStream(t, "tenant-ins", 1)
+	_, err := globex.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_id, data) VALUES ($1, 'x', '1')`, stream)
 	require.NoError(t, err)
 	_, err = admin.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_id, data) VALUES ($1, 'no-tenant', '1')`, stream)
 	require.NoError(t, err)
@@ -166,14 +161,7 @@ func TestTenantInsertRefusesOtherTenantsEventID(t *testing.T) {
 func TestTenantInsertRefusesEventIDCommittedWhileWaiting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, testdb.URL(t))
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	stream := testdb.Name("tenant-wait")
-	_, err = admin.Exec(ctx, "SELECT streamd.create_stream($1, 1)", stream)
-	require.NoError(t, err)
-	acme := tenantRole(t, admin, "acme-"+stream)
-	globex := tenantRole(t, admin, "globex-"+stream)
+	admin, stream, acme, globex := tenantStream(t, "tenant-wait", 1)
 
 	tx, err := globex.Begin(ctx)
 	require.NoError(t, err)
@@ -183,21 +171,11 @@ func TestTenantInsertRefusesEventIDCommittedWhileWaiting(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() {
-		_, err := acme.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_id, data) VALUES ($1, 'x', '2') ON CONFLICT DO NOTHING`, stream)
+		_, err := acme.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_id, data) VALUES ($1, 'x', '2')
+			ON CONFLICT DO NOTHING -- acme waits`, stream)
 		done <- err
 	}()
-	// Wait until acme's insert waits for the head row.
-	pid := acme.PgConn().PID()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting bool
-		require.NoError(t, admin.QueryRow(ctx, `SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
-		if waiting {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "acme's insert never waited for the head row")
-		time.Sleep(5 * time.Millisecond) // polling interval, not a wait for the condition
-	}
+	testdb.WaitForLockWait(t, testdb.Pool(t), "-- acme waits") // for the head row
 	require.NoError(t, tx.Commit(ctx))
 	err = <-done
 	require.Equal(t, "SD005", pgCode(err), "%v", err)
@@ -220,17 +198,10 @@ func TestTenantInsertRefusesEventIDCommittedWhileWaiting(t *testing.T) {
 func TestTenantVersionedAppendRefusesOtherTenantsEventID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, testdb.URL(t))
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	stream := testdb.Name("tenant-ver")
-	_, err = admin.Exec(ctx, "SELECT streamd.create_stream($1, 1)", stream)
-	require.NoError(t, err)
+	admin, stream, acme, globex := tenantStream(t, "tenant-ver", 1)
 	owner, err := eventstore.New(testdb.Pool(t), nil)
 	require.NoError(t, err)
 	require.NoError(t, owner.ConfigureStream(ctx, stream, eventstore.StreamOpts{KeyVersions: true}))
-	acme := tenantRole(t, admin, "acme-"+stream)
-	globex := tenantRole(t, admin, "globex-"+stream)
 	_, err = globex.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, ARRAY['x'], NULL, ARRAY['k'], ARRAY['1'], NULL, NULL, NULL, NULL, NULL)`, stream)
 	require.NoError(t, err)
 
