@@ -27,63 +27,51 @@ func awaitWork(t *testing.T, done <-chan error, d time.Duration, why string) err
 	}
 }
 
-// TestWorkStopsHandlersOnReceiveError guards the Handler contract ("ctx is cancelled
-// when Work stops"): when Work stops on a receive error (its queue was deleted) while
-// its caller's ctx is still live, the running handlers' ctx is cancelled and Work
-// returns the error. It used to wait for handlers whose ctx nothing would cancel.
-func TestWorkStopsHandlersOnReceiveError(t *testing.T) {
+// TestWorkStopsItsHandlersWhenItsQueueGoes guards the Handler contract ("ctx is
+// cancelled when Work stops or the message's lease is lost") when the queue is deleted
+// under a running handler, both ways Work can learn it:
+//   - a receive fails (a slot is free, so Work receives while the handler runs): the
+//     running handlers' ctx is cancelled and Work returns the error; it used to wait
+//     for handlers whose ctx nothing would cancel;
+//   - only the lease extension can see it (the handler holds the only slot): a
+//     deleted queue is a lost lease; it used to count as a transient failure, retried
+//     forever.
+func TestWorkStopsItsHandlersWhenItsQueueGoes(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := newClient(t, pool, nil)
-	q := newQueue(t, pool, nil)
-	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
-	require.NoError(t, err)
-	started := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		// Concurrency 2: a slot stays free, so Work receives (and fails) while the
-		// handler runs; the lease extension (every 10s) is not what ends it.
-		done <- c.Work(ctx, q, &messages.WorkerConfig{Concurrency: 2, PollWait: 50 * time.Millisecond},
-			func(hctx context.Context, m *messages.Message) error {
-				close(started)
-				<-hctx.Done()
-				return hctx.Err()
-			})
-	}()
-	<-started
-	require.NoError(t, c.DeleteQueue(ctx, q))
-	err = awaitWork(t, done, 5*time.Second, "the running handler's ctx was never cancelled")
-	require.ErrorIs(t, err, messages.ErrQueueNotFound)
-}
-
-// TestWorkLeaseLostWhenQueueDeleted guards the other half of that contract ("or the
-// message's lease is lost"): a lease extension that finds the queue deleted cancels
-// the handler's ctx. It used to count as a transient failure, retried forever.
-func TestWorkLeaseLostWhenQueueDeleted(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := newClient(t, pool, nil)
-	q := newQueue(t, pool, nil)
-	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
-	require.NoError(t, err)
-	started := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		// Concurrency 1: no receive runs while the handler holds the only slot, so
-		// only the extender can notice the deletion.
-		done <- c.Work(ctx, q, &messages.WorkerConfig{Concurrency: 1, ExtendEvery: 50 * time.Millisecond, PollWait: 50 * time.Millisecond},
-			func(hctx context.Context, m *messages.Message) error {
-				close(started)
-				<-hctx.Done()
-				return hctx.Err()
-			})
-	}()
-	<-started
-	require.NoError(t, c.DeleteQueue(ctx, q))
-	err = awaitWork(t, done, 10*time.Second, "the extender took the deleted queue for a transient failure")
-	require.ErrorIs(t, err, messages.ErrQueueNotFound)
+	for _, tc := range []struct {
+		name string
+		cfg  messages.WorkerConfig
+		wait time.Duration
+		why  string
+	}{
+		{"receive error", messages.WorkerConfig{Concurrency: 2, PollWait: 50 * time.Millisecond},
+			5 * time.Second, "the running handler's ctx was never cancelled"},
+		{"lease extension", messages.WorkerConfig{Concurrency: 1, ExtendEvery: 50 * time.Millisecond, PollWait: 50 * time.Millisecond},
+			10 * time.Second, "the extender took the deleted queue for a transient failure"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.Pool(t)
+			c := newClient(t, pool, nil)
+			q := newQueue(t, pool, nil)
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)})
+			require.NoError(t, err)
+			started := make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				done <- c.Work(ctx, q, &tc.cfg, func(hctx context.Context, m *messages.Message) error {
+					close(started)
+					<-hctx.Done()
+					return hctx.Err()
+				})
+			}()
+			<-started
+			require.NoError(t, c.DeleteQueue(ctx, q))
+			err = awaitWork(t, done, tc.wait, tc.why)
+			require.ErrorIs(t, err, messages.ErrQueueNotFound)
+		})
+	}
 }
 
 // TestWorkHandlerSelfAckIsNoLeaseLost guards streamd_queue_lease_lost_total against
