@@ -325,7 +325,7 @@ func TestConcurrentDuplicateInsertKeepsVersionsGapless(t *testing.T) {
 	require.NoError(t, err)
 	second := make(chan error, 1)
 	go func() { _, err := f.pool.Exec(f.ctx, ins, f.stream); second <- err }()
-	testdb.WaitForLockWait(t, f.pool, "same-id")
+	testdb.WaitForLockWait(t, f.pool, tx1, "same-id")
 	require.NoError(t, tx1.Commit(f.ctx))
 	require.NoError(t, <-second)
 	var events, version int64
@@ -357,7 +357,7 @@ func TestAppendRacingASettingsChangeIsRetried(t *testing.T) {
 		_, err := pool.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, NULL, ARRAY['k'], ARRAY['1'], NULL, NULL, NULL, NULL, NULL)`, s)
 		appended <- err
 	}()
-	testdb.WaitForLockWait(t, pool, "streamd.append(")
+	testdb.WaitForLockWait(t, pool, tx, "streamd.append(")
 	require.NoError(t, tx.Commit(ctx))
 	err = <-appended
 	require.Equal(t, "40001", sqlerr.Code(err), "%v", err)

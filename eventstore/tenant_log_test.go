@@ -175,7 +175,7 @@ func TestTenantInsertRefusesEventIDCommittedWhileWaiting(t *testing.T) {
 			ON CONFLICT DO NOTHING -- acme waits`, stream)
 		done <- err
 	}()
-	testdb.WaitForLockWait(t, testdb.Pool(t), "-- acme waits") // for the head row
+	testdb.WaitForLockWait(t, testdb.Pool(t), tx, "-- acme waits") // for the head row
 	require.NoError(t, tx.Commit(ctx))
 	err = <-done
 	require.Equal(t, "SD005", pgCode(err), "%v", err)

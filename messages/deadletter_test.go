@@ -466,7 +466,7 @@ func TestDeadLetterRacesASendOfTheSameID(t *testing.T) {
 	termed := make(chan error, 1)
 	go func() { termed <- c.Term(ctx, "bad", m[0].Receipt) }()
 	// Commit the send only once the move waits for it on the dedup index.
-	testdb.WaitForLockWait(t, pool, "queue_term")
+	testdb.WaitForLockWait(t, pool, tx, "queue_term")
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-termed)
 

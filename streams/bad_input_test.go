@@ -233,7 +233,7 @@ func TestAppendRacingDeleteStream(t *testing.T) {
 			require.NoError(t, err)
 			appended := make(chan error, 1)
 			go func() { _, err := pool.Exec(ctx, appendSQL, s); appended <- err }()
-			testdb.WaitForLockWait(t, pool, "-- racer")
+			testdb.WaitForLockWait(t, pool, tx, "-- racer")
 			require.NoError(t, tx.Commit(ctx))
 			err = sqlerr.Wrap(<-appended)
 			require.ErrorIs(t, err, streams.ErrStreamNotFound)

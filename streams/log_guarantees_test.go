@@ -313,7 +313,7 @@ func TestDuplicateInsertWaitingForTheHeadRowLeavesNoHole(t *testing.T) {
 				}
 				second <- err
 			}()
-			testdb.WaitForLockWait(t, pool, "-- the waiter")
+			testdb.WaitForLockWait(t, pool, tx1, "-- the waiter")
 			require.NoError(t, tx1.Commit(ctx))
 			require.NoError(t, <-second)
 			_, err = pool.Exec(ctx, ins, s, "Y")

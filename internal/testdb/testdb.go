@@ -161,24 +161,27 @@ func MustURL() string {
 	return url
 }
 
-// WaitForLockWait waits until a session of pool's database whose query contains
-// queryPart waits for a lock (a statement blocked behind the test's own open
-// transaction), so that a race test commits at the moment it means to. It fails the
-// test after 20 s.
-func WaitForLockWait(t testing.TB, pool *pgxpool.Pool, queryPart string) {
+// WaitForLockWait waits until a session whose query contains queryPart waits for a
+// lock that the test's own open transaction tx holds, so that a race test commits at
+// the moment it means to. Naming the blocker matters: other tests run the same
+// statements, and one of theirs waiting for its own reasons must not stand for the
+// test's. It fails the test after 20 s.
+func WaitForLockWait(t testing.TB, pool *pgxpool.Pool, tx pgx.Tx, queryPart string) {
 	t.Helper()
 	ctx := context.Background()
+	blocker := tx.Conn().PgConn().PID()
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND position($1 IN query) > 0`, queryPart).Scan(&n); err != nil {
+			WHERE datname = current_database() AND position($1 IN query) > 0
+			  AND $2::int = ANY (pg_blocking_pids(pid))`, queryPart, blocker).Scan(&n); err != nil {
 			t.Fatalf("testdb: read pg_stat_activity: %v", err)
 		}
 		if n > 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("testdb: no statement with %q waited for a lock within 20s", queryPart)
+			t.Fatalf("testdb: no statement with %q waited for a lock of the test's transaction within 20s", queryPart)
 		}
 		time.Sleep(5 * time.Millisecond) // polling interval
 	}
