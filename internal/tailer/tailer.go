@@ -226,9 +226,19 @@ func (t *Tailer) session(ctx context.Context, connCfg, plainCfg *pgconn.Config) 
 	t.m.setFallback("")
 	t.log.Debug("tailer streaming", "slot", slot, "start_lsn", start)
 
-	lag := &walLag{cfg: plainCfg}
-	defer lag.close()
-	err = t.stream(ctx, conn, start, lag)
+	// The lag gauge is sampled by a goroutine of its own, off the stream loop: its
+	// query (and its connection's setup, up to a second each) must never delay a
+	// wake-up.
+	var handled atomic.Uint64
+	handled.Store(uint64(start))
+	lagCtx, stopLag := context.WithCancel(ctx)
+	lagDone := make(chan struct{})
+	go func() { // owner: session; ends when the session does (stopLag)
+		defer close(lagDone)
+		t.sampleLag(lagCtx, plainCfg, &handled)
+	}()
+	defer func() { stopLag(); <-lagDone }()
+	err = t.stream(ctx, conn, start, &handled)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -273,19 +283,15 @@ func (t *Tailer) check(ctx context.Context, conn *pgconn.PgConn) error {
 
 // stream reads the replication stream until an error or ctx ends. handled is the
 // end of the last transaction the handler returned for (or a position with nothing
-// of ours before it); it is the only position ever confirmed.
-func (t *Tailer) stream(ctx context.Context, conn *pgconn.PgConn, handled pglogrepl.LSN, lag *walLag) error {
+// of ours before it); it is the only position ever confirmed, and is published in
+// shared for the lag gauge.
+func (t *Tailer) stream(ctx context.Context, conn *pgconn.PgConn, handled pglogrepl.LSN, shared *atomic.Uint64) error {
 	dec := newDecoder()
 	nextStatus := time.Now().Add(t.cfg.StatusInterval)
 	for {
 		if !time.Now().Before(nextStatus) {
 			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: handled}); err != nil {
 				return fmt.Errorf("send standby status: %w", err)
-			}
-			if end, err := lag.walEnd(ctx); err == nil {
-				t.m.lagBytes.Set(float64(lsnSub(end, handled)))
-			} else if ctx.Err() == nil {
-				t.log.Debug("tailer: reading the WAL end for the lag gauge failed", "error", err)
 			}
 			nextStatus = time.Now().Add(t.cfg.StatusInterval)
 		}
@@ -314,6 +320,7 @@ func (t *Tailer) stream(ctx context.Context, conn *pgconn.PgConn, handled pglogr
 				// confirming it lets the slot release WAL of other tables.
 				if !dec.inTx && ka.ServerWALEnd > handled {
 					handled = ka.ServerWALEnd
+					shared.Store(uint64(handled)) // for the lag gauge (sampleLag)
 				}
 				if ka.ReplyRequested {
 					nextStatus = time.Time{}
@@ -337,12 +344,34 @@ func (t *Tailer) stream(ctx context.Context, conn *pgconn.PgConn, handled pglogr
 				}
 				if c.endLSN > handled {
 					handled = c.endLSN
+					shared.Store(uint64(handled))
 				}
 			}
 		case *pgproto3.ErrorResponse:
 			return pgconn.ErrorResponseToPgError(msg)
 		case *pgproto3.CopyDone:
 			return errors.New("server ended the replication stream")
+		}
+	}
+}
+
+// sampleLag sets the lag gauge every status interval until ctx ends: the server's WAL
+// end less handled (the stream loop's position, published at its status updates).
+func (t *Tailer) sampleLag(ctx context.Context, cfg *pgconn.Config, handled *atomic.Uint64) {
+	lag := &walLag{cfg: cfg}
+	defer lag.close()
+	tick := time.NewTicker(t.cfg.StatusInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if end, err := lag.walEnd(ctx); err == nil {
+			t.m.lagBytes.Set(float64(lsnSub(end, pglogrepl.LSN(handled.Load()))))
+		} else if ctx.Err() == nil {
+			t.log.Debug("tailer: reading the WAL end for the lag gauge failed", "error", err)
 		}
 	}
 }
