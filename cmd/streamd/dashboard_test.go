@@ -62,7 +62,7 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 	require.NoError(t, err)
 	_, err = coordinator.NewJobs(pool, nil, rec, nil, nil)
 	require.NoError(t, err)
-	newGauges(pool, rec)
+	newGauges(consumergroup.NewAdmin(pool), nil, rec)
 	hub := wakeup.NewHub()
 	_, err = wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: testdb.URL(t), Hub: hub, Registerer: rec})
 	require.NoError(t, err)
