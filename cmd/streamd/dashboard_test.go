@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/consumergroup"
-	"github.com/streamd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/retention"

@@ -20,9 +20,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/streamd/streamd/cmd/streamd/internal/api"
+	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/consumergroup"
-	"github.com/streamd/streamd/internal/api"
-	"github.com/streamd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/retention"
 	schema "github.com/streamd/streamd/sql"

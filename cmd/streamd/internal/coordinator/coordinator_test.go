@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/streamd/streamd/internal/coordinator"
+	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/internal/testdb"
 )
 
