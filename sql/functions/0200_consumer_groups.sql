@@ -468,6 +468,15 @@ BEGIN
             UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
              WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
             PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'expire');
+            -- cg_expire may have expelled us (we kept a partition another member waits
+            -- for past our rebalance timeout): fenced, as any later call of ours is.
+            PERFORM 1 FROM streamd.consumer_registrations cr
+             WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+               AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch;
+            IF NOT FOUND THEN
+                PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch,
+                    'expelled: it kept a partition another member waits for past its rebalance timeout');
+            END IF;
         END IF;
         PERFORM streamd.cg_assign(p_stream_name, p_group_id, v_now);
     END IF;
