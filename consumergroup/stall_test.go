@@ -446,3 +446,24 @@ func TestHeartbeatPastRebalanceTimeoutIsFenced(t *testing.T) {
 	_, err = a.heartbeat(ctx, pool, nil)
 	require.ErrorIs(t, err, ErrFenced)
 }
+
+// TestOffsetsWrittenInPlainSQLAreNotChecked: the check at COMMIT applies to the
+// transactions of commit_batch and commit_offsets only; a SQL client that writes
+// consumer_offsets itself under a consumer id that is no registered member (as seed
+// 003's clients and the retention tests do) commits as before.
+func TestOffsetsWrittenInPlainSQLAreNotChecked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	_, err := pool.Exec(ctx, "INSERT INTO streamd.consumer_groups (stream_name, group_id) VALUES ($1, $2)", stream, group)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO streamd.consumer_offsets (stream_name, group_id, partition, "offset", consumer_id, member_epoch)
+		VALUES ($1, $2, 0, 0, 'nobody', 1)`, stream, group)
+	require.NoError(t, err)
+	off, ok, err := committedOffset(ctx, pool, stream, group, 0)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Zero(t, off)
+}
