@@ -23,7 +23,7 @@ type worker struct {
 	partition int32
 	h         Handler
 
-	ctx      context.Context // cancelled: lost or shutdown; handlers get it
+	ctx      context.Context // cancelled: lost, or a drain past DrainTimeout; handlers get it
 	cancelFn context.CancelFunc
 	stopOnce sync.Once
 	stopCh   chan struct{} // closed: finish the in-flight batch and exit
@@ -63,6 +63,14 @@ func (w *worker) untilStopped(ctx context.Context) (context.Context, context.Can
 
 func (w *worker) cancel() {
 	w.lost.Store(true)
+	w.stop()
+	w.cancelFn()
+}
+
+// interrupt cancels a stopped worker's handler ctx without counting the partition as
+// lost: a drain ran out of time, but the member still owns the partition and hands it
+// over cleanly (its cut-short batch uncommitted).
+func (w *worker) interrupt() {
 	w.stop()
 	w.cancelFn()
 }
