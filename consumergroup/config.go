@@ -100,8 +100,8 @@ type Config struct {
 	// transactions included), no new batch starts, then OnRevoked runs and the member
 	// leaves, so its partitions move to the other members at once. A handler still
 	// running DrainTimeout after the stop began sees its ctx cancelled; its batch is
-	// not committed and goes to the next owner. Heartbeats go on meanwhile. Defaults to
-	// 10s.
+	// not committed and goes to the next owner. Heartbeats go on meanwhile, for at most
+	// MaxPollInterval (keep DrainTimeout below it). Defaults to 10s.
 	DrainTimeout time.Duration
 	// FetchMaxWait is how long a fetch waits for new events on an idle partition
 	// before looking again (it also bounds how fast an idle worker notices a revoke
