@@ -19,8 +19,12 @@ import (
 	"github.com/streamd/streamd/internal/testdb"
 )
 
-// The test binary re-executes itself as a consumer process when this is set.
-const childEnv = "STREAMD_CG_CHILD"
+// The test binary re-executes itself as a consumer process when this is set; the
+// child prints childReady once SIGTERM stops it cleanly.
+const (
+	childEnv   = "STREAMD_CG_CHILD"
+	childReady = "streamd-consumer-ready"
+)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
@@ -39,6 +43,7 @@ func TestMain(m *testing.M) {
 func childMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
+	fmt.Println(childReady) // SIGTERM is a clean stop from now on
 	pool, err := pgxpool.New(ctx, os.Getenv("STREAMD_CG_URL"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

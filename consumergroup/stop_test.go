@@ -1,11 +1,14 @@
 package consumergroup
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,8 +29,29 @@ type childProc struct {
 	name   string
 	cmd    *exec.Cmd
 	stderr *bytes.Buffer
+	ready  chan struct{} // closed when it printed childReady
 	done   chan struct{}
 	err    error // cmd.Wait's, once done is closed
+}
+
+// term stops the child with SIGTERM once it handles it (a fresh process would die of
+// it before installing its handler) and waits for it to exit 0.
+func (ch *childProc) term(t *testing.T) {
+	t.Helper()
+	select {
+	case <-ch.ready:
+	case <-ch.done:
+		t.Fatalf("%s exited before it was ready: %v", ch.name, ch.err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s not ready within 30s", ch.name)
+	}
+	require.NoError(t, ch.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-ch.done:
+		require.NoError(t, ch.err, "%s stopped with SIGTERM exits 0", ch.name)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not stop within 30s of SIGTERM", ch.name)
+	}
 }
 
 // spawnChild starts a consumer child named name (its member ids start with name+"-")
@@ -36,10 +60,21 @@ func spawnChild(t *testing.T, name string, env ...string) *childProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), childEnv+"=1", "STREAMD_CG_URL="+testdb.URL(t), "STREAMD_CG_ID="+name), env...)
-	ch := &childProc{name: name, cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	ch := &childProc{name: name, cmd: cmd, stderr: &bytes.Buffer{}, ready: make(chan struct{}), done: make(chan struct{})}
 	cmd.Stderr = ch.stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	go func() { ch.err = cmd.Wait(); close(ch.done) }() // owner: the child; ends when it exits
+	go func() { // owner: the child; ends when it exits
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == childReady {
+				close(ch.ready)
+			}
+		}
+		ch.err = cmd.Wait() // after the reads (os/exec's rule)
+		close(ch.done)
+	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-ch.done
@@ -85,7 +120,9 @@ func offsetWatch(t *testing.T, pool *pgxpool.Pool, stream, group string) (stop f
 		}
 	}()
 	var once sync.Once
-	return func() { once.Do(func() { close(quit); <-done }) }
+	stop = func() { once.Do(func() { close(quit); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // TestSIGTERMAndKill9ChildConsumers (issue 16): consumer processes with CommitTx
@@ -183,13 +220,7 @@ func TestSIGTERMAndKill9ChildConsumers(t *testing.T) {
 	waitFor(t, 30*time.Second, "three members recording", func() bool { return recorders() == 3 })
 
 	p, first := inFlight("a")
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
-	select {
-	case <-a.done:
-		require.NoError(t, a.err, "a member stopped with SIGTERM exits 0")
-	case <-time.After(20 * time.Second):
-		t.Fatal("a did not stop within 20s of SIGTERM")
-	}
+	a.term(t)
 	require.Zero(t, count(`SELECT count(*) FROM streamd.consumer_registrations
 		WHERE stream_name = $1 AND group_id = $2 AND consumer_id LIKE 'a-%'`, stream, group), "a left the group")
 	var by string
@@ -226,4 +257,127 @@ func TestSIGTERMAndKill9ChildConsumers(t *testing.T) {
 		                       WHERE x.partition = co.partition)`, stream, group), "the offsets and the effects agree")
 	require.Zero(t, count(`SELECT count(*) FROM `+pgx.Identifier{lost}.Sanitize()), "a partition was lost (OnLost)")
 	_ = c
+}
+
+// TestChildChaos (make soak-groups): consumer processes with CommitTx handlers are
+// started, stopped with SIGTERM, killed with SIGKILL and frozen with SIGSTOP (for up
+// to twice their session timeout, then SIGCONT) at random while a producer appends.
+// Checked: a SIGTERM'd member exits 0; every event's effect is recorded exactly once
+// and matches the committed offsets; no committed offset goes back; the lag reaches
+// zero. Random seed (logged), STREAMD_SOAK_DURATION (default 2m).
+func TestChildChaos(t *testing.T) {
+	if os.Getenv("STREAMD_SOAK") != "1" {
+		t.Skip("soak: set STREAMD_SOAK=1 (make soak-groups)")
+	}
+	t.Parallel()
+	seed, duration := uint64(time.Now().UnixNano()), 2*time.Minute
+	if d, err := time.ParseDuration(os.Getenv("STREAMD_SOAK_DURATION")); err == nil {
+		duration = d
+	}
+	t.Logf("seed %d, duration %v", seed, duration)
+	rng := rand.New(rand.NewPCG(seed, seed))
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 6)
+	group := testdb.Name("g")
+	effects := strings.ReplaceAll(testdb.Name("cg_chaos"), "-", "_")
+	_, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{effects}.Sanitize()+
+		` (partition int, "offset" bigint, member text NOT NULL, PRIMARY KEY (partition, "offset"))`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+pgx.Identifier{effects}.Sanitize()) })
+	const session = 2 * time.Second
+	env := []string{"STREAMD_CG_TABLE=" + effects, "STREAMD_CG_STREAM=" + stream, "STREAMD_CG_GROUP=" + group,
+		"STREAMD_CG_SESSION=" + session.String(), "STREAMD_CG_WORK=20ms"}
+
+	var produced atomic.Int64
+	stopProducing, producerDone := make(chan struct{}), make(chan struct{})
+	prng := rand.New(rand.NewPCG(seed+1, seed+1))
+	go func() { // owner: the test; ends on stopProducing
+		defer close(producerDone)
+		client := streams.NewClient(pool, nil)
+		for i := 0; ; i++ {
+			select {
+			case <-stopProducing:
+				return
+			case <-time.After(time.Duration(5+prng.IntN(20)) * time.Millisecond): // the producer's pace
+			}
+			recs := make([]streams.Record, 5)
+			for j := range recs {
+				recs[j] = streams.Record{Stream: stream, Key: fmt.Sprint(i, "-", j), Data: []byte(`{}`)}
+			}
+			if _, err := client.Produce(ctx, recs...); err != nil {
+				t.Errorf("produce: %v", err)
+				return
+			}
+			produced.Add(int64(len(recs)))
+		}
+	}()
+	stopWatch := offsetWatch(t, pool, stream, group)
+
+	type proc struct {
+		*childProc
+		frozen atomic.Bool
+	}
+	var live []*proc
+	var thaws sync.WaitGroup
+	spawned, terms, kills, freezes := 0, 0, 0, 0
+	pick := func() (int, *proc) {
+		i := rng.IntN(len(live))
+		return i, live[i]
+	}
+	for deadline := time.Now().Add(duration); time.Now().Before(deadline); {
+		time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond) // pacing of the chaos, not a wait
+		switch op := rng.IntN(10); {
+		case len(live) < 2 || (op < 3 && len(live) < 4):
+			spawned++
+			live = append(live, &proc{childProc: spawnChild(t, fmt.Sprint("m", spawned), env...)})
+		case op < 6:
+			i, p := pick()
+			if p.frozen.Load() {
+				continue // a stopped process would handle SIGTERM only once continued
+			}
+			p.term(t)
+			live = slices.Delete(live, i, i+1)
+			terms++
+		case op < 8:
+			i, p := pick()
+			require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+			<-p.done
+			live = slices.Delete(live, i, i+1)
+			kills++
+		default:
+			_, p := pick()
+			if !p.frozen.CompareAndSwap(false, true) {
+				continue
+			}
+			require.NoError(t, p.cmd.Process.Signal(syscall.SIGSTOP))
+			freezes++
+			thaws.Add(1)
+			time.AfterFunc(time.Duration(rng.Int64N(int64(2*session))), func() { // the freeze's length
+				defer thaws.Done()
+				_ = p.cmd.Process.Signal(syscall.SIGCONT)
+				p.frozen.Store(false)
+			})
+		}
+	}
+	thaws.Wait()
+	t.Logf("%d spawned, %d SIGTERM, %d SIGKILL, %d SIGSTOP", spawned, terms, kills, freezes)
+	close(stopProducing)
+	<-producerDone
+	if len(live) == 0 {
+		spawnChild(t, "last", env...)
+	}
+	waitFor(t, 60*time.Second, "lag 0", func() bool { return groupLag(t, pool, stream, group) == 0 })
+	stopWatch()
+
+	var n, distinct, mismatched int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (partition, "offset")) FROM `+
+		pgx.Identifier{effects}.Sanitize()).Scan(&n, &distinct))
+	require.EqualValues(t, produced.Load(), n, "every event recorded exactly once")
+	require.Equal(t, n, distinct)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM streamd.consumer_offsets co
+		WHERE co.stream_name = $1 AND co.group_id = $2
+		  AND co."offset" <> (SELECT coalesce(max(x."offset") + 1, 0) FROM `+pgx.Identifier{effects}.Sanitize()+` x
+		                       WHERE x.partition = co.partition)`, stream, group).Scan(&mismatched))
+	require.Zero(t, mismatched, "the offsets and the effects agree")
 }
