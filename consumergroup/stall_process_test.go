@@ -76,7 +76,7 @@ func stallChildMain() int {
 	cfg.SessionTimeout, cfg.HeartbeatInterval = stallSession, stallHeartbeat
 	cfg.CommitMode = CommitTransactional
 	cfg.MaxBatchSize = 5
-	cfg.OnLost = func(_ context.Context, ps []int32) { say("lost %v", ps) }
+	cfg.OnLost = func(_ context.Context, _ Membership, ps []int32) { say("lost %v", ps) }
 	c, err := New(pool, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
