@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
@@ -184,7 +185,7 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 		wg.Wait()
 		acks.close()
 	}()
-	retry := c.backoffMin
+	retry := backoff.New(c.backoffMin, 5*time.Second)
 	for {
 		// Wait for a free slot, then take every free slot for one receive.
 		select {
@@ -213,18 +214,14 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 			if !sqlerr.Retriable(err) {
 				return fmt.Errorf("work on queue %s: %w", queue, err)
 			}
-			log.Warn("queue receive failed; retrying", slog.Any("error", err), slog.Duration("retry_in", retry))
-			t := time.NewTimer(retry)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			wait := retry.Next()
+			log.Warn("queue receive failed; retrying", slog.Any("error", err), slog.Duration("retry_in", wait))
+			if !backoff.Sleep(ctx, wait) {
 				return nil
-			case <-t.C:
 			}
-			retry = min(2*retry, 5*time.Second)
 			continue
 		}
-		retry = c.backoffMin
+		retry.Reset()
 		for _, m := range msgs {
 			wg.Add(1)
 			go func() {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
@@ -442,23 +443,16 @@ func (p *Producer) appendWithRetry(recs []Record) ([]Position, error) {
 // RetryTimeout or ctx runs out, with jittered exponential backoff between attempts.
 func (p *Producer) retry(ctx context.Context, stream string, fn func() error) error {
 	deadline := time.Now().Add(p.cfg.RetryTimeout)
-	backoff := 20 * time.Millisecond
+	bo := backoff.NewJittered(20*time.Millisecond, time.Second)
 	for attempt := 1; ; attempt++ {
 		err := fn()
-		if err == nil || !sqlerr.Retriable(err) || time.Now().Add(backoff).After(deadline) || ctx.Err() != nil {
+		if err == nil || !sqlerr.Retriable(err) || time.Now().Add(bo.Peek()).After(deadline) || ctx.Err() != nil {
 			return err
 		}
 		p.cfg.Logger.Warn("database call failed; retrying", "stream", stream, "attempt", attempt, "err", err)
 		p.metrics.retries.Inc()
-		t := time.NewTimer(backoff + rand.N(backoff/2))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !bo.Wait(ctx) {
 			return err
-		}
-		if backoff *= 2; backoff > time.Second {
-			backoff = time.Second
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/tailer"
 )
 
@@ -250,7 +251,7 @@ func (b *Broadcaster) flushLoop(ctx context.Context, connCfg *pgx.ConnConfig) {
 			cancel()
 		}
 	}()
-	backoff := b.cfg.MinBackoff
+	bo := backoff.NewJittered(b.cfg.MinBackoff, b.cfg.MaxBackoff)
 	failures := 0
 	for {
 		select {
@@ -302,18 +303,16 @@ func (b *Broadcaster) flushLoop(ctx context.Context, connCfg *pgx.ConnConfig) {
 				// backend): reconnect at once, back off only if that fails too.
 				continue
 			}
-			b.cfg.Logger.Debug("wakeup broadcaster reconnecting", "error", err, "backoff", backoff)
-			if !sleep(ctx, jitter(backoff)) {
+			wait := bo.Next()
+			b.cfg.Logger.Debug("wakeup broadcaster reconnecting", "error", err, "backoff", wait)
+			if !backoff.Sleep(ctx, wait) {
 				return
-			}
-			if backoff *= 2; backoff > b.cfg.MaxBackoff {
-				backoff = b.cfg.MaxBackoff
 			}
 			continue
 		}
 		failures = 0
-		backoff = b.cfg.MinBackoff
-		if b.cfg.FlushInterval > 0 && !sleep(ctx, b.cfg.FlushInterval) {
+		bo.Reset()
+		if b.cfg.FlushInterval > 0 && !backoff.Sleep(ctx, b.cfg.FlushInterval) {
 			return
 		}
 	}
