@@ -329,7 +329,7 @@ func (latencyScenario) read(ctx context.Context, env *Env, hub *wakeup.Hub, stre
 		sub := hub.SubscribePartition(stream, ln.partition)
 		defer sub.Close()
 		var err error
-		if w, err = wakeup.NewWaiter(sub, &wakeup.WaiterOpts{MinInterval: 100 * time.Millisecond, MaxInterval: time.Second}); err != nil {
+		if w, err = wakeup.NewWaiter(sub, &wakeup.PollOpts{MinInterval: 100 * time.Millisecond, MaxInterval: time.Second}); err != nil {
 			return err
 		}
 	}

@@ -91,7 +91,7 @@ func Example_wakeups() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	queues, err := messages.NewClient(pool, &messages.ClientConfig{Wakeups: listener.Queues()})
+	queues, err := messages.NewClient(pool, &messages.ClientConfig{Wakeups: listener.Hub})
 	if err != nil {
 		log.Fatal(err)
 	}

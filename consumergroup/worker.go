@@ -137,14 +137,9 @@ func (w *worker) run() {
 		}
 	}
 	fetchBackoff := newBackoff(50*time.Millisecond, 2*time.Second)
-	opts := &streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait}
-	if hub := w.c.cfg.Wakeups; hub != nil {
-		// Subscribed for the worker's life, before its first fetch, so that no commit
-		// between a fetch that found nothing and the wait goes unnoticed.
-		sub := hub.SubscribePartition(w.c.cfg.Stream, w.partition)
-		defer sub.Close()
-		opts.Wakeup = sub
-	}
+	// With Wakeups, each fetch subscribes to the partition before its first read, so
+	// no commit between a read that found nothing and the wait goes unnoticed.
+	opts := &streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait, Wakeups: w.c.cfg.Wakeups}
 	for !w.stopping() {
 		if w.isPaused() {
 			select {

@@ -88,7 +88,7 @@ func (s *Store) openSession(ctx context.Context, stream, key string, opts *OpenO
 		if err == nil {
 			return sess, nil
 		}
-		if !isHeld(err) && sqlerr.Code(err) != codeLockNotAvailable {
+		if !isHeld(err) && sqlerr.Code(err) != sqlerr.LockNotAvailable {
 			return nil, err
 		}
 		left := time.Until(deadline)

@@ -185,7 +185,7 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 		wg.Wait()
 		acks.close()
 	}()
-	retry := backoff.New(c.backoffMin, 5*time.Second)
+	retry := backoff.New(c.poll.MinInterval, 5*time.Second)
 	for {
 		// Wait for a free slot, then take every free slot for one receive.
 		select {

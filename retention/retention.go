@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/streamd/streamd/internal/sqlerr"
-	_ "github.com/streamd/streamd/streams" // registers the log's SQLSTATEs (unknown stream)
 )
 
 // lockClass is the first key of the per-stream advisory lock ("SDR3"); the second is

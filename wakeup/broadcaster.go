@@ -153,10 +153,7 @@ func (b *Broadcaster) handle(_ context.Context, ev tailer.Event) {
 		b.all = true
 	}
 	for _, t := range ev.Targets {
-		k := key{kind: KindStream, name: t.Name}
-		if t.Kind == tailer.KindQueue {
-			k.kind = KindQueue
-		}
+		k := key{kind: t.Kind, name: t.Name}
 		parts := b.pending[k]
 		if parts == nil {
 			parts = map[int32]struct{}{}

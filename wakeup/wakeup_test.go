@@ -126,11 +126,11 @@ func TestBroadcastWakesListenersForEveryPartitionAndQueue(t *testing.T) {
 		requireWoken(t, partSubs[p].C, fmt.Sprintf("partition %d's subscriber", p))
 	}
 	for _, q := range queues {
-		ch, cancel := l.Queues().Subscribe(q)
+		qs := l.Subscribe(wakeup.KindQueue, q)
 		_, err := pool.Exec(ctx, `INSERT INTO streamd.messages (stream_name, message_id, data) VALUES ($1, gen_random_uuid()::text, '{}')`, q)
 		require.NoError(t, err)
-		requireWoken(t, ch, "queue "+q)
-		cancel()
+		requireWoken(t, qs.C, "queue "+q)
+		qs.Close()
 	}
 }
 
@@ -206,7 +206,7 @@ type reader struct {
 func startReader(t *testing.T, pool *pgxpool.Pool, hub *wakeup.Hub, stream string, maxPoll time.Duration) *reader {
 	t.Helper()
 	sub := hub.Subscribe(wakeup.KindStream, stream)
-	w, err := wakeup.NewWaiter(sub, &wakeup.WaiterOpts{MinInterval: maxPoll, MaxInterval: maxPoll})
+	w, err := wakeup.NewWaiter(sub, &wakeup.PollOpts{MinInterval: maxPoll, MaxInterval: maxPoll})
 	require.NoError(t, err)
 	r := &reader{via: make(chan string, 1000)}
 	ctx, cancel := context.WithCancel(context.Background())
