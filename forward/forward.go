@@ -28,6 +28,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/internal/promreg"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -377,13 +378,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "streamd_forward_connects_total",
 			Help: "Connection attempts to the broker, by result (ok, error)."}, []string{"result"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.records, m.nacks, m.confirm, m.connects} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("forward: register metrics: %w", err)
-		}
+	if err := errors.Join(promreg.Register(reg, &m.records), promreg.Register(reg, &m.nacks),
+		promreg.Register(reg, &m.confirm), promreg.Register(reg, &m.connects)); err != nil {
+		return nil, fmt.Errorf("forward: %w", err)
 	}
 	return m, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/streamd/streamd/internal/backoff"
+	"github.com/streamd/streamd/internal/promreg"
 	"github.com/streamd/streamd/internal/tailer"
 )
 
@@ -118,8 +119,8 @@ func NewBroadcaster(cfg *BroadcasterConfig) (*Broadcaster, error) {
 			Help: "Stream and queue wake-ups broadcast, after coalescing.",
 		}),
 	}
-	if c.Registerer != nil {
-		c.Registerer.MustRegister(b.mNotifies, b.mLines)
+	if err := errors.Join(promreg.Register(c.Registerer, &b.mNotifies), promreg.Register(c.Registerer, &b.mLines)); err != nil {
+		return nil, fmt.Errorf("wakeup: %w", err)
 	}
 	b.tailer, err = tailer.New(&tailer.Config{
 		ApplicationName:  "streamd-wakeup-broadcaster",

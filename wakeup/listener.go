@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/streamd/streamd/internal/backoff"
+	"github.com/streamd/streamd/internal/promreg"
 )
 
 // Payload format of a notification on Channel: lines of "s <partitions> <name>" (a
@@ -157,8 +158,8 @@ func NewListener(cfg *ListenerConfig) (*Listener, error) {
 			Help: "Wake-up notifications received by the listener.",
 		}),
 	}
-	if c.Registerer != nil {
-		c.Registerer.MustRegister(l.mConn, l.mReceived)
+	if err := errors.Join(promreg.Register(c.Registerer, &l.mConn), promreg.Register(c.Registerer, &l.mReceived)); err != nil {
+		return nil, fmt.Errorf("wakeup: %w", err)
 	}
 	return l, nil
 }

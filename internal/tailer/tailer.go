@@ -75,7 +75,11 @@ func New(cfg *Config) (*Tailer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Tailer{cfg: c, log: c.Logger, m: newMetrics(c.Registerer)}, nil
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Tailer{cfg: c, log: c.Logger, m: m}, nil
 }
 
 // State returns what the tailer is doing now. Safe to call from any goroutine.
