@@ -57,7 +57,7 @@ type NackOpts struct {
 	// Backoff, when set, is a schedule: each receipt's message waits
 	// Backoff(receipt.Attempt) (for example ExponentialBackoff(time.Second,
 	// time.Minute)), so the receipts of one call may wait differently. It replaces
-	// Delay.
+	// Delay. Defaults to nil: Delay.
 	Backoff func(attempt int) time.Duration
 	// Error is recorded as the message's last error (kept when it is dead-lettered).
 	// Defaults to "".

@@ -94,8 +94,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 // ApplyOpts are the knobs of one Apply. A nil *ApplyOpts means the defaults.
 type ApplyOpts struct {
 	// DryRun reports what would be deleted, per partition, and deletes nothing.
+	// Defaults to false.
 	DryRun bool
-	// Force ignores the policy's ProtectConsumers.
+	// Force ignores the policy's ProtectConsumers. Defaults to false.
 	Force bool
 	// Now is the time ages are measured from. Defaults to Config.Now, else the
 	// database's clock. Whether a consumer group is live (ProtectConsumers) is judged
