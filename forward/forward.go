@@ -207,7 +207,6 @@ func (c *Config) withDefaults() (Config, error) {
 	return out, nil
 }
 
-
 // Run forwards until ctx is cancelled (then it returns nil) or the consumer group
 // fails. A broker failure does not end Run: the batch is retried, forever and in
 // order, on a new connection.
