@@ -23,7 +23,11 @@
 // same transaction; a handover locks that row FOR UPDATE before it changes the owner,
 // so it waits for an in-flight commit or makes it find nothing (ErrFenced, nothing
 // written). CommitTx holds the lock until the handler's transaction ends; updates
-// that move nothing (a pending target, pause) do not wait for it.
+// that move nothing (a pending target, pause) do not wait for it, and neither do the
+// departures of a member (expiry, leave, a static restart): they skip the rows its
+// in-flight commits hold, which move once those transactions ended, and such a
+// transaction is refused at its COMMIT (SD101, read as ErrFenced) since its member is
+// gone. A member frozen inside CommitTx so costs only its own partitions.
 //
 // # Files
 //
@@ -58,7 +62,12 @@
 //   - commit_batch refuses an already committed batch in the offset write's own
 //     condition, so overlapping attempts of one batch commit once (G4).
 //   - A heartbeat from a member past its session timeout is refused even before any
-//     reaper removed it, and so is its commit.
+//     reaper removed it, and so is its commit, also at the COMMIT of a CommitTx
+//     transaction.
+//   - Times follow the clock rule (DESIGN.md): clock_timestamp() after the locks a
+//     function waits for, so a join or heartbeat that waited for the group row is not
+//     registered already expired, and CommitTx judges the session at the call, not
+//     at the start of the handler's transaction.
 //   - A worker that was stopped while its handler was blocked (ErrorBlock) exits
 //     without committing: the next owner redelivers the batch (at-least-once).
 package consumergroup

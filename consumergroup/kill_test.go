@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
 		os.Exit(childMain())
 	}
+	if os.Getenv(stallChildEnv) == "1" {
+		os.Exit(stallChildMain())
+	}
 	os.Exit(m.Run())
 }
 

@@ -295,6 +295,7 @@ func (w *worker) call(ctx context.Context, b *Batch) (err error) {
 		}
 	}()
 	if err := w.h(ctx, b); err != nil {
+		err = fencedAtCommit(err)
 		if errors.Is(err, ErrAlreadyCommitted) {
 			// An earlier attempt's CommitTx committed the batch; this attempt's
 			// transaction could not. The batch is done.
@@ -386,4 +387,17 @@ func (w *worker) commit(ctx context.Context, next int64) bool {
 		return false
 	}
 	return true
+}
+
+// fencedAtCommit marks a handler's error ErrFenced when it carries SD101 without
+// matching ErrFenced: the COMMIT of the handler's CommitTx transaction was refused
+// (streamd.cg_offsets_check_session) because this member's session ended while the
+// transaction was open, a frozen process woken after its group gave it up. pgx returns
+// that refusal as a bare *pgconn.PgError; marked, the worker drops the partition as
+// lost instead of retrying a batch whose commits can only be fenced.
+func fencedAtCommit(err error) error {
+	if errors.Is(err, ErrFenced) || sqlerr.Code(err) != sqlerr.Fenced {
+		return err
+	}
+	return fmt.Errorf("%w: the handler's transaction was refused at COMMIT: %w", ErrFenced, err)
 }
