@@ -48,16 +48,10 @@ func produce(t *testing.T, pool *pgxpool.Pool, stream string, from, n int) []str
 	return pos
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor is testdb.WaitFor.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for a condition
-	}
+	testdb.WaitFor(t, d, what, cond)
 }
 
 // groupLag is the group's total lag from the consumer_group_status view.
@@ -268,13 +262,13 @@ func TestFrozenMemberIsFencedAndRejoins(t *testing.T) {
 	cfgA := testConfig(stream, group)
 	cfgA.MaxBatchSize = 1
 	cfgA.OnLost = func(ctx context.Context, ps []int32) { lost.Add(int32(len(ps))) }
-	a, err := New(pool, cfgA)
-	require.NoError(t, err)
-	a.beforeHeartbeat = func() {
+	cfgA.hooks = &testHooks{beforeHeartbeat: func() {
 		if frozen.Load() {
 			<-thaw
 		}
-	}
+	}}
+	a, err := New(pool, cfgA)
+	require.NoError(t, err)
 	inFrozenBatch := make(chan struct{})
 	var once sync.Once
 	runConsumer(t, a, func(ctx context.Context, b *Batch) error {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -70,7 +71,7 @@ func Example() {
 // Polling stays on as the safety net, so nothing depends on it for correctness.
 func Example_wakeups() {
 	ctx := context.Background()
-	databaseURL := testdb.MustURL()
+	databaseURL := os.Getenv("STREAMD_DATABASE_URL")
 	pool, err := pgxpool.New(ctx, databaseURL)
 	if err != nil {
 		log.Fatal(err)
