@@ -468,6 +468,15 @@ BEGIN
             UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
              WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
             PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'expire');
+            -- cg_expire may have expelled us (we kept a partition another member waits
+            -- for past our rebalance timeout): fenced, as any later call of ours is.
+            PERFORM 1 FROM streamd.consumer_registrations cr
+             WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+               AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch;
+            IF NOT FOUND THEN
+                PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch,
+                    'expelled: it kept a partition another member waits for past its rebalance timeout');
+            END IF;
         END IF;
         PERFORM streamd.cg_assign(p_stream_name, p_group_id, v_now);
     END IF;
@@ -645,6 +654,7 @@ BEGIN
     PERFORM streamd.cg_check_offsets(p_stream_name, p_partitions, p_offsets);
 
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, p_partitions, v_now);
+    PERFORM set_config('streamd.cg_check_at_commit', 'on', true); -- see cg_offsets_check_session
 
     INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
     SELECT p_stream_name, p_group_id, u.p, u.o, p_consumer_id, p_epoch, u.m, v_now
@@ -690,6 +700,7 @@ BEGIN
     END IF;
     PERFORM streamd.cg_check_offsets(p_stream_name, ARRAY[p_partition], ARRAY[p_next]);
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], v_now);
+    PERFORM set_config('streamd.cg_check_at_commit', 'on', true); -- see cg_offsets_check_session
     INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
     VALUES (p_stream_name, p_group_id, p_partition, p_next, p_consumer_id, p_epoch, NULL, v_now)
     ON CONFLICT (stream_name, group_id, partition) DO UPDATE
@@ -709,19 +720,25 @@ BEGIN
 END;
 $$;
 
--- The check at COMMIT of every offset a member wrote (the deferred constraint trigger
--- consumer_offsets_session_check, migration 0016): the member must still be
--- registered at that epoch with a live session at clock_timestamp(), the moment of the
--- COMMIT, else SD101 and the transaction rolls back, the handler's writes with it. A
--- CommitTx transaction kept open while its member was expired or left (a frozen
--- process, a lost connection) is refused when it wakes, not committed behind the
--- back of the group that gave the member up. G1 does not depend on it: the fence's
--- lock already keeps the partition from moving until the transaction ends. Offsets
--- written without a member (a reset) are not checked. The check reads and locks
--- nothing that a heartbeat or expiry waits for.
+-- The check at COMMIT of the offsets a member committed through commit_batch or
+-- commit_offsets (the deferred constraint trigger consumer_offsets_session_check,
+-- migration 0016): the member must still be registered at that epoch with a live
+-- session at clock_timestamp(), the moment of the COMMIT, else SD101 and the
+-- transaction rolls back, the handler's writes with it. A CommitTx transaction kept
+-- open while its member was expired or left (a frozen process, a lost connection) is
+-- refused when it wakes, not committed behind the back of the group that gave the
+-- member up. G1 does not depend on it: the fence's lock already keeps the partition
+-- from moving until the transaction ends. Only transactions in which a commit
+-- function ran are checked (they set streamd.cg_check_at_commit, transaction-local):
+-- offsets written otherwise (a reset, SQL clients that write consumer_offsets
+-- themselves, as seed 003's do) are not. The check reads and locks nothing that a
+-- heartbeat or expiry waits for.
 CREATE OR REPLACE FUNCTION streamd.cg_offsets_check_session() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF coalesce(current_setting('streamd.cg_check_at_commit', true), '') <> 'on' THEN
+        RETURN NULL;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
                     WHERE cr.stream_name = NEW.stream_name AND cr.group_id = NEW.group_id
                       AND cr.consumer_id = NEW.consumer_id AND cr.member_epoch = NEW.member_epoch
