@@ -489,7 +489,7 @@ func (latencyScenario) startGroup(ctx context.Context, env *Env, hub *wakeup.Hub
 	if err != nil {
 		return err
 	}
-	c, err := consumergroup.New(pool, consumergroup.Config{
+	c, err := consumergroup.New(pool, &consumergroup.Config{
 		Stream: stream, Group: "bench-latency-" + env.RunID, ConsumerID: "latency",
 		Wakeups: hub, Logger: quietLogger,
 	})

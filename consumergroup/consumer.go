@@ -61,8 +61,14 @@ type Consumer struct {
 	hooks *testHooks
 }
 
-// New returns a Consumer of cfg.Stream in cfg.Group. It does no I/O; Run joins.
-func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
+// New returns a Consumer of cfg.Stream in cfg.Group. It does no I/O; Run joins. A nil
+// cfg is an empty Config (Stream and Group are required, so it fails). It fails with
+// ErrInvalidArgument naming the first bad field.
+func New(pool *pgxpool.Pool, c *Config) (*Consumer, error) {
+	var cfg Config
+	if c != nil {
+		cfg = *c
+	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err

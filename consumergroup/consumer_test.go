@@ -27,8 +27,8 @@ func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func testConfig(stream, group string) Config {
-	return Config{
+func testConfig(stream, group string) *Config {
+	return &Config{
 		Stream: stream, Group: group, SessionTimeout: 1500 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond,
 		FetchMaxWait: 100 * time.Millisecond, RetryBackoff: 10 * time.Millisecond, RetryBackoffMax: 50 * time.Millisecond,
 		Logger: quietLogger(), MaxBatchSize: 20,
@@ -160,10 +160,12 @@ func TestConsumerRejectsBadConfig(t *testing.T) {
 		"CommitMode":        {Stream: "s", Group: "g", CommitMode: 9},
 		"RetryBackoffMax":   {Stream: "s", Group: "g", RetryBackoff: time.Second, RetryBackoffMax: time.Millisecond},
 	} {
-		_, err := New(nil, cfg)
+		_, err := New(nil, &cfg)
 		require.ErrorIs(t, err, ErrInvalidArgument, field)
 		require.Contains(t, err.Error(), "Config."+field)
 	}
+	_, err := New(nil, nil)
+	require.ErrorIs(t, err, ErrInvalidArgument, "a nil Config is an empty one")
 }
 
 // TestConsumerRejectsTimeoutsPastInt32Milliseconds: SessionTimeout and
@@ -179,7 +181,7 @@ func TestConsumerRejectsTimeoutsPastInt32Milliseconds(t *testing.T) {
 		"RebalanceTimeout": {Stream: "s", Group: "g", RebalanceTimeout: tooLong},
 		"SessionTimeout":   {Stream: "s", Group: "g", SessionTimeout: tooLong},
 	} {
-		_, err := New(nil, cfg)
+		_, err := New(nil, &cfg)
 		require.ErrorIs(t, err, ErrInvalidArgument, field)
 		require.Contains(t, err.Error(), "Config."+field)
 	}

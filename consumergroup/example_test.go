@@ -39,7 +39,7 @@ func Example() {
 		}
 	}
 
-	consumer, err := consumergroup.New(pool, consumergroup.Config{
+	consumer, err := consumergroup.New(pool, &consumergroup.Config{
 		Stream:         stream,
 		Group:          "billing",
 		SessionTimeout: 10 * time.Second,
@@ -84,7 +84,7 @@ func Example_wakeups() {
 	}
 	go listener.Run(ctx) // returns when ctx ends
 
-	consumer, err := consumergroup.New(pool, consumergroup.Config{
+	consumer, err := consumergroup.New(pool, &consumergroup.Config{
 		Stream:  "orders",
 		Group:   "billing",
 		Wakeups: listener.Hub,

@@ -212,7 +212,7 @@ func (c *Config) withDefaults() (Config, error) {
 // order, on a new connection.
 func (f *Forwarder) Run(ctx context.Context) error {
 	defer f.closeConn()
-	c, err := consumergroup.New(f.pool, consumergroup.Config{
+	c, err := consumergroup.New(f.pool, &consumergroup.Config{
 		Group:           f.cfg.Group,
 		Logger:          f.cfg.Logger,
 		MaxBatchSize:    f.cfg.MaxBatchSize,

@@ -52,7 +52,7 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 	rec := &recorder{names: map[string]bool{"streamd_up": true}}
 	_, err := streams.NewProducer(pool, &streams.ProducerConfig{Registerer: rec})
 	require.NoError(t, err)
-	_, err = consumergroup.New(pool, consumergroup.Config{Stream: "s", Group: "g", Registerer: rec})
+	_, err = consumergroup.New(pool, &consumergroup.Config{Stream: "s", Group: "g", Registerer: rec})
 	require.NoError(t, err)
 	_, err = messages.NewClient(pool, &messages.ClientConfig{Registerer: rec})
 	require.NoError(t, err)
