@@ -60,7 +60,7 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 	require.NoError(t, err)
 	_, err = coordinator.NewElector(pool, &coordinator.ElectorConfig{Registerer: rec})
 	require.NoError(t, err)
-	_, err = coordinator.NewJobs(pool, nil, rec, nil, nil)
+	_, err = coordinator.NewJobs(pool, &coordinator.JobsConfig{Registerer: rec})
 	require.NoError(t, err)
 	newGauges(consumergroup.NewAdmin(pool), nil, rec)
 	hub := wakeup.NewHub()
