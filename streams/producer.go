@@ -226,13 +226,19 @@ func (p *Producer) Produce(ctx context.Context, rec Record) (Position, error) {
 	}
 }
 
-// ProduceAsync enqueues rec and returns; done is called exactly once, from a producer
-// goroutine, with the record's position after its batch committed, or with the error.
-// done is never called from inside ProduceAsync, not even for an error found before
-// rec was enqueued (bad input, an unknown stream, ctx ended, the producer closed), so
-// the caller may hold a lock that done takes. done must not block for long: it delays
-// the partition's next batch. It must not call the Producer (Produce, Flush, Close):
-// they wait for batches that wait for done. ProduceAsync blocks only while the buffer
+// ProduceAsync enqueues rec and returns; done is called exactly once with the record's
+// position after its batch committed, or with the error.
+//
+// Concurrency contract (as franz-go states its promises): done runs on the producer's
+// goroutines, one per partition's batch in flight, so the done calls of different
+// partitions run concurrently with each other and with the caller: done must be safe
+// for concurrent use. The done calls of one partition run one at a time, in the order
+// their records were enqueued. An error found before rec was enqueued (bad input, an
+// unknown stream, ctx ended, the producer closed) is reported on a goroutine of its
+// own, concurrently with everything else. done is never called from inside
+// ProduceAsync, so the caller may hold a lock that done takes. done must not block
+// for long: it delays the partition's next batch. It must not call the Producer
+// (Produce, Flush, Close): they wait for batches that wait for done. ProduceAsync blocks only while the buffer
 // is full (MaxBufferedRecords) or while the stream's metadata is loaded (when none is
 // cached, or to check a partition or payload size that the cached copy refuses), and
 // returns when ctx ends.
