@@ -54,8 +54,8 @@ func (b *Batch) Commit(ctx context.Context) error {
 //
 // The member's session is checked again when tx commits: if the member was expired
 // or left the group while tx was open (a process frozen after CommitTx), tx's COMMIT
-// fails with SQLSTATE SD101 and nothing of tx is written; the partition then moves
-// on. The worker treats a handler error carrying SD101 as ErrFenced. The group never
+// fails with SQLSTATE SD108 (session expired) and nothing of tx is written; the partition then moves
+// on. The worker treats a handler error carrying a fencing SQLSTATE as ErrFenced. The group never
 // waits for such a transaction: only its partition does, until it ends (see the
 // operations guide for idle_in_transaction_session_timeout).
 //

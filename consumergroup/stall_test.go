@@ -47,12 +47,12 @@ func ownerOf(t *testing.T, pool *pgxpool.Pool, stream, group string, partition i
 }
 
 // requireRefusedAtCommit commits tx and requires the COMMIT to be refused by the
-// check at COMMIT (SD101), which the worker reads as ErrFenced.
+// check at COMMIT (SD108, session expired), which the worker reads as ErrFenced.
 func requireRefusedAtCommit(t *testing.T, tx pgx.Tx) {
 	t.Helper()
 	err := tx.Commit(context.Background())
 	require.Error(t, err, "the transaction of a member that is gone must not commit")
-	require.Equal(t, sqlerr.Fenced, sqlerr.Code(err), "refused at COMMIT: %v", err)
+	require.Equal(t, sqlerr.FencedSession, sqlerr.Code(err), "refused at COMMIT: %v", err)
 	require.ErrorIs(t, fencedAtCommit(err), ErrFenced)
 }
 

@@ -14,6 +14,7 @@ type metrics struct {
 	received     *prometheus.CounterVec
 	acked        *prometheus.CounterVec
 	nacked       *prometheus.CounterVec
+	released     *prometheus.CounterVec
 	deadLettered *prometheus.CounterVec
 	leaseLost    *prometheus.CounterVec
 	handlerTime  *prometheus.HistogramVec
@@ -28,6 +29,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		received:     counter("received_messages_total", "Messages delivered by Receive."),
 		acked:        counter("acked_messages_total", "Messages acked."),
 		nacked:       counter("nacked_messages_total", "Messages nacked (made visible again)."),
+		released:     counter("released_messages_total", "Messages released (visible again, the delivery attempt not spent)."),
 		deadLettered: counter("dead_lettered_messages_total", "Messages moved to a dead-letter queue or discarded by Nack or Term."),
 		leaseLost:    counter("lease_lost_total", "Settlements refused because the receipt was stale."),
 		handlerTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -37,7 +39,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	// A second Client on reg shares the collectors.
 	if err := errors.Join(promreg.Register(reg, &m.sent), promreg.Register(reg, &m.received),
-		promreg.Register(reg, &m.acked), promreg.Register(reg, &m.nacked),
+		promreg.Register(reg, &m.acked), promreg.Register(reg, &m.nacked), promreg.Register(reg, &m.released),
 		promreg.Register(reg, &m.deadLettered), promreg.Register(reg, &m.leaseLost),
 		promreg.Register(reg, &m.handlerTime)); err != nil {
 		return nil, err

@@ -63,6 +63,9 @@ func TestEveryCodeMapsToItsSentinel(t *testing.T) {
 		sqlerr.InvalidJSON:       streams.ErrInvalidJSON,
 
 		sqlerr.Fenced:             consumergroup.ErrFenced,
+		sqlerr.FencedSession:      consumergroup.ErrFenced,
+		sqlerr.FencedPartition:    consumergroup.ErrFenced,
+		sqlerr.FencedEpoch:        consumergroup.ErrFenced,
 		sqlerr.GroupNotFound:      consumergroup.ErrGroupNotFound,
 		sqlerr.InvalidGroupID:     consumergroup.ErrInvalidGroupID,
 		sqlerr.GroupNotEmpty:      consumergroup.ErrGroupNotEmpty,

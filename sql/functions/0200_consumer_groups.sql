@@ -1,7 +1,8 @@
 -- Consumer group coordination: membership, the sticky balanced assignor, handover,
 -- fenced offset commits, and group administration. Applied idempotently on every
 -- migrate. The Go side is package consumergroup; its errors.go maps these SQLSTATEs:
---   SD101 fenced (not a member at that epoch, or not the owner)
+--   SD101 fenced (not a member at that epoch, or not the owner), which cg_raise_fenced
+--         narrows to SD108 session expired, SD109 partition moved or SD110 stale epoch
 --   SD102 group not found          SD103 invalid group id
 --   SD104 group has live members   SD105 invalid argument
 --   SD106 dead letter not found    SD107 batch already committed
@@ -30,7 +31,7 @@
 -- fence) until that transaction ends, and the next expiry pass (any heartbeat, join or
 -- the reaper) moves it with the same SKIP LOCKED lock (cg_move_orphans). The move still
 -- happens only under FOR UPDATE, after the commit ended (G1, G4). The in-flight
--- transaction itself is refused at its COMMIT (SD101) by the deferred check on
+-- transaction itself is refused at its COMMIT (SD108) by the deferred check on
 -- consumer_offsets (cg_offsets_check_session), since its member is gone.
 -- Release, forced offset reset and group deletion still wait (FOR UPDATE, DELETE): a
 -- release is the owner's own handover after its batch, and the admin operations must
@@ -392,13 +393,59 @@ BEGIN
 END;
 $$;
 
--- Raises SD101: the member is not a live member of the group at that epoch.
-CREATE OR REPLACE FUNCTION streamd.cg_raise_fenced(p_stream_name text, p_group_id text, p_consumer_id text, p_epoch bigint, p_detail text)
+-- Raises the fencing of a member's call, with the reason as its SQLSTATE (each a
+-- subcase of SD101, which none raises any more):
+--   SD108 session expired: the member is past its session timeout at p_now, or is no
+--         longer registered (its expiry was processed, it left, a restart with its
+--         instance id replaced it, or an admin reset removed it);
+--   SD110 stale epoch: it is registered under another epoch;
+--   SD109 partition moved: it is live at p_epoch, but p_partition is not its own
+--         (moved to another member, or to nobody yet).
+-- It reads the registration again for that: the caller's check already failed, so
+-- this only names the cause (a race with a concurrent change names the newer one).
+CREATE OR REPLACE FUNCTION streamd.cg_raise_fenced(p_stream_name text, p_group_id text, p_consumer_id text,
+                                                   p_epoch bigint, p_partition integer, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch bigint;
+    v_live  boolean;
+    v_owner text;
+    v_who   text := format('member %s (epoch %s) of group %L of stream %L is fenced',
+                           p_consumer_id, p_epoch, p_group_id, p_stream_name);
+BEGIN
+    SELECT cr.member_epoch, cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= p_now
+      INTO v_epoch, v_live
+      FROM streamd.consumer_registrations cr
+     WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id AND cr.consumer_id = p_consumer_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD108', MESSAGE = v_who ||
+            ': session expired (it is no longer a member: its session timed out, it left, or it was replaced)';
+    ELSIF v_epoch <> p_epoch THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD110',
+            MESSAGE = format('%s: stale epoch (the member is at epoch %s now)', v_who, v_epoch);
+    ELSIF NOT v_live OR p_partition IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD108', MESSAGE = v_who ||
+            ': session expired (no heartbeat within its session timeout)';
+    END IF;
+    SELECT cp.owner_id INTO v_owner FROM streamd.consumer_partitions cp
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = p_partition;
+    RAISE EXCEPTION USING ERRCODE = 'SD109',
+        MESSAGE = format('%s: partition moved (partition %s is not its own at this epoch; owner now: %s)',
+                         v_who, p_partition, coalesce(v_owner, 'none'));
+END;
+$$;
+
+-- Raises the fencing of a member whose session ended for a reason the caller knows
+-- (it was expelled; its session ended while the transaction committing its offsets
+-- was open): SD108, session expired, with that reason in the message.
+CREATE OR REPLACE FUNCTION streamd.cg_raise_session_ended(p_stream_name text, p_group_id text, p_consumer_id text,
+                                                          p_epoch bigint, p_detail text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = 'SD101',
-        MESSAGE = format('member %s (epoch %s) of group %L of stream %L is fenced: %s',
+    RAISE EXCEPTION USING ERRCODE = 'SD108',
+        MESSAGE = format('member %s (epoch %s) of group %L of stream %L is fenced: session expired (%s)',
                          p_consumer_id, p_epoch, p_group_id, p_stream_name, p_detail);
 END;
 $$;
@@ -406,7 +453,7 @@ $$;
 -- A member's heartbeat: records that it is alive and returns its assignment: the
 -- partitions it owns, those of them it must release (another member is waiting for
 -- them), and those paused. A member that is unknown, at another epoch or past its
--- session timeout is fenced (SD101) and must drop its partitions and join again.
+-- session timeout is fenced (cg_raise_fenced: SD108, SD110) and must drop its partitions and join again.
 -- It also expires dead members and rebalances when that is needed, so a group with
 -- live members heals without the streamd daemon.
 CREATE OR REPLACE FUNCTION streamd.group_heartbeat(
@@ -455,8 +502,7 @@ BEGIN
        AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_arrived
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch,
-                                        'not a member at this epoch (session expired, left, or replaced)');
+        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch, NULL, v_arrived);
     END IF;
     v_now := coalesce(p_now, clock_timestamp());
     UPDATE streamd.consumer_registrations cr SET last_heartbeat = v_now
@@ -474,7 +520,7 @@ BEGIN
              WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
                AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch;
             IF NOT FOUND THEN
-                PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch,
+                PERFORM streamd.cg_raise_session_ended(p_stream_name, p_group_id, p_consumer_id, p_epoch,
                     'expelled: it kept a partition another member waits for past its rebalance timeout');
             END IF;
         END IF;
@@ -493,7 +539,7 @@ $$;
 
 -- Releases partitions the member owns (after it finished and committed them): each
 -- goes to its pending target at once, or back to the assignor. Partitions the member
--- does not own are ignored. Fenced (SD101) when not a member at that epoch.
+-- does not own are ignored. Fenced (cg_raise_fenced) when not a member at that epoch.
 CREATE OR REPLACE FUNCTION streamd.release_partitions(
     p_stream_name text,
     p_group_id    text,
@@ -511,7 +557,7 @@ BEGIN
      WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
        AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch;
     IF NOT FOUND THEN
-        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch, 'not a member at this epoch');
+        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch, NULL, v_now);
     END IF;
     -- FOR UPDATE: conflicts with the FOR KEY SHARE of an in-flight commit (cg_fence).
     PERFORM 1 FROM streamd.consumer_partitions cp
@@ -570,7 +616,7 @@ END;
 $$;
 
 -- The fence: locks the ownership rows of p_partitions (FOR KEY SHARE, ascending) where
--- the member owns them at p_epoch and is a live member; raises SD101 naming the first
+-- the member owns them at p_epoch and is a live member; raises the fencing (cg_raise_fenced) for the first
 -- partition it does not own. The locks hold until the caller's transaction ends, so a
 -- handover (which locks the row FOR UPDATE before changing its owner) cannot pass a
 -- commit that was accepted; updates that move no partition (a pending target, pause)
@@ -600,8 +646,7 @@ BEGIN
            FOR KEY SHARE OF cp) x;
     SELECT min(u.p) INTO v_first FROM unnest(p_partitions) AS u(p) WHERE u.p <> ALL (v_locked);
     IF v_first IS NOT NULL THEN
-        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch,
-                                        format('it does not own partition %s at this epoch', v_first));
+        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch, v_first, p_now);
     END IF;
 END;
 $$;
@@ -631,7 +676,7 @@ END;
 $$;
 
 -- Commits offsets (the next offset to read, G5) for partitions the member owns at
--- p_epoch. All or nothing: a partition not owned raises SD101 and nothing changes.
+-- p_epoch. All or nothing: a partition not owned is fenced (cg_raise_fenced) and nothing changes.
 -- An offset must lie between 0 and the partition's log end (SD105).
 CREATE OR REPLACE FUNCTION streamd.commit_offsets(
     p_stream_name text,
@@ -723,7 +768,7 @@ $$;
 -- The check at COMMIT of the offsets a member committed through commit_batch or
 -- commit_offsets (the deferred constraint trigger consumer_offsets_session_check,
 -- migration 0016): the member must still be registered at that epoch with a live
--- session at clock_timestamp(), the moment of the COMMIT, else SD101 and the
+-- session at clock_timestamp(), the moment of the COMMIT, else SD108 and the
 -- transaction rolls back, the handler's writes with it. A CommitTx transaction kept
 -- open while its member was expired or left (a frozen process, a lost connection) is
 -- refused when it wakes, not committed behind the back of the group that gave the
@@ -743,7 +788,7 @@ BEGIN
                     WHERE cr.stream_name = NEW.stream_name AND cr.group_id = NEW.group_id
                       AND cr.consumer_id = NEW.consumer_id AND cr.member_epoch = NEW.member_epoch
                       AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= clock_timestamp()) THEN
-        PERFORM streamd.cg_raise_fenced(NEW.stream_name, NEW.group_id, NEW.consumer_id, NEW.member_epoch,
+        PERFORM streamd.cg_raise_session_ended(NEW.stream_name, NEW.group_id, NEW.consumer_id, NEW.member_epoch,
             format('its session expired or it left the group before the transaction that commits partition %s committed',
                    NEW.partition));
     END IF;

@@ -760,6 +760,46 @@ BEGIN
 END;
 $$;
 
+-- Releases the messages named by (offset, token) without spending a delivery attempt:
+-- each becomes visible at once, in its old place (not_before is kept), with its lease
+-- cleared, its last error kept and its delivery_attempts taken back by the one its
+-- receive counted. It never dead-letters. For a consumer that stops cleanly: messages
+-- it received but never handed to a handler, or whose handler it interrupted, were
+-- not a failed delivery, and counting them dead-lettered good messages after enough
+-- restarts. Returns the receipts it settled (a missing one was stale).
+CREATE OR REPLACE FUNCTION streamd.queue_release(p_queue text, p_offsets bigint[], p_tokens uuid[], p_now timestamptz)
+RETURNS TABLE ("offset" bigint, lease_token uuid)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := coalesce(p_now, statement_timestamp());
+    v_q      streamd.queues;
+    v_groups text[];
+    v_tens   text[];
+BEGIN
+    v_q := streamd.queue_get(p_queue);
+    PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
+    IF v_q.fifo THEN
+        SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
+    END IF;
+    -- The same columns a receive changes: a HOT update, like the lease it undoes.
+    RETURN QUERY
+    WITH r AS (
+        SELECT m."offset" AS o, m.lease_token AS t FROM streamd.messages m
+        WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
+        ORDER BY m."offset"
+        FOR UPDATE OF m)
+    UPDATE streamd.messages m
+    SET visibility_timeout = v_now, lease_token = NULL, delivery_attempts = greatest(m.delivery_attempts - 1, 0)
+    FROM r
+    WHERE m.stream_name = p_queue AND m."offset" = r.o
+    RETURNING r.o, r.t;
+    IF v_q.fifo THEN
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
+    END IF;
+END;
+$$;
+
 -- Extends the leases named by (offset, token) to now + p_vt_ms and returns the offsets
 -- extended with their tokens and new visibility time.
 CREATE OR REPLACE FUNCTION streamd.queue_extend(p_queue text, p_offsets bigint[], p_tokens uuid[], p_vt_ms bigint, p_now timestamptz)
