@@ -113,7 +113,7 @@ func startMember(ctx context.Context, env *Env, stream, group, id string, sessio
 	for _, f := range tune {
 		f(&ccfg)
 	}
-	c, err := consumergroup.New(pool, ccfg)
+	c, err := consumergroup.New(pool, &ccfg)
 	if err != nil {
 		pool.Close()
 		return nil, err

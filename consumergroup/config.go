@@ -187,6 +187,9 @@ type Config struct {
 	// streamd's tailer; or an in-process tailer's Hub). Polling stays on as the safety
 	// net. Defaults to nil: idle partitions poll with backoff up to FetchMaxWait.
 	Wakeups *wakeup.Hub
+
+	// hooks are a test's reach into the Consumer (see testHooks); nil in a program.
+	hooks *testHooks
 }
 
 func (c Config) withDefaults() Config {

@@ -147,6 +147,7 @@ func TestGroupInvariants(t *testing.T) {
 		cfg := testConfig(stream, group)
 		cfg.SessionTimeout = time.Second
 		cfg.MaxBatchSize = 1 + rng.IntN(30)
+		cfg.hooks = &testHooks{} // killed below
 		c, err := New(pool, cfg)
 		require.NoError(t, err)
 		members = append(members, live{c, runConsumer(t, c, handler)})
@@ -166,7 +167,7 @@ func TestGroupInvariants(t *testing.T) {
 			leaves++
 		default:
 			i := rng.IntN(len(members))
-			members[i].c.killed.Store(true)
+			members[i].c.hooks.killed.Store(true)
 			require.NoError(t, members[i].stop())
 			members = slices.Delete(members, i, i+1)
 			kills++

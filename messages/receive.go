@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/wakeup"
 )
 
 // Receipt names one delivery of a message: the message and the lease token its
@@ -135,44 +136,25 @@ func (c *Client) Receive(ctx context.Context, queue string, opts *ReceiveOpts) (
 
 	// Subscribe before the first try, so that a wake-up between an empty try and the
 	// wait is not lost.
-	wake, cancel := c.local.Subscribe(queue)
-	defer cancel()
-	var ext <-chan struct{}
-	if c.wakeups != nil {
-		var cancelExt func()
-		ext, cancelExt = c.wakeups.Subscribe(queue)
-		defer cancelExt()
-	}
-	deadline := time.Now().Add(o.Wait)
-	backoff := c.backoffMin
-	var ackErr error // the first try's stale acks, if it found no message
-	for {
-		msgs, err := c.receiveOnce(ctx, queue, o)
-		if len(o.Ack) > 0 && errors.Is(err, ErrLeaseLost) {
-			ackErr, err = err, nil
+	sub := c.hub.Subscribe(wakeup.KindQueue, queue)
+	defer sub.Close()
+	var (
+		msgs   []*Message
+		tryErr error
+		ackErr error // the first try's stale acks, if it found no message
+	)
+	err := wakeup.Poll(ctx, sub, time.Now().Add(o.Wait), &c.poll, func() (bool, error) {
+		msgs, tryErr = c.receiveOnce(ctx, queue, o)
+		if len(o.Ack) > 0 && errors.Is(tryErr, ErrLeaseLost) {
+			ackErr, tryErr = tryErr, nil
 		}
 		o.Ack = nil
-		if err != nil || len(msgs) > 0 {
-			return msgs, cmp.Or(err, ackErr)
-		}
-		remaining := time.Until(deadline)
-		if remaining <= 0 {
-			return nil, ackErr
-		}
-		timer := time.NewTimer(min(backoff, remaining))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return nil, cmp.Or(ackErr, ctx.Err())
-		case <-wake:
-			backoff = c.backoffMin
-		case <-ext:
-			backoff = c.backoffMin
-		case <-timer.C:
-			backoff = min(2*backoff, c.backoffMax)
-		}
-		timer.Stop()
+		return tryErr != nil || len(msgs) > 0, nil
+	})
+	if tryErr != nil || len(msgs) > 0 {
+		return msgs, cmp.Or(tryErr, ackErr)
 	}
+	return nil, cmp.Or(ackErr, err) // err: ctx's, when it ended during the wait
 }
 
 // receiveStatementTimeout bounds a receive statement that runs on after its caller's

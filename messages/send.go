@@ -12,6 +12,7 @@ import (
 
 	"github.com/streamd/streamd/internal/pgtext"
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/streams"
 )
 
 // OutgoingMessage is a message to send. Only Data is required.
@@ -62,14 +63,14 @@ func (c *Client) Send(ctx context.Context, queue string, msgs ...OutgoingMessage
 		return nil, err
 	}
 	c.countSent(queue, out)
-	c.local.notify(queue)
+	c.Notify(queue)
 	return out, nil
 }
 
 // SendTx stores msgs inside the caller's transaction tx: they become visible when, and
 // only if, tx commits. Call Notify(queue) after the commit to wake this Client's long
 // polls at once. Sends to one FIFO group wait for each other's transactions.
-func (c *Client) SendTx(ctx context.Context, tx DBTX, queue string, msgs ...OutgoingMessage) ([]SendResult, error) {
+func (c *Client) SendTx(ctx context.Context, tx streams.DBTX, queue string, msgs ...OutgoingMessage) ([]SendResult, error) {
 	out, err := c.send(ctx, tx, queue, msgs)
 	if err == nil {
 		c.countSent(queue, out)
@@ -87,7 +88,7 @@ func (c *Client) countSent(queue string, out []SendResult) {
 	c.metrics.add(c.metrics.sent, queue, n)
 }
 
-func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []OutgoingMessage) ([]SendResult, error) {
+func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs []OutgoingMessage) ([]SendResult, error) {
 	if err := checkName(queue); err != nil {
 		return nil, err
 	}

@@ -10,11 +10,12 @@
 package streamconfig
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
 	"time"
+
+	"github.com/streamd/streamd/internal/sqlerr"
 )
 
 // CleanupPolicy says what retention does to a stream's old records.
@@ -131,7 +132,7 @@ func (a *AccessControl) Allows(principal, action string) bool {
 
 // ErrInvalidConfig: a configuration value that is not valid. The error is a
 // *FieldError naming the field.
-var ErrInvalidConfig = errors.New("invalid stream configuration")
+var ErrInvalidConfig = sqlerr.ErrInvalidStreamConfig
 
 // FieldError says which field of a configuration is wrong and why. It matches
 // ErrInvalidConfig.

@@ -28,7 +28,9 @@ import (
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
-// DBTX is what the package needs from a connection, pool or transaction.
+// DBTX is what streamd's libraries need from a connection, pool or transaction
+// (*pgxpool.Pool, *pgx.Conn and pgx.Tx implement it). It is declared once, here: the
+// ...Tx functions of messages, streamconfig and consumergroup take it too.
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)

@@ -281,7 +281,7 @@ func newConsumeCmd(g *globals) *cobra.Command {
 			if fromLatest {
 				cfg.AutoOffsetReset = consumergroup.ResetLatest
 			}
-			c, err := consumergroup.New(pool, cfg)
+			c, err := consumergroup.New(pool, &cfg)
 			if err != nil {
 				return err
 			}

@@ -302,7 +302,8 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		}
 		services = append(services, coordinator.Continuous{Name: "wakeup-broadcaster", Run: b.Run})
 	}
-	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(consumergroup.NewAdmin(pool), c, retainer), services)
+	jobs, err := coordinator.NewJobs(pool, &coordinator.JobsConfig{Jobs: coordinatorJobs(consumergroup.NewAdmin(pool), c, retainer),
+		Logger: g.logger, Registerer: reg, Services: services})
 	if err != nil {
 		return err
 	}

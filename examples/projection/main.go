@@ -53,7 +53,7 @@ func Project(ctx context.Context, pool *pgxpool.Pool, stream, group string, logg
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("create read model: %w", err)
 	}
-	c, err := consumergroup.New(pool, consumergroup.Config{
+	c, err := consumergroup.New(pool, &consumergroup.Config{
 		Stream: stream, Group: group, CommitMode: consumergroup.CommitTransactional, Logger: logger,
 	})
 	if err != nil {

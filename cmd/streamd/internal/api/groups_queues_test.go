@@ -27,7 +27,7 @@ func TestGroupsEndpoints(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// A member consumes everything, commits, and leaves.
-	cons, err := consumergroup.New(sc.Pool(), consumergroup.Config{Stream: s, Group: "g1", SessionTimeout: 5 * time.Second})
+	cons, err := consumergroup.New(sc.Pool(), &consumergroup.Config{Stream: s, Group: "g1", SessionTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	rctx, stop := context.WithCancel(ctx)
 	seen := 0
