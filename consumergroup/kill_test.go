@@ -168,14 +168,14 @@ func TestKill9ChildConsumers(t *testing.T) {
 
 	total := len(produce(t, pool, stream, 0, 300))
 	a, b := spawn(), spawn()
-	waitFor(t, 20*time.Second, "both children processing", func() bool { return len(recordedBy()) == 2 })
+	waitFor(t, 60*time.Second, "both children processing", func() bool { return len(recordedBy()) == 2 })
 	kill(a)
 	total += len(produce(t, pool, stream, 300, 300))
 	c := spawn()
-	waitFor(t, 20*time.Second, "three members recorded", func() bool { return len(recordedBy()) == 3 })
+	waitFor(t, 60*time.Second, "three members recorded", func() bool { return len(recordedBy()) == 3 })
 	total += len(produce(t, pool, stream, 600, 300))
 	kill(b)
-	waitFor(t, 30*time.Second, "lag 0", func() bool { return groupLag(t, pool, stream, group) == 0 })
+	waitFor(t, 60*time.Second, "lag 0", func() bool { return groupLag(t, pool, stream, group) == 0 })
 
 	var n, distinct int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (partition, "offset")) FROM `+

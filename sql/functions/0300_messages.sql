@@ -772,7 +772,7 @@ RETURNS TABLE ("offset" bigint, lease_token uuid)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_now    timestamptz := coalesce(p_now, statement_timestamp());
+    v_now    timestamptz;
     v_q      streamd.queues;
     v_groups text[];
     v_tens   text[];
@@ -782,6 +782,11 @@ BEGIN
     IF v_q.fifo THEN
         SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
     END IF;
+    PERFORM 1 FROM streamd.messages m
+    WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
+    ORDER BY m."offset"
+    FOR UPDATE OF m;
+    v_now := coalesce(p_now, clock_timestamp()); -- after the group and message locks (the clock rule)
     -- The same columns a receive changes: a HOT update, like the lease it undoes.
     RETURN QUERY
     WITH r AS (
