@@ -56,7 +56,8 @@ type Retention struct {
 	Enabled *bool `json:"enabled,omitempty"`
 	// MaxAge deletes records older than this (whole seconds, at least 1s). Defaults to no limit.
 	MaxAge *Duration `json:"maxAge,omitempty"`
-	// MaxEventCount keeps exactly this many newest records per partition. Defaults to no limit.
+	// MaxEventCount keeps exactly this many newest records per partition (not per
+	// stream, as seed 003's max_event_count was). Defaults to no limit.
 	MaxEventCount *int64 `json:"maxEventCount,omitempty"`
 	// MaxSizeBytes keeps the newest records whose stored payloads total at most this
 	// many bytes per partition. Defaults to no limit.

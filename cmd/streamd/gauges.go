@@ -48,7 +48,7 @@ func newGauges(pool *pgxpool.Pool, reg prometheus.Registerer) *gauges {
 
 // refresh reads the views once and replaces every series.
 func (g *gauges) refresh(ctx context.Context) error {
-	rows, err := g.pool.Query(ctx, `SELECT stream_name, group_id, partition, lag FROM streamd.consumer_group_status`)
+	rows, err := g.pool.Query(ctx, `SELECT stream_name, group_id, partition, lag FROM streamd.consumer_group_status WHERE partition IS NOT NULL`)
 	if err != nil {
 		return fmt.Errorf("read consumer_group_status: %w", err)
 	}

@@ -172,6 +172,10 @@ Durations take the seed's TimeSpan form ("90.00:00:00"), Go's ("720h") or second
 
   streamd stream config set orders '{"retention_config": {"maxAge": "90.00:00:00", "maxSizeBytes": 10737418240}}'
 
+The retention limits maxEventCount and maxSizeBytes apply PER PARTITION (seed 003's
+max_event_count was per stream): a stream of N partitions keeps up to N times the
+count.
+
 A bad field is refused with its name, and nothing is written.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -519,11 +519,11 @@ BEGIN
 
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, p_partitions, v_now);
 
-    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
+    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", committed_by, member_epoch, metadata, updated_at)
     SELECT p_stream_name, p_group_id, u.p, u.o, p_consumer_id, p_epoch, u.m, v_now
       FROM unnest(p_partitions, p_offsets, coalesce(p_metadata, array_fill(NULL::text, ARRAY[cardinality(p_partitions)]))) AS u(p, o, m)
     ON CONFLICT (stream_name, group_id, partition) DO UPDATE
-       SET "offset" = EXCLUDED."offset", consumer_id = EXCLUDED.consumer_id, member_epoch = EXCLUDED.member_epoch,
+       SET "offset" = EXCLUDED."offset", committed_by = EXCLUDED.committed_by, member_epoch = EXCLUDED.member_epoch,
            metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at;
 END;
 $$;
@@ -561,10 +561,10 @@ BEGIN
     END IF;
     PERFORM streamd.cg_check_offsets(p_stream_name, ARRAY[p_partition], ARRAY[p_next]);
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], v_now);
-    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
+    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", committed_by, member_epoch, metadata, updated_at)
     VALUES (p_stream_name, p_group_id, p_partition, p_next, p_consumer_id, p_epoch, NULL, v_now)
     ON CONFLICT (stream_name, group_id, partition) DO UPDATE
-       SET "offset" = EXCLUDED."offset", consumer_id = EXCLUDED.consumer_id, member_epoch = EXCLUDED.member_epoch,
+       SET "offset" = EXCLUDED."offset", committed_by = EXCLUDED.committed_by, member_epoch = EXCLUDED.member_epoch,
            metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at
      WHERE co."offset" <= p_from
     RETURNING true INTO v_written;
