@@ -45,6 +45,8 @@ var (
 	ErrOpenTimeout = errors.New("open timed out")
 	// ErrNotVersioned: the stream does not keep key versions (see ConfigureStream).
 	ErrNotVersioned = errors.New("stream does not keep key versions")
+	// ErrSnapshotNotFound: SnapshotAt found no snapshot of the key at that version.
+	ErrSnapshotNotFound = errors.New("snapshot not found")
 	// ErrUnknownEventType: the stream accepts registered event types only, and this
 	// one is not registered.
 	ErrUnknownEventType = errors.New("unknown event type")
