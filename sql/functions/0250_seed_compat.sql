@@ -123,10 +123,11 @@ BEGIN
             MESSAGE = format('queue %L: an insert cannot set lease_token, delivery_attempts or dead-letter provenance (origin_*, dead_lettered_at): the queue writes them',
                              NEW.stream_name);
     END IF;
-    IF NEW.data IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: a message needs data', NEW.stream_name);
+    IF (NEW.data IS NULL) = (NEW.data_bytes IS NULL) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD204',
+            MESSAGE = format('queue %L: a message needs data (JSON) or data_bytes, exactly one', NEW.stream_name);
     END IF;
-    v_size := octet_length(NEW.data::text) + coalesce(octet_length(NEW.metadata::text), 0);
+    v_size := coalesce(octet_length(NEW.data::text), octet_length(NEW.data_bytes)) + coalesce(octet_length(NEW.metadata::text), 0);
     IF v_size > v_q.max_payload_bytes THEN
         RAISE EXCEPTION USING ERRCODE = 'SD203',
             MESSAGE = format('queue %L: message is %s bytes with its headers; the queue allows %s', NEW.stream_name, v_size, v_q.max_payload_bytes);
