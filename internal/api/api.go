@@ -95,6 +95,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	s.groupRoutes()
 	s.queueRoutes()
 	s.redriveRoutes()
+	s.readByRoutes()
 	return s, nil
 }
 
