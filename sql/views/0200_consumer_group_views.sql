@@ -14,10 +14,11 @@
 -- assigned yet (the stream grew while no member was there to rebalance): its lag is
 -- the group's too, and it shows as unowned. is_stale is true when the owner missed its
 -- session timeout or is gone (no registration), false when there is no owner.
--- From head rows and keys only: no scan of events. Members that own no partition have
+-- From head rows and keys only: no scan of events. It reads as the caller
+-- (security_invoker): a tenant role sees its own groups only (migration 0063). Members that own no partition have
 -- a row of their own (below): readers of per-partition rows filter on partition IS NOT
 -- NULL.
-CREATE OR REPLACE VIEW streamd.consumer_group_status AS
+CREATE OR REPLACE VIEW streamd.consumer_group_status WITH (security_invoker = true) AS
 SELECT g.stream_name,
        g.group_id,
        h.partition,
@@ -74,7 +75,7 @@ SELECT cr.stream_name,
                     WHERE cp.stream_name = cr.stream_name AND cp.group_id = cr.group_id AND cp.owner_id = cr.consumer_id);
 
 -- One row per group: members, partitions, owned and pending partitions, total lag.
-CREATE OR REPLACE VIEW streamd.consumer_group_summary AS
+CREATE OR REPLACE VIEW streamd.consumer_group_summary WITH (security_invoker = true) AS
 SELECT g.stream_name,
        g.group_id,
        g.group_epoch,
