@@ -45,6 +45,7 @@ type Consumer struct {
 	// same reason). Set by Run before the session starts; read by its goroutines.
 	sessionPool *pgxpool.Pool
 	cfg         Config
+	unset       unsetFields // the fields the stream's settings may fill (streamsettings.go)
 	log         *slog.Logger
 	metrics     *metrics
 
@@ -66,6 +67,7 @@ type Consumer struct {
 
 // New returns a Consumer of cfg.Stream in cfg.Group. It does no I/O; Run joins.
 func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
+	unset := unsetOf(cfg)
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -73,6 +75,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	return &Consumer{
 		pool:    pool,
 		cfg:     cfg,
+		unset:   unset,
 		log:     cfg.Logger.With("stream", cfg.Stream, "group", cfg.Group),
 		metrics: newMetrics(cfg.Registerer),
 		wake:    make(chan struct{}, 1),
@@ -94,6 +97,7 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 		return fmt.Errorf("%w: consumergroup: Run is already running", ErrInvalidArgument)
 	}
 	defer c.running.Store(false)
+	c.applyStreamSettings(ctx)
 
 	scfg := c.pool.Config()
 	scfg.MaxConns, scfg.MinConns = 2, 0

@@ -243,7 +243,8 @@ A bad field is refused with its name, and nothing is written.`,
 				dec := json.NewDecoder(bytes.NewReader(one))
 				dec.DisallowUnknownFields() // a misspelt key must not read as "no limit"
 				if err := dec.Decode(cfg); err != nil {
-					return fmt.Errorf("configuration: %s: %w", k, err)
+					// Named like the SQL's SD301 (the section; the decoder's text names the key).
+					return fmt.Errorf("configuration: %w", &streamconfig.FieldError{Field: k, Problem: err.Error()})
 				}
 			}
 			if err := store.Set(cmd.Context(), args[0], cfg); err != nil {
