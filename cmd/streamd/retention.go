@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -200,17 +199,6 @@ A bad field is refused with its name, and nothing is written.`,
 			default:
 				return fmt.Errorf("give the configuration JSON as an argument or with --file")
 			}
-			var sections map[string]json.RawMessage
-			if err := json.Unmarshal(raw, &sections); err != nil {
-				return fmt.Errorf("configuration: %w", err)
-			}
-			known := map[string]bool{"retention_config": true, "dead_letter_config": true, "lifecycle_config": true,
-				"performance_config": true, "access_control_config": true, "tags": true}
-			for k := range sections {
-				if !known[k] {
-					return fmt.Errorf("configuration: unknown section %q", k)
-				}
-			}
 			pool, err := g.pool(cmd.Context())
 			if err != nil {
 				return err
@@ -223,29 +211,9 @@ A bad field is refused with its name, and nothing is written.`,
 					return err
 				}
 			}
-			// Decoding over the current configuration replaces exactly the sections given.
-			for k, v := range sections {
-				switch k { // replace, not merge into, the current section
-				case "retention_config":
-					cfg.Retention = nil
-				case "dead_letter_config":
-					cfg.DeadLetter = nil
-				case "lifecycle_config":
-					cfg.Lifecycle = nil
-				case "performance_config":
-					cfg.Performance = nil
-				case "access_control_config":
-					cfg.AccessControl = nil
-				case "tags":
-					cfg.Tags = nil
-				}
-				one, _ := json.Marshal(map[string]json.RawMessage{k: v})
-				dec := json.NewDecoder(bytes.NewReader(one))
-				dec.DisallowUnknownFields() // a misspelt key must not read as "no limit"
-				if err := dec.Decode(cfg); err != nil {
-					// Named like the SQL's SD301 (the section; the decoder's text names the key).
-					return fmt.Errorf("configuration: %w", &streamconfig.FieldError{Field: k, Problem: err.Error()})
-				}
+			// Sections given replace the current ones; a bad one writes nothing.
+			if err := cfg.MergeJSON(raw); err != nil {
+				return fmt.Errorf("configuration: %w", err)
 			}
 			if err := store.Set(cmd.Context(), args[0], cfg); err != nil {
 				return err

@@ -96,6 +96,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	s.queueRoutes()
 	s.redriveRoutes()
 	s.readByRoutes()
+	s.configRoutes()
 	return s, nil
 }
 
