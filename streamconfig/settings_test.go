@@ -102,3 +102,48 @@ func TestReadOnlyStreamRefusesAppends(t *testing.T) {
 }
 
 func jsonReader(s string) *strings.Reader { return strings.NewReader(s) }
+
+// lifecycle_config.archiveAfter and deleteAfter act when ApplyLifecycle (the
+// coordinator leader's job) runs: a stream idle for its deleteAfter is deleted, one
+// idle for its archiveAfter becomes read-only (and is not archived twice), one not
+// yet idle long enough is left alone.
+func TestApplyLifecycle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, c, archived := setup(t)
+	_, _, deleted := setup(t)
+	_, _, kept := setup(t)
+	minute := streamconfig.Duration(time.Minute)
+	day := streamconfig.Duration(24 * time.Hour)
+	require.NoError(t, store.Set(ctx, archived, &streamconfig.Config{Lifecycle: &streamconfig.Lifecycle{ArchiveAfter: &minute}}))
+	require.NoError(t, store.Set(ctx, deleted, &streamconfig.Config{Lifecycle: &streamconfig.Lifecycle{DeleteAfter: &minute, ArchiveAfter: &minute}}))
+	require.NoError(t, store.Set(ctx, kept, &streamconfig.Config{Lifecycle: &streamconfig.Lifecycle{ArchiveAfter: &day}}))
+	_, err := c.Produce(ctx, streams.Record{Stream: archived, Data: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+
+	res, err := streamconfig.ApplyLifecycle(ctx, c.Pool(), time.Time{})
+	require.NoError(t, err)
+	require.NotContains(t, res.Archived, archived, "not idle yet")
+	require.NotContains(t, res.Deleted, deleted)
+
+	later := time.Now().Add(2 * time.Minute)
+	res, err = streamconfig.ApplyLifecycle(ctx, c.Pool(), later)
+	require.NoError(t, err)
+	require.Contains(t, res.Archived, archived)
+	require.Contains(t, res.Deleted, deleted)
+	require.NotContains(t, res.Archived, kept)
+	require.NotContains(t, res.Deleted, kept)
+	_, err = c.DescribeStream(ctx, deleted)
+	require.ErrorIs(t, err, streams.ErrStreamNotFound)
+	_, err = c.Produce(ctx, streams.Record{Stream: archived, Data: json.RawMessage(`{}`)})
+	require.ErrorIs(t, err, streams.ErrInvalidArgument, "an archived stream is read-only")
+	cfg, err := store.Get(ctx, archived)
+	require.NoError(t, err)
+	require.True(t, cfg.Lifecycle.ReadOnly)
+	_, err = c.Produce(ctx, streams.Record{Stream: kept, Data: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+
+	res, err = streamconfig.ApplyLifecycle(ctx, c.Pool(), later)
+	require.NoError(t, err)
+	require.NotContains(t, res.Archived, archived, "archived once")
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/streamd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/retention"
 	schema "github.com/streamd/streamd/sql"
+	"github.com/streamd/streamd/streamconfig"
 	"github.com/streamd/streamd/wakeup"
 )
 
@@ -400,6 +401,14 @@ func coordinatorJobs(pool *pgxpool.Pool, c *serveConfig, retainer *retention.Run
 		Interval: c.retentionEvery,
 		Run: func(ctx context.Context) error {
 			_, err := retainer.RunOnce(ctx)
+			return err
+		},
+	}, {
+		// lifecycle_config.archiveAfter and deleteAfter (docs/retention.md).
+		Name:     c.coordinatorName + "/lifecycle",
+		Interval: c.retentionEvery,
+		Run: func(ctx context.Context) error {
+			_, err := streamconfig.ApplyLifecycle(ctx, pool, time.Time{})
 			return err
 		},
 	}, {

@@ -133,3 +133,48 @@ $$;
 CREATE OR REPLACE TRIGGER stream_configurations_lifecycle
     AFTER INSERT OR UPDATE OR DELETE ON streamd.stream_configurations
     FOR EACH ROW EXECUTE FUNCTION streamd.stream_configurations_lifecycle();
+
+-- lifecycle_config.archiveAfter and deleteAfter (the coordinator's leader calls this
+-- through streamconfig.ApplyLifecycle every retention interval). A stream is idle
+-- since its last append (the latest last_appended_at of its partitions), or its
+-- creation when it has none. At p_now (NULL: now()):
+--   - a stream idle for deleteAfter is returned with action 'delete' (the caller
+--     deletes it, with its read indexes, through streams.Client.DeleteStream);
+--   - else a stream idle for archiveAfter and not yet read-only is archived: its
+--     lifecycle_config gets "readOnly": true (so it refuses appends from now on,
+--     and an operator sees why), and it is returned with action 'archive'.
+CREATE OR REPLACE FUNCTION streamd.apply_lifecycle(p_now timestamptz)
+RETURNS TABLE (stream_name text, action text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    r     record;
+BEGIN
+    FOR r IN
+        SELECT c.stream_name AS s, s.read_only,
+               coalesce(max(h.last_appended_at), s.created_at) AS last_at,
+               streamd.config_duration_seconds('lifecycle_config.archiveAfter', c.lifecycle_config -> 'archiveAfter') AS archive_s,
+               streamd.config_duration_seconds('lifecycle_config.deleteAfter', c.lifecycle_config -> 'deleteAfter') AS delete_s
+          FROM streamd.stream_configurations c
+          JOIN streamd.streams s ON s.stream_name = c.stream_name
+          LEFT JOIN streamd.stream_partitions h ON h.stream_name = c.stream_name
+         WHERE c.lifecycle_config ? 'archiveAfter' OR c.lifecycle_config ? 'deleteAfter'
+         GROUP BY c.stream_name, s.read_only, s.created_at, c.lifecycle_config
+         ORDER BY c.stream_name
+    LOOP
+        IF r.delete_s IS NOT NULL AND r.last_at + r.delete_s * interval '1 second' <= v_now THEN
+            stream_name := r.s;
+            action := 'delete';
+            RETURN NEXT;
+        ELSIF r.archive_s IS NOT NULL AND NOT r.read_only AND r.last_at + r.archive_s * interval '1 second' <= v_now THEN
+            UPDATE streamd.stream_configurations c
+               SET lifecycle_config = c.lifecycle_config || '{"readOnly": true}'
+             WHERE c.stream_name = r.s;
+            stream_name := r.s;
+            action := 'archive';
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END;
+$$;
