@@ -102,7 +102,7 @@ func (a *Admin) DescribeGroup(ctx context.Context, stream, group string) (*Group
 	}
 	rows, err := a.pool.Query(ctx, `SELECT partition, current_offset, log_start_offset, stream_head, lag,
 		coalesce(consumer_id, ''), member_epoch, coalesce(pending_owner, ''), paused
-		FROM streamd.consumer_group_status WHERE stream_name = $1 AND group_id = $2 ORDER BY partition`, stream, group)
+		FROM streamd.consumer_group_status WHERE stream_name = $1 AND group_id = $2 AND partition IS NOT NULL ORDER BY partition`, stream, group)
 	if err != nil {
 		return nil, fmt.Errorf("describe group %s of %s: %w", group, stream, err)
 	}

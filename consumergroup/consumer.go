@@ -48,6 +48,7 @@ type Consumer struct {
 	// same reason). Set by Run before the session starts; read by its goroutines.
 	sessionPool *pgxpool.Pool
 	cfg         Config
+	unset       unsetFields // the fields the stream's settings may fill (streamsettings.go)
 	log         *slog.Logger
 	metrics     *metrics
 
@@ -72,6 +73,7 @@ func New(pool *pgxpool.Pool, c *Config) (*Consumer, error) {
 	if c != nil {
 		cfg = *c
 	}
+	unset := unsetOf(cfg)
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -83,6 +85,7 @@ func New(pool *pgxpool.Pool, c *Config) (*Consumer, error) {
 	return &Consumer{
 		pool:    pool,
 		cfg:     cfg,
+		unset:   unset,
 		log:     cfg.Logger.With("stream", cfg.Stream, "group", cfg.Group),
 		metrics: m,
 		wake:    make(chan struct{}, 1),
@@ -107,6 +110,7 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 		return fmt.Errorf("%w: consumergroup: Run is already running", ErrInvalidArgument)
 	}
 	defer c.running.Store(false)
+	c.applyStreamSettings(ctx)
 
 	scfg := c.pool.Config()
 	scfg.MaxConns, scfg.MinConns = 2, 0

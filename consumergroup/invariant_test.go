@@ -116,7 +116,7 @@ func TestGroupInvariants(t *testing.T) {
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
-			rows, err := pool.Query(ctx, `SELECT partition, "offset", coalesce(consumer_id, '') FROM streamd.consumer_offsets
+			rows, err := pool.Query(ctx, `SELECT partition, "offset", coalesce(committed_by, '') FROM streamd.consumer_offsets
 				WHERE stream_name = $1 AND group_id = $2`, stream, group)
 			if err != nil {
 				t.Errorf("watch offsets: %v", err)

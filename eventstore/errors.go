@@ -32,6 +32,8 @@ var (
 	ErrOpenTimeout = errors.New("open timed out")
 	// ErrNotVersioned: the stream does not keep key versions (see ConfigureStream).
 	ErrNotVersioned = sqlerr.ErrNotVersioned
+	// ErrSnapshotNotFound: SnapshotAt found no snapshot of the key at that version.
+	ErrSnapshotNotFound = errors.New("snapshot not found")
 	// ErrUnknownEventType: the stream accepts registered event types only, and this
 	// one is not registered.
 	ErrUnknownEventType = sqlerr.ErrUnknownEventType

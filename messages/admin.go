@@ -106,7 +106,7 @@ func (c *Client) Peek(ctx context.Context, queue string, opts *PeekOpts) ([]*Mes
 	}
 	rows, err := c.pool.Query(ctx, `SELECT "offset", message_id, data, metadata, enqueued_at, visibility_timeout,
 			delivery_attempts, max_delivery_attempts, lease_token, group_key, last_error,
-			origin_stream, origin_offset, origin_attempts, dead_lettered_at
+			origin_stream, origin_offset, origin_attempts, dead_lettered_at, data_bytes
 		FROM streamd.messages WHERE stream_name = $1 AND "offset" > $2 ORDER BY "offset" LIMIT $3`, queue, o.AfterOffset, o.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("peek queue %s: %w", queue, err)

@@ -47,12 +47,15 @@ type Origin struct {
 
 // Message is a received (or peeked) message.
 type Message struct {
-	Queue     string            `json:"queue"`
-	Offset    int64             `json:"offset"`
-	MessageID string            `json:"message_id"`
-	Data      json.RawMessage   `json:"data"`
-	Headers   map[string]string `json:"headers,omitempty"`
-	GroupKey  string            `json:"group_key,omitempty"`
+	Queue     string          `json:"queue"`
+	Offset    int64           `json:"offset"`
+	MessageID string          `json:"message_id"`
+	Data      json.RawMessage `json:"data,omitempty"`
+	// Bytes is the payload of a binary message (OutgoingMessage.Bytes); Data is nil
+	// then.
+	Bytes    []byte            `json:"data_bytes,omitempty"`
+	Headers  map[string]string `json:"headers,omitempty"`
+	GroupKey string            `json:"group_key,omitempty"`
 	// EnqueuedAt is when the message was first sent (kept across dead-lettering).
 	EnqueuedAt time.Time `json:"enqueued_at"`
 	// VisibleAt is when the message is (again) visible: the lease's end for a
@@ -186,7 +189,7 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 	}
 	const receiveSQL = `SELECT "offset", message_id, data, metadata, enqueued_at, visibility_timeout,
 			delivery_attempts, max_delivery_attempts, lease_token, group_key, last_error,
-			origin_stream, origin_offset, origin_attempts, dead_lettered_at
+			origin_stream, origin_offset, origin_attempts, dead_lettered_at, data_bytes
 		FROM streamd.queue_receive($1, $2, $3, $4)`
 	var (
 		rows   pgx.Rows
@@ -266,11 +269,13 @@ func scanMessage(r scanner, queue string, leased bool) (*Message, error) {
 	// a receiving client's CPU in BenchmarkQueueThroughput).
 	var data []byte
 	err := r.Scan(&m.Offset, &m.MessageID, &data, &meta, &m.EnqueuedAt, &m.VisibleAt, &attempts, &maxAtt,
-		&token, &group, &lastErr, &originQ, &originOff, &originAtt, &deadAt)
+		&token, &group, &lastErr, &originQ, &originOff, &originAtt, &deadAt, &m.Bytes)
 	if err != nil {
 		return nil, err
 	}
-	m.Data = data
+	if data != nil {
+		m.Data = data
+	}
 	m.DeliveryAttempts, m.MaxDeliveryAttempts = int(attempts), int(maxAtt)
 	if len(meta) > 0 && string(meta) != "null" {
 		if err := json.Unmarshal(meta, &m.Headers); err != nil {

@@ -15,8 +15,11 @@ import (
 	"github.com/streamd/streamd/streams"
 )
 
-// OutgoingMessage is a message to send. Only Data is required.
+// OutgoingMessage is a message to send. Only the payload is required: Data or Bytes.
 type OutgoingMessage struct {
+	// Bytes is an opaque binary payload (stored as data_bytes: protobuf, a Kafka
+	// record's value); set Data or Bytes, not both.
+	Bytes []byte
 	// Data is the payload: valid JSON.
 	Data json.RawMessage
 	// DeadLetterQueue overrides the queue's dead-letter queue for this message; it
@@ -98,7 +101,9 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 	n := len(msgs)
 	var (
 		ids       = make([]*string, n)
-		data      = make([]string, n)
+		data      = make([]*string, n)
+		bytesData = make([][]byte, n)
+		anyBytes  bool
 		meta      = make([]*string, n)
 		delays    = make([]*int64, n)
 		deliverAt = make([]*time.Time, n)
@@ -109,13 +114,16 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 	)
 	for i := range msgs {
 		m := &msgs[i]
-		if len(m.Data) == 0 {
+		if m.Bytes != nil {
+			if m.Data != nil {
+				return nil, invalid(ErrInvalidArgument, "queue %s: message %d: set Data or Bytes, not both", queue, i+1)
+			}
+		} else if len(m.Data) == 0 {
 			return nil, invalid(ErrInvalidJSON, "queue %s: message %d has no data", queue, i+1)
-		}
-		if !json.Valid(m.Data) {
+		} else if !json.Valid(m.Data) {
 			return nil, invalid(ErrInvalidJSON, "queue %s: message %d: data is not valid JSON", queue, i+1)
 		}
-		if why := pgtext.JSONProblem(m.Data); why != "" {
+		if why := pgtext.JSONProblem(m.Data); m.Bytes == nil && why != "" {
 			return nil, invalid(ErrInvalidJSON, "queue %s: message %d: data: %s", queue, i+1, why)
 		}
 		if why := cmp.Or(pgtext.TextProblem(m.MessageID), pgtext.TextProblem(m.GroupKey)); why != "" {
@@ -144,7 +152,13 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 		if m.DeadLetterQueue != "" && !ValidName(m.DeadLetterQueue) {
 			return nil, invalid(ErrInvalidName, "queue %s: message %d: dead-letter queue %q is not a valid queue name", queue, i+1, m.DeadLetterQueue)
 		}
-		data[i] = string(m.Data)
+		if m.Bytes != nil {
+			bytesData[i] = m.Bytes
+			anyBytes = true
+		} else {
+			d := string(m.Data)
+			data[i] = &d
+		}
 		if m.MessageID != "" {
 			ids[i] = &m.MessageID
 			fresh = false
@@ -188,10 +202,14 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 	}
 	// An option no message sets travels as one NULL instead of n: less to encode
 	// and decode, and queue_send skips what a NULL array does not need.
+	var binary [][]byte // NULL unless a message is binary
+	if anyBytes {
+		binary = bytesData
+	}
 	rows, err := db.Query(ctx, `SELECT ord, "offset", message_id, duplicate
-		FROM streamd.queue_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		FROM streamd.queue_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		queue, ids, data, nilIfAllNil(meta), nilIfAllNil(delays), nilIfAllNil(deliverAt), nilIfAllNil(groups),
-		nilIfAllNil(attempts), nilIfAllNil(dlqs), c.sqlNow(), fresh)
+		nilIfAllNil(attempts), nilIfAllNil(dlqs), c.sqlNow(), fresh, binary)
 	if err != nil {
 		return nil, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
 	}

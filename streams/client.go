@@ -103,6 +103,10 @@ func CreateStreamTx(ctx context.Context, db DBTX, name string, partitions int32)
 // DeleteStream deletes a stream and all its events. It returns ErrStreamNotFound when
 // there is no such stream.
 func (c *Client) DeleteStream(ctx context.Context, name string) error {
+	// Its read indexes first: partial indexes on its name, which would outlive it.
+	if err := c.dropReadIndexes(ctx, name); err != nil {
+		return err
+	}
 	var existed bool
 	if err := c.pool.QueryRow(ctx, "SELECT streamd.delete_stream($1)", name).Scan(&existed); err != nil {
 		return fmt.Errorf("delete stream %s: %w", name, sqlerr.Wrap(err))

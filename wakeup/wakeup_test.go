@@ -92,6 +92,10 @@ func TestBroadcastWakesListenersForEveryPartitionAndQueue(t *testing.T) {
 	c := streams.NewClient(pool, nil)
 	require.NoError(t, c.CreateStream(ctx, stream, parts))
 	queues := []string{testdb.Name("wq"), testdb.Name("wq")}
+	for _, q := range queues { // a plain INSERT into an unknown queue is refused
+		_, err := pool.Exec(ctx, `INSERT INTO streamd.queues (queue_name) VALUES ($1)`, q)
+		require.NoError(t, err)
+	}
 
 	// A pool's connection string (pool_* settings) is accepted.
 	l := fastListener(t, url+" pool_max_conns=3")

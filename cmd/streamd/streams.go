@@ -101,7 +101,7 @@ func newStreamCmd(g *globals) *cobra.Command {
 			return streams.NewClient(pool, nil).DeleteStream(cmd.Context(), args[0])
 		},
 	}
-	cmd.AddCommand(create, list, describe, del, newStreamConfigCmd(g))
+	cmd.AddCommand(create, list, describe, del, newStreamConfigCmd(g), newStreamReadByCmd(g), newStreamIndexCmd(g))
 	return cmd
 }
 

@@ -135,9 +135,13 @@ func createStream(t *testing.T, pool *pgxpool.Pool, partitions int32) string {
 	return name
 }
 
+// insertMessage creates queue when it is missing (a plain INSERT into an unknown
+// queue is refused) and inserts a message into it by plain SQL.
 func insertMessage(t *testing.T, pool *pgxpool.Pool, queue string) {
 	t.Helper()
-	_, err := pool.Exec(context.Background(),
+	_, err := pool.Exec(context.Background(), `INSERT INTO streamd.queues (queue_name) VALUES ($1) ON CONFLICT DO NOTHING`, queue)
+	require.NoError(t, err)
+	_, err = pool.Exec(context.Background(),
 		`INSERT INTO streamd.messages (stream_name, message_id, data) VALUES ($1, gen_random_uuid()::text, '{}')`, queue)
 	require.NoError(t, err)
 }

@@ -92,6 +92,9 @@ BEGIN
         END IF;
         RAISE EXCEPTION USING ERRCODE = 'SD001', MESSAGE = format('stream %L does not exist', p_stream_name);
     END IF;
+    IF v_stream.read_only THEN
+        PERFORM streamd.raise_read_only(p_stream_name);
+    END IF;
     IF NOT v_stream.key_versions
        AND (p_require_versions OR p_session_id IS NOT NULL
             OR EXISTS (SELECT 1 FROM unnest(p_expected_versions) AS x(v) WHERE x.v IS NOT NULL)) THEN

@@ -97,6 +97,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	s.groupRoutes()
 	s.queueRoutes()
 	s.redriveRoutes()
+	s.readByRoutes()
+	s.configRoutes()
 	return s, nil
 }
 
