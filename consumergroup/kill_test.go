@@ -134,7 +134,8 @@ func TestKill9ChildConsumers(t *testing.T) {
 	spawn := func() *child {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), childEnv+"=1", "STREAMD_CG_URL="+testdb.URL(t), "STREAMD_CG_TABLE="+table,
-			"STREAMD_CG_STREAM="+stream, "STREAMD_CG_GROUP="+group)
+			"STREAMD_CG_STREAM="+stream, "STREAMD_CG_GROUP="+group,
+			"STREAMD_CG_SESSION=3s") // 1s sessions expired under a loaded machine's delays: churn, no commits
 		ch := &child{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
 		cmd.Stderr = ch.stderr
 		require.NoError(t, cmd.Start())
