@@ -38,19 +38,8 @@
 -- tenant role only its own groups and messages; the owner sees all of them, so every
 -- statement that goes from a group row to its messages names the tenant.
 
--- Functions whose result type changed since they were first applied (CREATE OR
--- REPLACE cannot change it). Nothing depends on them.
-DROP FUNCTION IF EXISTS streamd.queue_ack(text, bigint[], uuid[], timestamptz);
-DROP FUNCTION IF EXISTS streamd.queue_nack(text, bigint[], uuid[], bigint[], text[], timestamptz);
-DROP FUNCTION IF EXISTS streamd.queue_extend(text, bigint[], uuid[], bigint, timestamptz);
-DROP FUNCTION IF EXISTS streamd.queue_term(text, bigint[], uuid[], text[], timestamptz);
--- queue_send gained p_fresh_ids (with a default: a call with the old arguments would
--- otherwise match both).
-DROP FUNCTION IF EXISTS streamd.queue_send(text, text[], text[], text[], bigint[], timestamptz[], text[], integer[], text[], timestamptz);
--- Groups are per tenant (migration 0014): queue_lock_groups returns the groups' tenants
--- too, and queue_groups_advance takes them.
-DROP FUNCTION IF EXISTS streamd.queue_lock_groups(text, bigint[], uuid[]);
-DROP FUNCTION IF EXISTS streamd.queue_groups_advance(text, text[], timestamptz);
+-- (The older signatures of queue_ack, queue_nack, queue_extend, queue_term, queue_send,
+-- queue_lock_groups and queue_groups_advance are dropped by migration 0023.)
 
 -- The queue's row; raises SD202 for an invalid name and SD201 for an unknown queue.
 CREATE OR REPLACE FUNCTION streamd.queue_get(p_queue text) RETURNS streamd.queues
