@@ -1,6 +1,7 @@
 # streamd. The two commands a fresh machine needs: `make run` and `make test`.
-# With no STREAMD_DATABASE_URL, both start (or reuse) a private PostgreSQL cluster in
-# .state/pg (internal/localpg); `make db-stop` stops it.
+# With no STREAMD_DATABASE_URL, both start (or reuse) the user's private PostgreSQL
+# cluster (internal/localpg; STREAMD_STATE_DIR and STREAMD_PG_PORT choose another);
+# `make db-stop` stops it.
 
 GO        ?= go
 GOFLAGS   ?=
