@@ -14,8 +14,10 @@ STREAMD   := $(GO) run ./cmd/streamd
 # Local development: without STREAMD_AUTH_TOKEN or STREAMD_AUTH_TOKEN_FILE the API
 # runs with authentication disabled (it listens on 127.0.0.1 unless
 # STREAMD_HTTP_ADDR says otherwise).
-run:
-	$(STREAMD) serve $(if $(STREAMD_AUTH_TOKEN)$(STREAMD_AUTH_TOKEN_FILE),,--auth-disabled)
+# The built binary, not `go run`: Ctrl-C reaches streamd itself, which stops cleanly
+# and exits 0 (go run exited 1, and a SIGINT to it alone left the server running).
+run: build
+	exec ./bin/streamd serve $(if $(STREAMD_AUTH_TOKEN)$(STREAMD_AUTH_TOKEN_FILE),,--auth-disabled)
 
 build:
 	$(GO) build -o bin/streamd ./cmd/streamd

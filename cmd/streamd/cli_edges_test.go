@@ -1,15 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/internal/testdb"
+	schema "github.com/streamd/streamd/sql"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -64,4 +67,24 @@ func TestCLIResetOffsetsPreviewsUnlessExecute(t *testing.T) {
 	out, err = run(t, ctx, "", "groups", "reset-offsets", group, "--stream", stream, "--to-earliest", "--execute")
 	require.NoError(t, err, out)
 	require.EqualValues(t, 4, lag(), "--execute resets")
+}
+
+// TestServeRefusesBadSettingsBeforeTouchingTheDatabase: a token that is too short is
+// refused before serve connects: the database is left unmigrated. It used to migrate
+// first.
+func TestServeRefusesBadSettingsBeforeTouchingTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.FreshDatabase(t)
+	cmd := newRootCmd()
+	cmd.SetArgs([]string{"--database-url", url, "serve", "--auth-token", "short", "--http-addr", freeAddr(t)})
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	err := cmd.ExecuteContext(ctx)
+	require.ErrorContains(t, err, "shorter than 16 characters")
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	require.ErrorIs(t, schema.Check(ctx, conn), schema.ErrNotMigrated, "nothing migrated")
 }

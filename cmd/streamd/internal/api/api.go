@@ -70,6 +70,14 @@ func (c *Config) withDefaults() (Config, error) {
 	return out, nil
 }
 
+// Validate returns the error New would return for this configuration (a short token,
+// an empty principal, no token without AuthDisabled), without touching anything: a
+// daemon checks its configuration before it connects or migrates.
+func (c *Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 // Server serves the API.
 type Server struct {
 	pool    *pgxpool.Pool

@@ -101,7 +101,7 @@ func TestQueueEndpoints(t *testing.T) {
 	code, body = c.do("POST", "/v1/queues", adminToken, fmt.Sprintf(`{"name":%q,"max_delivery_attempts":9}`, q))
 	require.Equal(t, http.StatusCreated, code, "%v", body)
 	require.EqualValues(t, 9, body["max_delivery_attempts"])
-	require.EqualValues(t, 60*time.Second, body["visibility_timeout"], "kept, not reset to the default")
+	require.EqualValues(t, 60000, body["visibility_timeout_ms"], "kept, not reset to the default; milliseconds as in the request")
 
 	code, body = c.do("POST", "/v1/queues/"+q+"/messages", adminToken, `{"messages":[{"data":{"n":1}},{"data":{"n":2},"message_id":"m2"}]}`)
 	require.Equal(t, http.StatusOK, code, "%v", body)
