@@ -128,6 +128,11 @@ func (s *Server) listDeadLetters(r *Request) (any, error) {
 		return nil, err
 	}
 	q := r.URL.Query()
+	switch st := q.Get("status"); st {
+	case "", "pending", "replayed", "discarded":
+	default:
+		return nil, fmt.Errorf("%w: status %q: want pending, replayed or discarded", ErrBadRequest, st)
+	}
 	dls, err := s.groups.DeadLetters(r.Context(), stream, q.Get("group"), q.Get("status"))
 	if err != nil {
 		return nil, err

@@ -19,9 +19,9 @@ func (s *Server) routes() {
 	s.Handle("POST /v1/streams/{stream}/records", s.produce)
 	s.Handle("GET /v1/streams/{stream}/partitions/{partition}/records", s.fetch)
 	s.Handle("GET /v1/streams/{stream}/partitions/{partition}/offset-for-time", s.offsetForTime)
-	s.mux.Handle("/v1/", s.wrap(func(r *Request) (any, error) {
+	s.mux.Handle("/v1/", s.methodNotAllowed(s.wrap(func(r *Request) (any, error) {
 		return nil, fmt.Errorf("%w: no route %s %s", ErrNotFound, r.Method, r.URL.Path)
-	}))
+	})))
 }
 
 func (s *Server) listStreams(r *Request) (any, error) {
@@ -143,7 +143,7 @@ func (s *Server) fetch(r *Request) (any, error) {
 	if err := r.Authorize(name, ActionConsume); err != nil {
 		return nil, err
 	}
-	partition, err := intParam(r, "partition", r.PathValue("partition"), 0)
+	partition, err := partitionParam(r)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +163,7 @@ func (s *Server) fetch(r *Request) (any, error) {
 	if max > 10000 || waitMs > 30000 || max < 0 || waitMs < 0 {
 		return nil, fmt.Errorf("%w: max must be in [0, 10000] and wait_ms in [0, 30000]", ErrBadRequest)
 	}
-	res, err := s.streams.Fetch(r.Context(), name, int32(partition), offset,
+	res, err := s.streams.Fetch(r.Context(), name, partition, offset,
 		&streams.FetchOpts{MaxRecords: int(max), MaxWait: time.Duration(waitMs) * time.Millisecond})
 	if err != nil {
 		return nil, err
@@ -179,7 +179,7 @@ func (s *Server) offsetForTime(r *Request) (any, error) {
 	if err := r.Authorize(name, ActionConsume); err != nil {
 		return nil, err
 	}
-	partition, err := intParam(r, "partition", r.PathValue("partition"), 0)
+	partition, err := partitionParam(r)
 	if err != nil {
 		return nil, err
 	}
@@ -187,11 +187,25 @@ func (s *Server) offsetForTime(r *Request) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: time must be RFC 3339, e.g. 2026-11-22T10:00:00Z", ErrBadRequest)
 	}
-	off, err := s.streams.OffsetForTime(r.Context(), name, int32(partition), t)
+	off, err := s.streams.OffsetForTime(r.Context(), name, partition, t)
 	if err != nil {
 		return nil, err
 	}
 	return map[string]int64{"offset": off}, nil
+}
+
+// partitionParam reads the {partition} path value: a partition number is 0 or more
+// (a negative one is bad input, 400, like a negative offset; one that does not exist
+// is 404).
+func partitionParam(r *Request) (int32, error) {
+	p, err := intParam(r, "partition", r.PathValue("partition"), 0)
+	if err != nil {
+		return 0, err
+	}
+	if p < 0 || p > math.MaxInt32 {
+		return 0, fmt.Errorf("%w: partition %d: want a partition number, 0 or more", ErrBadRequest, p)
+	}
+	return int32(p), nil
 }
 
 func intParam(_ *Request, name, v string, def int64) (int64, error) {
