@@ -88,3 +88,45 @@ func TestServeRefusesBadSettingsBeforeTouchingTheDatabase(t *testing.T) {
 	defer conn.Close(ctx)
 	require.ErrorIs(t, schema.Check(ctx, conn), schema.ErrNotMigrated, "nothing migrated")
 }
+
+// TestCLIProduceRefusesInvalidJSONAndCreateRefusesExisting: produce refuses a line
+// that is not JSON (it stored `{bad` as a JSON string) and names it, skips empty lines
+// and says so, and produces the rest; --string stores any text. stream create on an
+// existing stream is refused and changes nothing (it grew it); stream alter grows.
+func TestCLIProduceRefusesInvalidJSONAndCreateRefusesExisting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := testdb.Name("cli-json")
+	_, err := run(t, ctx, "", "stream", "create", s, "--partitions", "2")
+	require.NoError(t, err)
+
+	out, err := run(t, ctx, "{\"n\":1}\n{bad\n\n{\"n\":3}\n", "produce", s, "--partition", "0")
+	require.ErrorContains(t, err, "1 of 3 records failed")
+	require.Contains(t, out, "line 2: not valid JSON")
+	require.Contains(t, out, "line 3: empty: skipped")
+	require.Contains(t, out, s+"/0@0")
+	require.Contains(t, out, s+"/0@1", "the lines around it are produced")
+	out, err = run(t, ctx, "{bad\n", "produce", s, "--partition", "0", "--string")
+	require.NoError(t, err, out)
+	out, err = run(t, ctx, "", "fetch", s, "--partition", "0", "--offset", "2")
+	require.NoError(t, err)
+	require.Contains(t, out, `"data":"{bad"`)
+	out, err = run(t, ctx, "k1:{\"n\":4}\n", "produce", s, "-K", ":", "-o", "json")
+	require.NoError(t, err, out)
+	out, err = run(t, ctx, "", "fetch", s, "--partition", "0", "--offset", "3")
+	require.NoError(t, err)
+	out2, err := run(t, ctx, "", "fetch", s, "--partition", "1", "--offset", "0")
+	require.NoError(t, err)
+	require.Contains(t, out+out2, `"key":"k1"`, "the key before the delimiter")
+
+	_, err = run(t, ctx, "", "stream", "create", s, "--partitions", "3")
+	require.ErrorIs(t, err, streams.ErrStreamExists)
+	info, err := streams.NewClient(testdb.Pool(t), nil).DescribeStream(ctx, s)
+	require.NoError(t, err)
+	require.Len(t, info.PartitionInfo, 2, "a refused create changes nothing")
+	_, err = run(t, ctx, "", "stream", "alter", s, "--partitions", "3")
+	require.NoError(t, err)
+	info, err = streams.NewClient(testdb.Pool(t), nil).DescribeStream(ctx, s)
+	require.NoError(t, err)
+	require.Len(t, info.PartitionInfo, 3)
+}

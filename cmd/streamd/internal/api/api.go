@@ -267,7 +267,7 @@ func statusOf(err error) (int, string) {
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, streams.ErrOffsetOutOfRange):
 		return http.StatusRequestedRangeNotSatisfiable, "offset_out_of_range"
-	case errors.Is(err, ErrConflict), errors.Is(err, streams.ErrPartitionsDecrease):
+	case errors.Is(err, ErrConflict), errors.Is(err, streams.ErrPartitionsDecrease), errors.Is(err, streams.ErrStreamExists):
 		return http.StatusConflict, "conflict"
 	case errors.Is(err, ErrBadRequest), errors.Is(err, streams.ErrInvalidName), errors.Is(err, streams.ErrInvalidJSON),
 		errors.Is(err, streams.ErrInvalidArgument):

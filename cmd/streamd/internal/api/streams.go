@@ -16,6 +16,7 @@ func (s *Server) routes() {
 	s.Handle("POST /v1/streams", s.createStream)
 	s.Handle("GET /v1/streams/{stream}", s.describeStream)
 	s.Handle("DELETE /v1/streams/{stream}", s.deleteStream)
+	s.Handle("PATCH /v1/streams/{stream}", s.alterStream)
 	s.Handle("POST /v1/streams/{stream}/records", s.produce)
 	s.Handle("GET /v1/streams/{stream}/partitions/{partition}/records", s.fetch)
 	s.Handle("GET /v1/streams/{stream}/partitions/{partition}/offset-for-time", s.offsetForTime)
@@ -61,7 +62,9 @@ func (s *Server) createStream(r *Request) (any, error) {
 	if n > math.MaxInt32 {
 		return nil, fmt.Errorf("%w: partitions %d is too many", ErrBadRequest, n)
 	}
-	if err := s.streams.CreateStream(r.Context(), req.Name, int32(n)); err != nil {
+	// An existing stream is 409: growing one re-maps keys, so it is asked for
+	// separately (PATCH), as kafka-topics separates --create from --alter.
+	if err := s.streams.AddStream(r.Context(), req.Name, int32(n)); err != nil {
 		return nil, err
 	}
 	info, err := s.streams.DescribeStream(r.Context(), req.Name)
@@ -69,6 +72,30 @@ func (s *Server) createStream(r *Request) (any, error) {
 		return nil, err
 	}
 	return &Status{Code: http.StatusCreated, Value: info}, nil
+}
+
+// alterStream grows a stream: {"partitions": N}.
+func (s *Server) alterStream(r *Request) (any, error) {
+	name := r.PathValue("stream")
+	if err := r.Authorize(name, ActionAdmin); err != nil {
+		return nil, err
+	}
+	var req struct {
+		Partitions *int64 `json:"partitions"`
+	}
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if req.Partitions == nil {
+		return nil, fmt.Errorf("%w: give partitions, the new partition count", ErrBadRequest)
+	}
+	if *req.Partitions < 1 || *req.Partitions > math.MaxInt32 {
+		return nil, fmt.Errorf("%w: partitions %d: want a count of 1 or more", ErrBadRequest, *req.Partitions)
+	}
+	if err := s.streams.GrowStream(r.Context(), name, int32(*req.Partitions)); err != nil {
+		return nil, err
+	}
+	return s.streams.DescribeStream(r.Context(), name)
 }
 
 func (s *Server) describeStream(r *Request) (any, error) {
