@@ -276,6 +276,7 @@ func parsePartitions(args []string) ([]int32, error) {
 func newConsumeCmd(g *globals) *cobra.Command {
 	var cfg consumergroup.Config
 	var fromLatest bool
+	var count int
 	cmd := &cobra.Command{
 		Use:   "consume",
 		Short: "Consume a stream as a member of a consumer group, printing events as JSON lines",
@@ -300,11 +301,23 @@ func newConsumeCmd(g *globals) *cobra.Command {
 				return err
 			}
 			enc := json.NewEncoder(cmd.OutOrStdout())
-			return c.Run(ctx, func(ctx context.Context, b *consumergroup.Batch) error {
+			// -c N (kcat's): stop once N events were printed; the batch that reached
+			// N is committed as the member leaves.
+			runCtx, done := context.WithCancel(ctx)
+			defer done()
+			printed := 0
+			return c.Run(runCtx, func(ctx context.Context, b *consumergroup.Batch) error {
 				for _, e := range b.Events {
+					if count > 0 && printed >= count {
+						break
+					}
 					if err := enc.Encode(e); err != nil {
 						return err
 					}
+					printed++
+				}
+				if count > 0 && printed >= count {
+					done()
 				}
 				return nil
 			})
@@ -315,6 +328,7 @@ func newConsumeCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Group, "group", "", "the consumer group (required)")
 	f.StringVar(&cfg.InstanceID, "instance-id", "", "static membership instance id")
 	f.BoolVar(&fromLatest, "from-latest", false, "without a committed offset, start at the log end (default: log start)")
+	f.IntVarP(&count, "count", "c", 0, "exit after printing this many events (0: run until interrupted)")
 	f.IntVar(&cfg.MaxBatchSize, "batch-size", 500, "events per batch")
 	f.DurationVar(&cfg.SessionTimeout, "session-timeout", 30*time.Second, "session timeout")
 	return cmd

@@ -328,13 +328,14 @@ func newFetchCmd(g *globals) *cobra.Command {
 		partition int32
 		offset    int64
 		fromTime  string
-		max       int
+		limit     int
 		follow    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "fetch STREAM",
-		Short: "Print a partition's records from an offset as JSON lines",
-		Example: `  streamd fetch orders --partition 0 --offset 0 --max 10
+		Short: "Print records as JSON lines: every partition's to its end, or one partition's (--partition)",
+		Example: `  streamd fetch orders --max 10
+  streamd fetch orders --partition 0 --offset 0 --max 10
   streamd fetch orders -p 1 --from-time 2026-11-22T10:00:00Z --follow`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -345,24 +346,67 @@ func newFetchCmd(g *globals) *cobra.Command {
 			}
 			defer pool.Close()
 			c := streams.NewClient(pool, nil)
+			var from time.Time
 			if fromTime != "" {
-				t, err := time.Parse(time.RFC3339Nano, fromTime)
-				if err != nil {
+				if from, err = time.Parse(time.RFC3339Nano, fromTime); err != nil {
 					return fmt.Errorf("--from-time %q: want RFC 3339, e.g. 2026-11-22T10:00:00Z", fromTime)
-				}
-				if offset, err = c.OffsetForTime(ctx, args[0], partition, t); err != nil {
-					return err
 				}
 			}
 			enc := json.NewEncoder(cmd.OutOrStdout())
+			if !cmd.Flags().Changed("partition") {
+				// Every partition, one after the other, each from --offset (or its log
+				// start when that is later), to its end (kcat's default).
+				if follow {
+					return fmt.Errorf("--follow reads one partition: give --partition")
+				}
+				info, err := c.DescribeStream(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				printed := 0
+				for _, p := range info.PartitionInfo {
+					start := max(offset, p.LogStartOffset)
+					if !from.IsZero() {
+						if start, err = c.OffsetForTime(ctx, args[0], p.Partition, from); err != nil {
+							return err
+						}
+					}
+					for start < p.NextOffset && (limit <= 0 || printed < limit) {
+						n := 500
+						if limit > 0 {
+							n = min(n, limit-printed)
+						}
+						res, err := c.Fetch(ctx, args[0], p.Partition, start, &streams.FetchOpts{MaxRecords: n})
+						if err != nil {
+							return err
+						}
+						for i := range res.Events {
+							if err := enc.Encode(&res.Events[i]); err != nil {
+								return err
+							}
+							printed++
+						}
+						if len(res.Events) == 0 {
+							break
+						}
+						start = res.NextOffset
+					}
+				}
+				return nil
+			}
+			if !from.IsZero() {
+				if offset, err = c.OffsetForTime(ctx, args[0], partition, from); err != nil {
+					return err
+				}
+			}
 			printed := 0
-			for max <= 0 || printed < max {
+			for limit <= 0 || printed < limit {
 				opts := &streams.FetchOpts{MaxRecords: 500}
 				if follow {
 					opts.MaxWait = time.Second
 				}
-				if max > 0 && max-printed < opts.MaxRecords {
-					opts.MaxRecords = max - printed
+				if limit > 0 && limit-printed < opts.MaxRecords {
+					opts.MaxRecords = limit - printed
 				}
 				res, err := c.Fetch(ctx, args[0], partition, offset, opts)
 				if err != nil {
@@ -389,10 +433,10 @@ func newFetchCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.Int32VarP(&partition, "partition", "p", 0, "partition to read")
+	f.Int32VarP(&partition, "partition", "p", 0, "read only this partition (default: every partition, to its end)")
 	f.Int64Var(&offset, "offset", 0, "first offset to read")
 	f.StringVar(&fromTime, "from-time", "", "start at the first record at or after this RFC 3339 time")
-	f.IntVarP(&max, "max", "n", 0, "stop after this many records (0: all)")
+	f.IntVarP(&limit, "max", "n", 0, "stop after this many records (0: all)")
 	f.BoolVarP(&follow, "follow", "f", false, "keep waiting for new records")
 	return cmd
 }
