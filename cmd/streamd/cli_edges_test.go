@@ -12,6 +12,7 @@ import (
 
 	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
 	schema "github.com/streamd/streamd/sql"
 	"github.com/streamd/streamd/streams"
 )
@@ -129,4 +130,48 @@ func TestCLIProduceRefusesInvalidJSONAndCreateRefusesExisting(t *testing.T) {
 	info, err = streams.NewClient(testdb.Pool(t), nil).DescribeStream(ctx, s)
 	require.NoError(t, err)
 	require.Len(t, info.PartitionInfo, 3)
+}
+
+// TestCLIQueueSettleByReceiptAndVersion: the receipt that receive prints (table and
+// JSON) is what queue ack, nack and extend take; a malformed one is refused naming
+// it. streamd version and --version print the version and the schema migration.
+func TestCLIQueueSettleByReceiptAndVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := testdb.Name("cli-settle")
+	_, err := run(t, ctx, "", "queue", "create", q)
+	require.NoError(t, err)
+	_, err = run(t, ctx, "{\"n\":1}\n{\"n\":2}\n", "queue", "send", q)
+	require.NoError(t, err)
+
+	out, err := run(t, ctx, "", "-o", "json", "queue", "receive", q, "--max", "2")
+	require.NoError(t, err)
+	var got []struct {
+		ReceiptHandle string `json:"receipt_handle"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	require.Len(t, got, 2)
+	out, err = run(t, ctx, "", "queue", "extend", got[0].ReceiptHandle, "--visibility-timeout", "1m")
+	require.NoError(t, err, out)
+	out, err = run(t, ctx, "", "queue", "ack", got[0].ReceiptHandle)
+	require.NoError(t, err, out)
+	out, err = run(t, ctx, "", "queue", "nack", got[1].ReceiptHandle)
+	require.NoError(t, err, out)
+	_, err = run(t, ctx, "", "queue", "ack", got[0].ReceiptHandle)
+	require.ErrorIs(t, err, messages.ErrLeaseLost, "acked already")
+	_, err = run(t, ctx, "", "queue", "ack", q+"/x/abc")
+	require.ErrorContains(t, err, q+"/x/abc")
+
+	out, err = run(t, ctx, "", "queue", "receive", q)
+	require.NoError(t, err)
+	require.Contains(t, out, q+"/", "the table shows the receipt")
+	require.Contains(t, out, `{"n": 2}`, "the nacked message is back")
+
+	out, err = run(t, ctx, "", "version")
+	require.NoError(t, err)
+	require.Contains(t, out, "streamd ")
+	require.Contains(t, out, "schema migration")
+	out, err = run(t, ctx, "", "--version")
+	require.NoError(t, err)
+	require.Contains(t, out, "schema migration")
 }

@@ -66,7 +66,10 @@ cluster that streamd starts (or reuses), one per user whatever the directory
 		newDLQCmd(g),
 		newRetentionCmd(g),
 		newForwardCmd(g),
+		newVersionCmd(g),
 	)
+	root.Version = buildVersion().String()
+	root.SetVersionTemplate("{{.Version}}\n")
 	return root
 }
 
