@@ -63,3 +63,29 @@ func (c *Client) createOrGrow(ctx context.Context, name string, partitions int32
 	}
 	return nil
 }
+
+// MaxPayloadLimit is the largest payload limit SetMaxPayloadBytes takes (256 MiB; a
+// jsonb value cannot be larger).
+const MaxPayloadLimit = 256 << 20
+
+// SetMaxPayloadBytes sets stream name's payload limit (max_payload_bytes: an event's
+// data, bytes and headers). Appends check it in SQL at once; a Producer that loaded
+// the stream's metadata before checks the old limit on its side until it reloads it.
+// Errors: ErrStreamNotFound, ErrInvalidName, ErrInvalidArgument (outside 1 to
+// MaxPayloadLimit); nothing is written then.
+func (c *Client) SetMaxPayloadBytes(ctx context.Context, name string, n int32) error {
+	if !ValidName(name) {
+		return invalid(ErrInvalidName, "stream name %q: use 1 to 249 characters of A-Z a-z 0-9 . _ -", name)
+	}
+	if n < 1 || n > MaxPayloadLimit {
+		return invalid(ErrInvalidArgument, "stream %s: payload limit %d bytes must be between 1 and %d", name, n, MaxPayloadLimit)
+	}
+	tag, err := c.pool.Exec(ctx, "UPDATE streamd.streams SET max_payload_bytes = $2 WHERE stream_name = $1", name, n)
+	if err != nil {
+		return fmt.Errorf("set payload limit of %s: %w", name, sqlerr.Wrap(err))
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("set payload limit of %q: %w", name, ErrStreamNotFound)
+	}
+	return nil
+}

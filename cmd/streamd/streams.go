@@ -45,14 +45,15 @@ func newStreamCmd(g *globals) *cobra.Command {
 	}
 	create.Flags().Int32VarP(&partitions, "partitions", "p", 1, "number of partitions")
 
-	var grow int32
+	var grow, maxPayload int32
 	alter := &cobra.Command{
-		Use:   "alter NAME --partitions N",
-		Short: "Grow a stream to N partitions (keys re-map to partitions by the new count)",
+		Use:   "alter NAME [--partitions N] [--max-payload BYTES]",
+		Short: "Grow a stream to N partitions (keys re-map to partitions by the new count), or set its payload limit",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !cmd.Flags().Changed("partitions") {
-				return fmt.Errorf("give --partitions, the new partition count")
+			fl := cmd.Flags()
+			if !fl.Changed("partitions") && !fl.Changed("max-payload") {
+				return fmt.Errorf("give --partitions (the new partition count) or --max-payload (the payload limit in bytes)")
 			}
 			pool, err := g.pool(cmd.Context())
 			if err != nil {
@@ -60,8 +61,15 @@ func newStreamCmd(g *globals) *cobra.Command {
 			}
 			defer pool.Close()
 			c := streams.NewClient(pool, nil)
-			if err := c.GrowStream(cmd.Context(), args[0], grow); err != nil {
-				return err
+			if fl.Changed("max-payload") {
+				if err := c.SetMaxPayloadBytes(cmd.Context(), args[0], maxPayload); err != nil {
+					return err
+				}
+			}
+			if fl.Changed("partitions") {
+				if err := c.GrowStream(cmd.Context(), args[0], grow); err != nil {
+					return err
+				}
 			}
 			info, err := c.DescribeStream(cmd.Context(), args[0])
 			if err != nil {
@@ -71,6 +79,7 @@ func newStreamCmd(g *globals) *cobra.Command {
 		},
 	}
 	alter.Flags().Int32VarP(&grow, "partitions", "p", 0, "the new partition count (more than now)")
+	alter.Flags().Int32Var(&maxPayload, "max-payload", 0, "the largest event payload in bytes (data, bytes and headers)")
 
 	list := &cobra.Command{
 		Use:   "list",

@@ -65,3 +65,23 @@ func TestStatusesOfBadRequests(t *testing.T) {
 	require.Contains(t, string(raw), `"receipt_handle":"`+q+`/`)
 	require.True(t, strings.Contains(string(raw), `"lease_token":"`), "a token in hex: %s", raw)
 }
+
+// TestAlterStream: POST of an existing stream is 409 and changes nothing; PATCH grows
+// it and sets its payload limit; bad values are 400.
+func TestAlterStream(t *testing.T) {
+	t.Parallel()
+	c, _ := newServer(t)
+	s := testdb.Name("alter")
+	code, body := c.do("POST", "/v1/streams", adminToken, fmt.Sprintf(`{"name":%q,"partitions":2}`, s))
+	require.Equal(t, http.StatusCreated, code, "%v", body)
+	code, body = c.do("POST", "/v1/streams", adminToken, fmt.Sprintf(`{"name":%q,"partitions":3}`, s))
+	require.Equal(t, http.StatusConflict, code, "%v", body)
+	code, body = c.do("PATCH", "/v1/streams/"+s, adminToken, `{"partitions":3,"max_payload_bytes":1000}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.EqualValues(t, 3, body["partitions"])
+	require.EqualValues(t, 1000, body["max_payload_bytes"])
+	for _, bad := range []string{`{}`, `{"partitions":0}`, `{"max_payload_bytes":0}`, `{"partitions":1}`} {
+		code, body = c.do("PATCH", "/v1/streams/"+s, adminToken, bad)
+		require.Contains(t, []int{400, 409}, code, "%s: %v", bad, body)
+	}
+}

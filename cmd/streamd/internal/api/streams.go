@@ -74,26 +74,38 @@ func (s *Server) createStream(r *Request) (any, error) {
 	return &Status{Code: http.StatusCreated, Value: info}, nil
 }
 
-// alterStream grows a stream: {"partitions": N}.
+// alterStream grows a stream or sets its payload limit: {"partitions": N,
+// "max_payload_bytes": M}, either or both.
 func (s *Server) alterStream(r *Request) (any, error) {
 	name := r.PathValue("stream")
 	if err := r.Authorize(name, ActionAdmin); err != nil {
 		return nil, err
 	}
 	var req struct {
-		Partitions *int64 `json:"partitions"`
+		MaxPayloadBytes *int64 `json:"max_payload_bytes"`
+		Partitions      *int64 `json:"partitions"`
 	}
 	if err := r.Decode(&req); err != nil {
 		return nil, err
 	}
-	if req.Partitions == nil {
-		return nil, fmt.Errorf("%w: give partitions, the new partition count", ErrBadRequest)
+	if req.Partitions == nil && req.MaxPayloadBytes == nil {
+		return nil, fmt.Errorf("%w: give partitions (the new partition count) or max_payload_bytes", ErrBadRequest)
 	}
-	if *req.Partitions < 1 || *req.Partitions > math.MaxInt32 {
-		return nil, fmt.Errorf("%w: partitions %d: want a count of 1 or more", ErrBadRequest, *req.Partitions)
+	if p := req.Partitions; p != nil && (*p < 1 || *p > math.MaxInt32) {
+		return nil, fmt.Errorf("%w: partitions %d: want a count of 1 or more", ErrBadRequest, *p)
 	}
-	if err := s.streams.GrowStream(r.Context(), name, int32(*req.Partitions)); err != nil {
-		return nil, err
+	if m := req.MaxPayloadBytes; m != nil && (*m < 1 || *m > streams.MaxPayloadLimit) {
+		return nil, fmt.Errorf("%w: max_payload_bytes %d: want 1 to %d", ErrBadRequest, *m, streams.MaxPayloadLimit)
+	}
+	if m := req.MaxPayloadBytes; m != nil {
+		if err := s.streams.SetMaxPayloadBytes(r.Context(), name, int32(*m)); err != nil {
+			return nil, err
+		}
+	}
+	if p := req.Partitions; p != nil {
+		if err := s.streams.GrowStream(r.Context(), name, int32(*p)); err != nil {
+			return nil, err
+		}
 	}
 	return s.streams.DescribeStream(r.Context(), name)
 }
