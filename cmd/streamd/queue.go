@@ -339,7 +339,11 @@ func newDLQCmd(g *globals) *cobra.Command {
 			if err := requirePositive(cmd, "batch"); err != nil {
 				return err
 			}
-			n, err := c.Redrive(cmd.Context(), args[0], &ro)
+			prog := newProgress(cmd.ErrOrStderr(), g.logger, "dlq replay "+args[0])
+			opts := ro
+			opts.Progress = func(moved, limit int) { prog.update(moved, limit, false) }
+			n, err := c.Redrive(cmd.Context(), args[0], &opts)
+			prog.update(n, 0, true)
 			if err != nil {
 				return err
 			}

@@ -43,7 +43,7 @@ func newStreamCmd(g *globals) *cobra.Command {
 			return printStream(g, cmd, info)
 		},
 	}
-	create.Flags().Int32VarP(&partitions, "partitions", "p", 1, "number of partitions")
+	create.Flags().Int32Var(&partitions, "partitions", 1, "number of partitions (-p is --partition, a partition number, everywhere)")
 
 	var grow, maxPayload int32
 	alter := &cobra.Command{
@@ -78,7 +78,7 @@ func newStreamCmd(g *globals) *cobra.Command {
 			return printStream(g, cmd, info)
 		},
 	}
-	alter.Flags().Int32VarP(&grow, "partitions", "p", 0, "the new partition count (more than now)")
+	alter.Flags().Int32Var(&grow, "partitions", 0, "the new partition count (more than now)")
 	alter.Flags().Int32Var(&maxPayload, "max-payload", 0, "the largest event payload in bytes (data, bytes and headers)")
 
 	list := &cobra.Command{
