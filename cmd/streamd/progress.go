@@ -26,6 +26,9 @@ func newProgress(w io.Writer, logger *slog.Logger, what string) *progress {
 			tty = true
 		}
 	}
+	if logger == nil {
+		logger = slog.Default()
+	}
 	return &progress{w: w, tty: tty, logger: logger, what: what, interval: 5 * time.Second}
 }
 
