@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strconv"
 	"testing"
 	"time"
 
@@ -174,4 +175,28 @@ func TestCLIQueueSettleByReceiptAndVersion(t *testing.T) {
 	out, err = run(t, ctx, "", "--version")
 	require.NoError(t, err)
 	require.Contains(t, out, "schema migration")
+}
+
+// TestCLIRedriveTasks: dlq task create, list and cancel call the library's redrive
+// task methods, as the API does.
+func TestCLIRedriveTasks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dlq := testdb.Name("cli-task")
+	_, err := run(t, ctx, "", "queue", "create", dlq)
+	require.NoError(t, err)
+	out, err := run(t, ctx, "", "-o", "json", "dlq", "task", "create", dlq, "--max", "5")
+	require.NoError(t, err, out)
+	var tasks []messages.RedriveTask
+	require.NoError(t, json.Unmarshal([]byte(out), &tasks), out)
+	require.Len(t, tasks, 1)
+	require.Equal(t, messages.RedriveTaskPending, tasks[0].Status)
+	out, err = run(t, ctx, "", "dlq", "task", "list", "--status", "pending")
+	require.NoError(t, err)
+	require.Contains(t, out, dlq)
+	out, err = run(t, ctx, "", "dlq", "task", "cancel", dlq, strconv.FormatInt(tasks[0].ID, 10))
+	require.NoError(t, err, out)
+	require.Contains(t, out, "canceled")
+	_, err = run(t, ctx, "", "dlq", "task", "cancel", dlq, strconv.FormatInt(tasks[0].ID, 10))
+	require.ErrorIs(t, err, messages.ErrRedriveTaskNotFound)
 }

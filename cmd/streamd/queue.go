@@ -418,7 +418,7 @@ func newDLQCmd(g *globals) *cobra.Command {
 		},
 	}
 	discard.Flags().BoolVar(&discardAll, "all", false, "discard every dead letter not in flight")
-	cmd.AddCommand(list, replay, discard)
+	cmd.AddCommand(list, replay, discard, newRedriveTaskCmd(g))
 	return cmd
 }
 

@@ -222,6 +222,14 @@ func (c *Cluster) Restart(ctx context.Context, immediate bool) error {
 	if immediate {
 		mode = "immediate"
 	}
+	// Under the state folder's lock, as Ensure: a process that finds the server
+	// stopped mid-restart (a streamd command, another test binary) waits for the
+	// restart instead of starting the server itself under the restart's feet.
+	unlock, err := c.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "-m", mode, "-w", "-t", "60", "stop"); err != nil {
 		return fmt.Errorf("localpg: pg_ctl stop: %w: %s", err, out)
 	}
