@@ -1,6 +1,7 @@
 # streamd. The two commands a fresh machine needs: `make run` and `make test`.
-# With no STREAMD_DATABASE_URL, both start (or reuse) a private PostgreSQL cluster in
-# .state/pg (internal/localpg); `make db-stop` stops it.
+# With no STREAMD_DATABASE_URL, both start (or reuse) the user's private PostgreSQL
+# cluster (internal/localpg; STREAMD_STATE_DIR and STREAMD_PG_PORT choose another);
+# `make db-stop` stops it.
 
 GO        ?= go
 GOFLAGS   ?=
@@ -13,8 +14,10 @@ STREAMD   := $(GO) run ./cmd/streamd
 # Local development: without STREAMD_AUTH_TOKEN or STREAMD_AUTH_TOKEN_FILE the API
 # runs with authentication disabled (it listens on 127.0.0.1 unless
 # STREAMD_HTTP_ADDR says otherwise).
-run:
-	$(STREAMD) serve $(if $(STREAMD_AUTH_TOKEN)$(STREAMD_AUTH_TOKEN_FILE),,--auth-disabled)
+# The built binary, not `go run`: Ctrl-C reaches streamd itself, which stops cleanly
+# and exits 0 (go run exited 1, and a SIGINT to it alone left the server running).
+run: build
+	exec ./bin/streamd serve $(if $(STREAMD_AUTH_TOKEN)$(STREAMD_AUTH_TOKEN_FILE),,--auth-disabled)
 
 build:
 	$(GO) build -o bin/streamd ./cmd/streamd

@@ -53,6 +53,7 @@ it), the others are still applied, and the command then exits with an error.`,
 			}
 			results := []appliedStream{}
 			failed := 0
+			prog := newProgress(cmd.ErrOrStderr(), g.logger, "retention apply")
 			_, err = r.RunOnce(ctx, &retention.RunOnceOpts{DryRun: dryRun, Force: force, Streams: names,
 				Report: func(stream string, res *retention.StreamResult, err error) {
 					a := appliedStream{StreamResult: retention.StreamResult{Stream: stream, DryRun: dryRun, Partitions: []retention.PartitionResult{}}}
@@ -68,7 +69,9 @@ it), the others are still applied, and the command then exits with an error.`,
 						failed++
 					}
 					results = append(results, a)
+					prog.update(len(results), len(names), false, "stream", stream)
 				}})
+			prog.update(len(results), len(names), true)
 			if err != nil {
 				err = fmt.Errorf("retention apply: %d of %d streams failed: %w", failed, len(results), err)
 			}

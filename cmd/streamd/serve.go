@@ -232,8 +232,14 @@ func (c *serveConfig) tokens() (map[string]string, error) {
 }
 
 func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) error {
+	// Every setting is checked before the database is touched: a refused setting
+	// must not leave a migrated (or started) database behind.
 	tokens, err := c.tokens()
 	if err != nil {
+		return err
+	}
+	apiCfg := &api.Config{AuthDisabled: c.authDisabled, Logger: g.logger, MaxRequestBytes: c.maxRequestBytes, Tokens: tokens}
+	if err := apiCfg.Validate(); err != nil {
 		return err
 	}
 	pool, err := g.connect(ctx)
@@ -251,8 +257,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	up.Set(1)
 	reg.MustRegister(up)
 
-	apiSrv, err := api.New(pool, &api.Config{AuthDisabled: c.authDisabled, Logger: g.logger,
-		MaxRequestBytes: c.maxRequestBytes, Tokens: tokens})
+	apiSrv, err := api.New(pool, apiCfg)
 	if err != nil {
 		return err
 	}

@@ -102,7 +102,6 @@ $$;
 -- leave) a partition whose row an in-flight commit holds is skipped: it stays the
 -- removed member's, an orphan, until that transaction ends and cg_move_orphans moves
 -- it, so the caller, holding the group row, never waits for a member's transaction.
-DROP FUNCTION IF EXISTS streamd.cg_drop_member(text, text, text, timestamptz);
 CREATE OR REPLACE FUNCTION streamd.cg_drop_member(p_stream_name text, p_group_id text, p_consumer_id text, p_now timestamptz,
                                                   p_wait boolean)
 RETURNS void

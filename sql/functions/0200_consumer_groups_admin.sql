@@ -144,7 +144,6 @@ $$;
 -- (or resumes) fetching them, across handovers, until resumed. p_create: a group that
 -- does not exist yet is made (a consumer pausing before it joins); without it, an
 -- unknown group is SD102 (an operator's typo must not make a group).
-DROP FUNCTION IF EXISTS streamd.set_partitions_paused(text, text, integer[], boolean);
 CREATE OR REPLACE FUNCTION streamd.set_partitions_paused(p_stream_name text, p_group_id text, p_partitions integer[],
                                                          p_paused boolean, p_create boolean)
 RETURNS void

@@ -47,32 +47,9 @@
 -- tenant role only its own groups and messages; the owner sees all of them, so every
 -- statement that goes from a group row to its messages names the tenant.
 
--- Functions whose result type changed since they were first applied (CREATE OR
--- REPLACE cannot change it). Nothing depends on them.
-DROP FUNCTION IF EXISTS streamd.queue_ack(text, bigint[], uuid[], timestamptz);
-DROP FUNCTION IF EXISTS streamd.queue_nack(text, bigint[], uuid[], bigint[], text[], timestamptz);
-DROP FUNCTION IF EXISTS streamd.queue_extend(text, bigint[], uuid[], bigint, timestamptz);
-DROP FUNCTION IF EXISTS streamd.queue_term(text, bigint[], uuid[], text[], timestamptz);
--- queue_send gained p_fresh_ids (with a default: a call with the old arguments would
--- otherwise match both).
-DROP FUNCTION IF EXISTS streamd.queue_send(text, text[], text[], text[], bigint[], timestamptz[], text[], integer[], text[], timestamptz);
--- Groups are per tenant (migration 0014): queue_lock_groups returns the groups' tenants
--- too, and queue_groups_advance takes them.
-DROP FUNCTION IF EXISTS streamd.queue_lock_groups(text, bigint[], uuid[]);
--- Binary payloads (migration 0062): queue_send and queue_send_check take data_bytes,
--- and queue_receive returns it.
-DROP FUNCTION IF EXISTS streamd.queue_send(text, text[], text[], text[], bigint[], timestamptz[], text[], integer[], text[], timestamptz, boolean);
-DROP FUNCTION IF EXISTS streamd.queue_send_check(streamd.queues, text[], text[], text[], bigint[], integer[], text[]);
-DO $$
-BEGIN
-    -- Only the version without data_bytes in its result: the current one is kept.
-    IF EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-               WHERE n.nspname = 'streamd' AND p.proname = 'queue_receive' AND NOT ('data_bytes' = ANY(p.proargnames))) THEN
-        DROP FUNCTION streamd.queue_receive(text, integer, bigint, timestamptz);
-    END IF;
-END;
-$$;
-DROP FUNCTION IF EXISTS streamd.queue_groups_advance(text, text[], timestamptz);
+-- (The older signatures of queue_ack, queue_nack, queue_extend, queue_term, queue_send,
+-- queue_lock_groups and queue_groups_advance are dropped by migration 0023, those
+-- that binary payloads changed by migration 0066.)
 
 -- The queue's row; raises SD202 for an invalid name and SD201 for an unknown queue.
 CREATE OR REPLACE FUNCTION streamd.queue_get(p_queue text) RETURNS streamd.queues

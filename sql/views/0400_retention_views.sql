@@ -35,8 +35,3 @@ SELECT rp.stream_name,
                         AND e."offset" >= h.log_start_offset AND e."offset" < h.next_offset
                       ORDER BY e."offset" DESC LIMIT 1) l ON true
  GROUP BY rp.stream_name;
-
--- The reason a group partition is not progressing is a column of
--- consumer_group_status (sql/views/0200_consumer_group_views.sql); an earlier separate
--- view is gone.
-DROP VIEW IF EXISTS streamd.consumer_group_progress;
