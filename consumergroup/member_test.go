@@ -312,8 +312,10 @@ func TestStaticMembershipKeepsPartitions(t *testing.T) {
 }
 
 // TestCommitHoldsOffHandover: a commit inside an open transaction (CommitTx) holds
-// its partition: a release or expiry waits until that transaction ends, so an
-// accepted commit can never land after the partition moved.
+// its partition: the owner's own release waits until that transaction ends, so an
+// accepted commit can never land after the partition moved. (Departures, leave and
+// expiry, do not wait since issue 16: the partition stays the departed member's until
+// the transaction ends; TestDepartureDoesNotWaitForAnOpenCommitTx.)
 func TestCommitHoldsOffHandover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -328,19 +330,18 @@ func TestCommitHoldsOffHandover(t *testing.T) {
 	defer tx.Rollback(ctx)
 	require.NoError(t, a.commit(ctx, tx, []PartitionOffset{{Partition: 0, Offset: 0}}, nil))
 
-	left := make(chan error, 1)
+	released := make(chan error, 1)
 	go func() {
-		_, err := a.leave(ctx, pool, nil)
-		left <- err
+		released <- a.release(ctx, pool, []int32{0}, nil)
 	}()
+	testdb.WaitForLockWait(t, pool, tx, "release_partitions")
 	select {
-	case err := <-left:
-		t.Fatalf("leave finished while a commit held the partition: %v", err)
-	case <-time.After(300 * time.Millisecond):
-		// Not a sleep-for-condition: asserting that something does NOT happen.
+	case err := <-released:
+		t.Fatalf("release finished while a commit held the partition: %v", err)
+	default:
 	}
 	require.NoError(t, tx.Commit(ctx))
-	require.NoError(t, <-left)
+	require.NoError(t, <-released)
 }
 
 // TestErrorCodesMap: every consumer-group SQLSTATE maps to its sentinel.

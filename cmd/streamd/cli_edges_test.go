@@ -29,7 +29,7 @@ func committedGroup(t *testing.T, ctx context.Context) (stream, group string) {
 		_, err := sc.Produce(ctx, streams.Record{Stream: stream, Partition: streams.PartitionOf(int32(i % 2)), Data: json.RawMessage(`{}`)})
 		require.NoError(t, err)
 	}
-	cons, err := consumergroup.New(sc.Pool(), consumergroup.Config{Stream: stream, Group: group, SessionTimeout: 5 * time.Second})
+	cons, err := consumergroup.New(sc.Pool(), &consumergroup.Config{Stream: stream, Group: group, SessionTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	rctx, stop := context.WithCancel(ctx)
 	seen := 0
