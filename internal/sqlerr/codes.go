@@ -21,6 +21,13 @@ const (
 	DeadLetterNotFound = "SD106"
 	AlreadyCommitted   = "SD107"
 
+	// Kafka classic-protocol groups (sql/functions/0220_kafka_groups.sql).
+	UnknownMember            = "SD150"
+	InconsistentProtocol     = "SD151"
+	FencedInstance           = "SD152"
+	IllegalGeneration        = "SD153"
+	ClassicRebalanceUnderway = "SD154"
+
 	// Queues (sql/functions/0300_messages.sql).
 	QueueNotFound        = "SD201"
 	InvalidQueueName     = "SD202"
