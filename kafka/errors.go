@@ -1,0 +1,37 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/streamd/streamd/streams"
+)
+
+// errorCode maps a library error onto the Kafka error code a client understands.
+// Errors not listed are UNKNOWN_SERVER_ERROR (the client may retry).
+func errorCode(err error) int16 {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, streams.ErrStreamNotFound), errors.Is(err, streams.ErrPartitionNotFound):
+		return kerr.UnknownTopicOrPartition.Code
+	case errors.Is(err, streams.ErrInvalidName):
+		return kerr.InvalidTopicException.Code
+	case errors.Is(err, streams.ErrPayloadTooLarge):
+		return kerr.MessageTooLarge.Code
+	case errors.Is(err, streams.ErrInvalidJSON):
+		return kerr.InvalidRecord.Code
+	case errors.Is(err, streams.ErrOffsetOutOfRange):
+		return kerr.OffsetOutOfRange.Code
+	case errors.Is(err, streams.ErrPartitionsDecrease):
+		return kerr.InvalidPartitions.Code
+	case errors.Is(err, streams.ErrInvalidArgument):
+		return kerr.InvalidRequest.Code
+	case errors.Is(err, context.DeadlineExceeded):
+		return kerr.RequestTimedOut.Code
+	default:
+		return kerr.UnknownServerError.Code
+	}
+}
