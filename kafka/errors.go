@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -28,6 +29,26 @@ func errorCode(err error) int16 {
 	case errors.Is(err, streams.ErrPartitionsDecrease):
 		return kerr.InvalidPartitions.Code
 	case errors.Is(err, streams.ErrInvalidArgument):
+		return kerr.InvalidRequest.Code
+	case errors.Is(err, consumergroup.ErrUnknownMember):
+		return kerr.UnknownMemberID.Code
+	case errors.Is(err, consumergroup.ErrIllegalGeneration):
+		return kerr.IllegalGeneration.Code
+	case errors.Is(err, consumergroup.ErrRebalanceInProgress):
+		return kerr.RebalanceInProgress.Code
+	case errors.Is(err, consumergroup.ErrInconsistentGroupProtocol):
+		return kerr.InconsistentGroupProtocol.Code
+	case errors.Is(err, consumergroup.ErrInstanceFenced):
+		return kerr.FencedInstanceID.Code
+	case errors.Is(err, consumergroup.ErrInvalidGroupID):
+		return kerr.InvalidGroupID.Code
+	case errors.Is(err, consumergroup.ErrGroupNotFound):
+		return kerr.GroupIDNotFound.Code
+	case errors.Is(err, consumergroup.ErrGroupNotEmpty):
+		return kerr.NonEmptyGroup.Code
+	case errors.Is(err, consumergroup.ErrGroupSubscribed):
+		return kerr.GroupSubscribedToTopic.Code
+	case errors.Is(err, consumergroup.ErrInvalidArgument):
 		return kerr.InvalidRequest.Code
 	case errors.Is(err, context.DeadlineExceeded):
 		return kerr.RequestTimedOut.Code

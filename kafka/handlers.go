@@ -22,8 +22,19 @@ type handler struct {
 // handlers is the dispatch table: adding an API is one file and one line here.
 // ApiVersions answers from it.
 var handlers = []*handler{
-	&apiVersionsHandler,
 	&metadataHandler,
+	&offsetCommitHandler,
+	&offsetFetchHandler,
+	&findCoordinatorHandler,
+	&joinGroupHandler,
+	&heartbeatHandler,
+	&leaveGroupHandler,
+	&syncGroupHandler,
+	&describeGroupsHandler,
+	&listGroupsHandler,
+	&apiVersionsHandler,
+	&deleteGroupsHandler,
+	&offsetDeleteHandler,
 }
 
 // handlerTable indexes handlers by key, checking that no key appears twice and that

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/streamd/streamd/brokers"
+	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -130,6 +131,7 @@ type Server struct {
 	cfg     Config
 	logger  *slog.Logger
 	streams *streams.Client
+	groups  *consumergroup.Classic
 	metrics *metrics
 	table   map[int16]*handler
 
@@ -151,8 +153,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	groups, err := consumergroup.NewClassic(pool, nil)
+	if err != nil {
+		return nil, err
+	}
 	return &Server{
 		pool:    pool,
+		groups:  groups,
 		cfg:     c,
 		logger:  c.Logger,
 		streams: streams.NewClient(pool, &streams.ClientConfig{Logger: c.Logger}),

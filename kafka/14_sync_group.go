@@ -1,0 +1,41 @@
+package kafka
+
+import (
+	"context"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/consumergroup"
+)
+
+// SyncGroup (classic protocol): the leader brings the generation's assignment (computed
+// by the client: range, roundrobin, cooperative-sticky, ...); the others wait for it.
+var syncGroupHandler = handler{key: 14, min: 0, max: 5, fn: handleSyncGroup}
+
+func handleSyncGroup(ctx context.Context, r *request) (kmsg.Response, error) {
+	req := r.kreq.(*kmsg.SyncGroupRequest)
+	resp := req.ResponseKind().(*kmsg.SyncGroupResponse)
+	sync := &consumergroup.ClassicSync{
+		Group:        req.Group,
+		MemberID:     req.MemberID,
+		InstanceID:   groupString(req.InstanceID),
+		Generation:   req.Generation,
+		ProtocolType: groupString(req.ProtocolType),
+		Protocol:     groupString(req.Protocol),
+	}
+	for _, a := range req.GroupAssignment {
+		sync.Assignments = append(sync.Assignments, consumergroup.ClassicAssignment{MemberID: a.MemberID, Assignment: a.MemberAssignment})
+	}
+	wctx, cancel := untilDraining(ctx, r)
+	defer cancel()
+	res, err := r.s.groups.Sync(wctx, sync)
+	if err != nil {
+		resp.ErrorCode = waitErrorCode(wctx, err)
+		resp.MemberAssignment = []byte{}
+		return resp, nil
+	}
+	resp.ProtocolType = groupNullable(res.ProtocolType)
+	resp.Protocol = groupNullable(res.Protocol)
+	resp.MemberAssignment = res.Assignment
+	return resp, nil
+}

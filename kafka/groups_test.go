@@ -1,0 +1,245 @@
+package kafka
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// assignments tracks what each group client owns, from its rebalance callbacks.
+type assignments struct {
+	mu    sync.Mutex
+	owned map[string]map[int32]bool // client name -> partitions
+}
+
+func newAssignments() *assignments { return &assignments{owned: map[string]map[int32]bool{}} }
+
+func (a *assignments) opts(name string) []kgo.Opt {
+	a.mu.Lock()
+	a.owned[name] = map[int32]bool{}
+	a.mu.Unlock()
+	return []kgo.Opt{
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			for _, ps := range m {
+				for _, p := range ps {
+					a.owned[name][p] = true
+				}
+			}
+		}),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			for _, ps := range m {
+				for _, p := range ps {
+					delete(a.owned[name], p)
+				}
+			}
+		}),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			for _, ps := range m {
+				for _, p := range ps {
+					delete(a.owned[name], p)
+				}
+			}
+		}),
+	}
+}
+
+func (a *assignments) of(name string) []int32 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []int32
+	for p := range a.owned[name] {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (a *assignments) drop(name string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.owned, name)
+}
+
+// balanced reports whether the members together own each of n partitions exactly once,
+// every member owning n/m or n/m+1 of them.
+func (a *assignments) balanced(n int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	seen := map[int32]int{}
+	for _, ps := range a.owned {
+		if len(ps) < n/len(a.owned) || len(ps) > n/len(a.owned)+1 {
+			return false
+		}
+		for p := range ps {
+			seen[p]++
+		}
+	}
+	if len(seen) != n {
+		return false
+	}
+	for _, c := range seen {
+		if c != 1 {
+			return false
+		}
+	}
+	return true
+}
+
+func groupClientOpts(group, topic string, balancer kgo.GroupBalancer) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic), kgo.Balancers(balancer),
+		kgo.SessionTimeout(3 * time.Second), kgo.HeartbeatInterval(200 * time.Millisecond),
+		kgo.RebalanceTimeout(10 * time.Second), kgo.DisableAutoCommit(),
+	}
+}
+
+// TestGroupRebalancesWithKgo: franz-go group clients (range and cooperative-sticky,
+// the assignment computed by the client leader) share a topic's partitions exactly
+// once and balanced; a member that joins later and one that leaves rebalance the
+// group; kadm sees the group and its members; commits from the current generation
+// land and are read back, and the admin cannot delete a group with members.
+func TestGroupRebalancesWithKgo(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		balancer kgo.GroupBalancer
+		protocol string
+	}{
+		{"range", kgo.RangeBalancer(), "range"},
+		{"cooperative-sticky", kgo.CooperativeStickyBalancer(), "cooperative-sticky"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool := testdb.Pool(t)
+			ts := startServer(t, pool, nil)
+			ctx := testCtx(t)
+			topic, group := testdb.Name("kg"), testdb.Name("kg")
+			require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, topic, 6))
+			for p := int32(0); p < 6; p++ {
+				recs := make([]streams.Record, 5)
+				for i := range recs {
+					recs[i] = streams.Record{Stream: topic, Partition: &p, Bytes: []byte("v")}
+				}
+				_, err := streams.NewClient(pool, nil).Produce(ctx, recs...)
+				require.NoError(t, err)
+			}
+			as := newAssignments()
+			c1 := newClient(t, []string{ts.addr}, append(groupClientOpts(group, topic, tc.balancer), as.opts("c1")...)...)
+			c2 := newClient(t, []string{ts.addr}, append(groupClientOpts(group, topic, tc.balancer), as.opts("c2")...)...)
+			require.Eventually(t, func() bool { return as.balanced(6) }, 30*time.Second, 10*time.Millisecond, "two members")
+
+			c3 := newClient(t, []string{ts.addr}, append(groupClientOpts(group, topic, tc.balancer), as.opts("c3")...)...)
+			require.Eventually(t, func() bool { return as.balanced(6) }, 30*time.Second, 10*time.Millisecond, "three members")
+
+			adm := newAdmin(t, ts.addr)
+			require.Eventually(t, func() bool {
+				dg, err := adm.DescribeGroups(ctx, group)
+				require.NoError(t, err)
+				d := dg[group]
+				return d.State == "Stable" && len(d.Members) == 3 && d.Protocol == tc.protocol && d.ProtocolType == "consumer"
+			}, 30*time.Second, 10*time.Millisecond)
+			listed, err := adm.ListGroups(ctx)
+			require.NoError(t, err)
+			require.Contains(t, listed.Groups(), group)
+			deleted, err := adm.DeleteGroups(ctx, group)
+			require.NoError(t, err)
+			require.ErrorIs(t, deleted[group].Err, kerr.NonEmptyGroup)
+
+			// A member commits within its generation; the offsets read back, and are the
+			// rows streamd's own admin reports.
+			var committed kadm.Offsets
+			require.Eventually(t, func() bool {
+				owned := map[string][]int32{topic: as.of("c1")}
+				if len(owned[topic]) == 0 {
+					return false
+				}
+				offs := map[string]map[int32]kgo.EpochOffset{topic: {}}
+				for _, p := range owned[topic] {
+					offs[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: 3}
+				}
+				var cerr error
+				c1.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+					cerr = err
+					if err == nil {
+						for _, rt := range resp.Topics {
+							for _, rp := range rt.Partitions {
+								if e := kerr.ErrorForCode(rp.ErrorCode); e != nil {
+									cerr = e
+								}
+							}
+						}
+					}
+				})
+				if cerr != nil {
+					return false // a rebalance was under way; try again
+				}
+				committed = kadm.Offsets{}
+				for _, p := range owned[topic] {
+					committed.Add(kadm.Offset{Topic: topic, Partition: p, At: 3, LeaderEpoch: -1})
+				}
+				return true
+			}, 30*time.Second, 50*time.Millisecond)
+			fetched, err := adm.FetchOffsets(ctx, group)
+			require.NoError(t, err)
+			committed.Each(func(o kadm.Offset) {
+				got, ok := fetched.Lookup(topic, o.Partition)
+				require.True(t, ok, "partition %d", o.Partition)
+				require.Equal(t, int64(3), got.At)
+			})
+			d, err := consumergroup.NewAdmin(pool).DescribeGroup(ctx, topic, group)
+			require.NoError(t, err)
+			lagged := 0
+			for _, ps := range d.PartitionStatus {
+				if ps.CommittedOffset != nil {
+					require.Equal(t, int64(2), ps.Lag)
+					lagged++
+				}
+			}
+			require.Equal(t, len(committed[topic]), lagged)
+
+			// c2 leaves: the other two take over its partitions.
+			c2.Close()
+			as.drop("c2")
+			require.Eventually(t, func() bool { return as.balanced(6) }, 30*time.Second, 10*time.Millisecond, "after c2 left")
+			c1.Close()
+			c3.Close()
+			as.drop("c1")
+			as.drop("c3")
+			require.Eventually(t, func() bool {
+				dg, err := adm.DescribeGroups(ctx, group)
+				require.NoError(t, err)
+				return dg[group].State == "Empty"
+			}, 30*time.Second, 10*time.Millisecond)
+
+			// Offsets of an empty group can be deleted, then the group.
+			var toDelete kadm.TopicsSet = map[string]map[int32]struct{}{topic: {0: {}}}
+			odr, err := adm.DeleteOffsets(ctx, group, toDelete)
+			require.NoError(t, err)
+			require.NoError(t, odr.Error())
+			deleted, err = adm.DeleteGroups(ctx, group)
+			require.NoError(t, err)
+			require.NoError(t, deleted[group].Err)
+			listed, err = adm.ListGroups(ctx)
+			require.NoError(t, err)
+			require.False(t, slices.Contains(listed.Groups(), group))
+		})
+	}
+}
