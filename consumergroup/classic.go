@@ -254,6 +254,10 @@ type ClassicSync struct {
 type ClassicAssignment struct {
 	MemberID   string
 	Assignment []byte
+	// Partitions is what Assignment gives the member, when the wire layer could decode
+	// it (protocol type "consumer"): consumer_group_status then shows the member as
+	// their owner. Unknown streams and partitions are left out.
+	Partitions []StreamPartition
 }
 
 // ClassicSyncResult is a SyncGroup response.
@@ -268,17 +272,14 @@ type ClassicSyncResult struct {
 // ErrIllegalGeneration, ErrRebalanceInProgress (a new rebalance began: join again),
 // ErrInconsistentGroupProtocol, ctx's error.
 func (c *Classic) Sync(ctx context.Context, req *ClassicSync) (*ClassicSyncResult, error) {
-	var ids []string
-	var assignments [][]byte
-	if len(req.Assignments) > 0 {
-		ids = make([]string, len(req.Assignments))
-		assignments = make([][]byte, len(req.Assignments))
-		for i, a := range req.Assignments {
-			ids[i], assignments[i] = a.MemberID, nonNilBytes(a.Assignment)
+	// Non-nil even when empty: a leader with nothing to assign still stores that.
+	ids, assignments := make([]string, len(req.Assignments)), make([][]byte, len(req.Assignments))
+	ownedIDs, ownedStreams, ownedParts := []string{}, []string{}, []int32{}
+	for i, a := range req.Assignments {
+		ids[i], assignments[i] = a.MemberID, nonNilBytes(a.Assignment)
+		for _, p := range a.Partitions {
+			ownedIDs, ownedStreams, ownedParts = append(ownedIDs, a.MemberID), append(ownedStreams, p.Stream), append(ownedParts, p.Partition)
 		}
-	} else {
-		// The leader of an empty group still says so with an empty list.
-		ids, assignments = []string{}, [][]byte{}
 	}
 	for {
 		var (
@@ -288,9 +289,9 @@ func (c *Classic) Sync(ctx context.Context, req *ClassicSync) (*ClassicSyncResul
 			protocol     *string
 		)
 		err := c.pool.QueryRow(ctx, `SELECT outcome, assignment, protocol_type, protocol_name
-			FROM streamd.kafka_group_sync($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			FROM streamd.kafka_group_sync($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 			req.Group, req.MemberID, nullable(req.InstanceID), req.Generation, req.ProtocolType, req.Protocol,
-			ids, assignments, c.now()).Scan(&outcome, &res.Assignment, &protocolType, &protocol)
+			ids, assignments, ownedIDs, ownedStreams, ownedParts, c.now()).Scan(&outcome, &res.Assignment, &protocolType, &protocol)
 		if err != nil {
 			return nil, fmt.Errorf("sync group %s as %s (generation %d): %w", req.Group, req.MemberID, req.Generation, sqlerr.Wrap(err))
 		}

@@ -477,3 +477,66 @@ func TestClassicErrorCodesMap(t *testing.T) {
 		require.True(t, errors.Is(err, want), code)
 	}
 }
+
+// TestClassicGroupIsAGroupOfItsStreams: a classic group's offsets and assignment show in
+// consumer_group_status (owner, lag, reason) like a native group's; consumer-aware
+// retention keeps what its live members have not committed; and a native member
+// cannot join the group id while classic members hold it.
+func TestClassicGroupIsAGroupOfItsStreams(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, _ := newClassic(t, pool)
+	stream := newStream(t, pool, 1)
+	produceN(t, pool, stream, 0, 10)
+	group := testdb.Name("kg")
+
+	req := classicJoin(group, "", "")
+	req.Topics = []string{stream}
+	a, err := c.Join(ctx, req)
+	require.NoError(t, err)
+	_, err = c.Sync(ctx, &ClassicSync{Group: group, MemberID: a.MemberID, Generation: a.Generation,
+		Assignments: []ClassicAssignment{{MemberID: a.MemberID, Assignment: []byte("x"),
+			Partitions: []StreamPartition{{stream, 0}, {stream, 5}, {"no-such-stream", 0}}}}})
+	require.NoError(t, err)
+	_, err = c.CommitOffsets(ctx, &ClassicCommit{Group: group, MemberID: a.MemberID, Generation: a.Generation,
+		Offsets: []StreamOffset{{Stream: stream, Partition: 0, Offset: 4}}})
+	require.NoError(t, err)
+
+	var (
+		owner  *string
+		epoch  *int64
+		lag    int64
+		reason *string
+	)
+	err = pool.QueryRow(ctx, `SELECT consumer_id, member_epoch, lag, reason FROM streamd.consumer_group_status
+		WHERE stream_name = $1 AND group_id = $2 AND partition = 0`, stream, group).Scan(&owner, &epoch, &lag, &reason)
+	require.NoError(t, err)
+	require.Equal(t, a.MemberID, *owner)
+	require.Equal(t, int64(a.Generation), *epoch)
+	require.Equal(t, int64(6), lag)
+	require.Nil(t, reason, "a live owner: progressing")
+
+	var target int64
+	var limitedBy *string
+	err = pool.QueryRow(ctx, `SELECT target_offset, limited_by FROM streamd.retention_targets($1, NULL, 2, NULL, true, NULL)
+		WHERE partition = 0`, stream).Scan(&target, &limitedBy)
+	require.NoError(t, err)
+	require.Equal(t, int64(4), target, "retention stops at the live classic group's offset")
+	require.Equal(t, group, *limitedBy)
+
+	_, err = memberJoin(ctx, pool, stream, group, "native-1", "", testSession, time.Minute, nil)
+	require.ErrorIs(t, err, ErrInconsistentGroupProtocol)
+
+	// Once the member is gone the partition is unowned and retention is free.
+	_, err = c.Leave(ctx, group, []ClassicLeaver{{MemberID: a.MemberID}})
+	require.NoError(t, err)
+	err = pool.QueryRow(ctx, `SELECT reason FROM streamd.consumer_group_status
+		WHERE stream_name = $1 AND group_id = $2 AND partition = 0`, stream, group).Scan(&reason)
+	require.NoError(t, err)
+	require.Equal(t, "unowned", *reason)
+	err = pool.QueryRow(ctx, `SELECT target_offset FROM streamd.retention_targets($1, NULL, 2, NULL, true, NULL)
+		WHERE partition = 0`, stream).Scan(&target)
+	require.NoError(t, err)
+	require.Equal(t, int64(8), target)
+}

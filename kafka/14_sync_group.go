@@ -24,7 +24,11 @@ func handleSyncGroup(ctx context.Context, r *request) (kmsg.Response, error) {
 		Protocol:     groupString(req.Protocol),
 	}
 	for _, a := range req.GroupAssignment {
-		sync.Assignments = append(sync.Assignments, consumergroup.ClassicAssignment{MemberID: a.MemberID, Assignment: a.MemberAssignment})
+		ca := consumergroup.ClassicAssignment{MemberID: a.MemberID, Assignment: a.MemberAssignment}
+		if sync.ProtocolType == "" || sync.ProtocolType == "consumer" {
+			ca.Partitions = assignedPartitions(a.MemberAssignment)
+		}
+		sync.Assignments = append(sync.Assignments, ca)
 	}
 	wctx, cancel := untilDraining(ctx, r)
 	defer cancel()
@@ -38,4 +42,21 @@ func handleSyncGroup(ctx context.Context, r *request) (kmsg.Response, error) {
 	resp.Protocol = groupNullable(res.Protocol)
 	resp.MemberAssignment = res.Assignment
 	return resp, nil
+}
+
+// assignedPartitions decodes a "consumer" protocol assignment; nil when it does not
+// decode (another protocol type), which only leaves consumer_group_status without
+// the owners.
+func assignedPartitions(b []byte) []consumergroup.StreamPartition {
+	var a kmsg.ConsumerMemberAssignment
+	if len(b) == 0 || a.ReadFrom(b) != nil {
+		return nil
+	}
+	var out []consumergroup.StreamPartition
+	for _, t := range a.Topics {
+		for _, p := range t.Partitions {
+			out = append(out, consumergroup.StreamPartition{Stream: t.Topic, Partition: p})
+		}
+	}
+	return out
 }

@@ -206,8 +206,12 @@ func TestGroupRebalancesWithKgo(t *testing.T) {
 			})
 			d, err := consumergroup.NewAdmin(pool).DescribeGroup(ctx, topic, group)
 			require.NoError(t, err)
+			c1ID, _ := c1.GroupMetadata()
 			lagged := 0
 			for _, ps := range d.PartitionStatus {
+				if slices.Contains(as.of("c1"), ps.Partition) {
+					require.Equal(t, c1ID, ps.Owner, "consumer_group_status names the classic owner of %d", ps.Partition)
+				}
 				if ps.CommittedOffset != nil {
 					require.Equal(t, int64(2), ps.Lag)
 					lagged++

@@ -245,6 +245,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD105',
             MESSAGE = format('session timeout %s ms and rebalance timeout %s ms must be positive', p_session_timeout_ms, p_rebalance_timeout_ms);
     END IF;
+    -- A group id with live Kafka classic members is a classic group (0220_kafka_groups.sql).
+    IF EXISTS (SELECT 1 FROM streamd.kafka_group_members km
+                WHERE km.group_id = p_group_id
+                  AND km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' >= v_now) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD151',
+            MESSAGE = format('group %L is a Kafka classic group with live members; a streamd member cannot join it', p_group_id);
+    END IF;
     PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, true);
     PERFORM streamd.cg_expire(p_stream_name, p_group_id, v_now);
     UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now

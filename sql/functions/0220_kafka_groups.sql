@@ -410,7 +410,8 @@ $$;
 -- SD154 while the group is rebalancing again; SD151 when a given protocol type or name
 -- is not the group's), records that the member is alive, and stores the leader's
 -- assignment (p_assign_ids, p_assignments: members of the generation not named get an
--- empty one) which makes the group Stable. Returns outcome 'done' with the member's
+-- empty one) which makes the group Stable, with the partitions each member got when
+-- the wire layer decoded them (p_owned_*: member, stream, partition triples). Returns outcome 'done' with the member's
 -- assignment once the group is Stable, 'waiting' before.
 CREATE OR REPLACE FUNCTION streamd.kafka_group_sync(
     p_group_id      text,
@@ -421,6 +422,9 @@ CREATE OR REPLACE FUNCTION streamd.kafka_group_sync(
     p_protocol_name text,
     p_assign_ids    text[],
     p_assignments   bytea[],
+    p_owned_ids     text[],
+    p_owned_streams text[],
+    p_owned_parts   integer[],
     p_now           timestamptz
 ) RETURNS TABLE (outcome text, assignment bytea, protocol_type text, protocol_name text)
 LANGUAGE plpgsql AS $$
@@ -463,6 +467,22 @@ BEGIN
          WHERE m.group_id = p_group_id AND m.generation = v_group.generation;
         UPDATE streamd.kafka_groups g SET state = 'Stable', updated_at = v_now WHERE g.group_id = p_group_id;
         v_group.state := 'Stable';
+        -- The decoded assignment, for consumer_group_status: the group becomes a group
+        -- of each stream it consumes, as a native group would.
+        DELETE FROM streamd.kafka_group_assignments a WHERE a.group_id = p_group_id;
+        INSERT INTO streamd.consumer_groups (stream_name, group_id)
+        SELECT DISTINCT s.stream_name, p_group_id
+          FROM unnest(p_owned_streams) AS u(s) JOIN streamd.streams s ON s.stream_name = u.s
+         ORDER BY 1
+        ON CONFLICT DO NOTHING;
+        INSERT INTO streamd.kafka_group_assignments (stream_name, group_id, partition, member_id)
+        SELECT u.s, p_group_id, u.p, u.m
+          FROM unnest(p_owned_ids, p_owned_streams, p_owned_parts) AS u(m, s, p)
+          JOIN streamd.kafka_group_members m ON m.group_id = p_group_id AND m.member_id = u.m
+                                            AND m.generation = v_group.generation
+          JOIN streamd.stream_partitions h ON h.stream_name = u.s AND h.partition = u.p
+         ORDER BY u.s, u.p
+        ON CONFLICT DO NOTHING;
     END IF;
     protocol_type := v_group.protocol_type;
     protocol_name := v_group.protocol_name;

@@ -65,3 +65,19 @@ CREATE UNIQUE INDEX kafka_group_members_instance
 
 -- The order in which members joined: the first to join a generation leads it.
 CREATE SEQUENCE streamd.kafka_group_join_seq;
+
+-- The partitions each member of the current generation was given, when the wire layer
+-- could decode the leader's assignment (protocol type "consumer"): how
+-- consumer_group_status shows the owners of a classic group's partitions. Replaced by
+-- every leader's SyncGroup; a member's rows go with it.
+CREATE TABLE streamd.kafka_group_assignments (
+    stream_name text    NOT NULL,
+    group_id    text    NOT NULL,
+    partition   integer NOT NULL,
+    member_id   text    NOT NULL,
+    PRIMARY KEY (stream_name, group_id, partition),
+    FOREIGN KEY (group_id, member_id) REFERENCES streamd.kafka_group_members (group_id, member_id)
+        ON DELETE CASCADE ON UPDATE CASCADE
+);
+
+CREATE INDEX kafka_group_assignments_member ON streamd.kafka_group_assignments (group_id, member_id);
