@@ -247,3 +247,146 @@ func TestGroupRebalancesWithKgo(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupErrorCodesOnTheWire: the fencing of a classic group as a client sees it,
+// request by request: MEMBER_ID_REQUIRED for a new member (JoinGroup v4+), then
+// ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID and FENCED_INSTANCE_ID on commits and
+// heartbeats (nothing written), REBALANCE_IN_PROGRESS once another member joins,
+// INCONSISTENT_GROUP_PROTOCOL for a group id held by streamd members, GROUP_ID_NOT_FOUND
+// and INVALID_GROUP_ID from the admin APIs.
+func TestGroupErrorCodesOnTheWire(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, nil)
+	ctx := testCtx(t)
+	cl := newClient(t, []string{ts.addr})
+	topic, group := testdb.Name("kg"), testdb.Name("kg")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, topic, 2))
+	produceTopic(t, pool, topic, 2, 5)
+
+	// A second client for the member that waits in JoinGroup while the first one goes
+	// on: a client's requests on one connection are answered in order.
+	other := newClient(t, []string{ts.addr})
+	joinWith := func(cl *kgo.Client, memberID, instanceID string) *kmsg.JoinGroupResponse {
+		req := kmsg.NewPtrJoinGroupRequest()
+		req.Group, req.MemberID, req.SessionTimeoutMillis, req.RebalanceTimeoutMillis = group, memberID, 10000, 10000
+		if instanceID != "" {
+			req.InstanceID = &instanceID
+		}
+		req.ProtocolType = "consumer"
+		meta := kmsg.NewConsumerMemberMetadata()
+		meta.Topics = []string{topic}
+		p := kmsg.NewJoinGroupRequestProtocol()
+		p.Name, p.Metadata = "range", meta.AppendTo(nil)
+		req.Protocols = append(req.Protocols, p)
+		resp, err := req.RequestWith(ctx, cl)
+		require.NoError(t, err)
+		return resp
+	}
+	join := func(memberID, instanceID string) *kmsg.JoinGroupResponse { return joinWith(cl, memberID, instanceID) }
+	commit := func(memberID, instanceID string, generation int32, offset int64) int16 {
+		req := kmsg.NewPtrOffsetCommitRequest()
+		req.Group, req.MemberID, req.Generation = group, memberID, generation
+		if instanceID != "" {
+			req.InstanceID = &instanceID
+		}
+		rt := kmsg.NewOffsetCommitRequestTopic()
+		rt.Topic = topic
+		rp := kmsg.NewOffsetCommitRequestTopicPartition()
+		rp.Partition, rp.Offset = 0, offset
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+		resp, err := req.RequestWith(ctx, cl)
+		require.NoError(t, err)
+		return resp.Topics[0].Partitions[0].ErrorCode
+	}
+	heartbeat := func(memberID, instanceID string, generation int32) int16 {
+		req := kmsg.NewPtrHeartbeatRequest()
+		req.Group, req.MemberID, req.Generation = group, memberID, generation
+		if instanceID != "" {
+			req.InstanceID = &instanceID
+		}
+		resp, err := req.RequestWith(ctx, cl)
+		require.NoError(t, err)
+		return resp.ErrorCode
+	}
+	committedAt := func() int64 {
+		adm := kadm.NewClient(cl)
+		offs, err := adm.FetchOffsets(ctx, group)
+		require.NoError(t, err)
+		o, ok := offs.Lookup(topic, 0)
+		if !ok {
+			return -1
+		}
+		return o.At
+	}
+
+	first := join("", "")
+	require.Equal(t, kerr.MemberIDRequired.Code, first.ErrorCode)
+	require.NotEmpty(t, first.MemberID)
+	joined := join(first.MemberID, "")
+	require.Zero(t, joined.ErrorCode)
+	require.Equal(t, int32(1), joined.Generation)
+	require.Equal(t, first.MemberID, joined.LeaderID)
+	require.Equal(t, kerr.RebalanceInProgress.Code, commit(joined.MemberID, "", 1, 2), "before SyncGroup")
+
+	sync := kmsg.NewPtrSyncGroupRequest()
+	sync.Group, sync.MemberID, sync.Generation = group, joined.MemberID, 1
+	a := kmsg.NewSyncGroupRequestGroupAssignment()
+	a.MemberID, a.MemberAssignment = joined.MemberID, []byte("mine")
+	sync.GroupAssignment = append(sync.GroupAssignment, a)
+	sresp, err := sync.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Zero(t, sresp.ErrorCode)
+	require.Equal(t, []byte("mine"), sresp.MemberAssignment)
+
+	require.Zero(t, commit(joined.MemberID, "", 1, 2))
+	require.Equal(t, kerr.IllegalGeneration.Code, commit(joined.MemberID, "", 7, 3))
+	require.Equal(t, kerr.UnknownMemberID.Code, commit("nobody", "", 1, 3))
+	require.Equal(t, kerr.OffsetOutOfRange.Code, commit(joined.MemberID, "", 1, 6))
+	require.Equal(t, int64(2), committedAt(), "refused commits wrote nothing")
+	require.Zero(t, heartbeat(joined.MemberID, "", 1))
+	require.Equal(t, kerr.IllegalGeneration.Code, heartbeat(joined.MemberID, "", 2))
+	require.Equal(t, kerr.UnknownMemberID.Code, heartbeat("nobody", "", 1))
+
+	// A static member joins (no MEMBER_ID_REQUIRED for static members): the group
+	// rebalances, which the first member learns from its heartbeat.
+	staticDone := make(chan *kmsg.JoinGroupResponse, 1)
+	go func() { staticDone <- joinWith(other, "", "static-1") }()
+	require.Eventually(t, func() bool { return heartbeat(joined.MemberID, "", 1) == kerr.RebalanceInProgress.Code },
+		30*time.Second, 10*time.Millisecond)
+	require.Zero(t, commit(joined.MemberID, "", 1, 3), "commits of the current generation go on while it rebalances")
+	rejoined := join(joined.MemberID, "")
+	static := <-staticDone
+	require.Zero(t, rejoined.ErrorCode)
+	require.Zero(t, static.ErrorCode)
+	require.Equal(t, int32(2), static.Generation)
+	require.Len(t, rejoined.Members, 2)
+	require.Equal(t, kerr.IllegalGeneration.Code, commit(joined.MemberID, "", 1, 4), "the old generation is fenced")
+	require.Equal(t, kerr.FencedInstanceID.Code, heartbeat("not-the-holder", "static-1", 2))
+	require.Equal(t, int64(3), committedAt())
+
+	// A streamd member holds another group id: a classic member cannot join it.
+	native := testdb.Name("kg")
+	nc, err := consumergroup.New(pool, consumergroup.Config{Stream: topic, Group: native})
+	require.NoError(t, err)
+	nctx, stopNative := context.WithCancel(ctx)
+	nativeDone := make(chan error, 1)
+	go func() {
+		nativeDone <- nc.Run(nctx, func(context.Context, *consumergroup.Batch) error { return nil })
+	}()
+	t.Cleanup(func() { stopNative(); <-nativeDone })
+	require.Eventually(t, func() bool {
+		d, err := consumergroup.NewAdmin(pool).DescribeGroup(ctx, topic, native)
+		return err == nil && len(d.MemberStatus) == 1
+	}, 30*time.Second, 10*time.Millisecond)
+	group = native
+	require.Equal(t, kerr.InconsistentGroupProtocol.Code, join("", "static-x").ErrorCode)
+
+	adm := kadm.NewClient(cl)
+	none := testdb.Name("none")
+	deleted, err := adm.DeleteGroups(ctx, none, "bad group id")
+	require.NoError(t, err)
+	require.ErrorIs(t, deleted[none].Err, kerr.GroupIDNotFound)
+	require.ErrorIs(t, deleted["bad group id"].Err, kerr.InvalidGroupID)
+}

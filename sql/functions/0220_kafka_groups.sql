@@ -628,14 +628,15 @@ BEGIN
     END IF;
     SELECT * INTO v_group FROM streamd.kafka_groups g WHERE g.group_id = p_group_id FOR SHARE;
     IF FOUND AND (p_generation >= 0 OR v_member_id IS NOT NULL OR v_group.state <> 'Empty') THEN
-        IF v_group.state = 'CompletingRebalance' THEN
-            RAISE EXCEPTION USING ERRCODE = 'SD154',
-                MESSAGE = format('group %L is between JoinGroup and SyncGroup of generation %s', p_group_id, v_group.generation);
-        END IF;
+        -- Kafka's order: the member, its generation, then the state.
         PERFORM streamd.kg_member(p_group_id, coalesce(v_member_id, ''), p_instance_id, v_now);
         IF p_generation <> v_group.generation THEN
             RAISE EXCEPTION USING ERRCODE = 'SD153',
                 MESSAGE = format('group %L is at generation %s, not %s', p_group_id, v_group.generation, p_generation);
+        END IF;
+        IF v_group.state = 'CompletingRebalance' THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD154',
+                MESSAGE = format('group %L is between JoinGroup and SyncGroup of generation %s', p_group_id, v_group.generation);
         END IF;
     ELSIF NOT FOUND AND p_generation >= 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'SD153',
