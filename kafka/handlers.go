@@ -22,8 +22,12 @@ type handler struct {
 // handlers is the dispatch table: adding an API is one file and one line here.
 // ApiVersions answers from it.
 var handlers = []*handler{
-	&apiVersionsHandler,
+	&produceHandler,
+	&fetchHandler,
+	&listOffsetsHandler,
 	&metadataHandler,
+	&apiVersionsHandler,
+	&initProducerIDHandler,
 }
 
 // handlerTable indexes handlers by key, checking that no key appears twice and that
