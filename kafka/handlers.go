@@ -27,7 +27,14 @@ var handlers = []*handler{
 	&listOffsetsHandler,
 	&metadataHandler,
 	&apiVersionsHandler,
+	&createTopicsHandler,
+	&deleteTopicsHandler,
+	&deleteRecordsHandler,
 	&initProducerIDHandler,
+	&describeConfigsHandler,
+	&createPartitionsHandler,
+	&incrementalAlterConfigsHandler,
+	&describeClusterHandler,
 }
 
 // handlerTable indexes handlers by key, checking that no key appears twice and that

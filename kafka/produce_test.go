@@ -55,7 +55,7 @@ func TestRoundTripEveryCodec(t *testing.T) {
 			var sent []*kgo.Record
 			for i := range n {
 				r := &kgo.Record{Partition: int32(i % 2), Key: []byte(fmt.Sprintf("key-%d", i)),
-					Value: bytes.Repeat([]byte{byte(i), 0, 0xff}, 1+i%50),
+					Value:   bytes.Repeat([]byte{byte(i), 0, 0xff}, 1+i%50),
 					Headers: []kgo.RecordHeader{{Key: "h", Value: []byte{0, byte(i)}}, {Key: "h", Value: nil}, {Key: "e", Value: []byte{}}}}
 				if i%37 == 5 {
 					r.Value = nil // a tombstone

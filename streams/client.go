@@ -303,15 +303,34 @@ func validateRecord(r *Record) error {
 // Kafka producer's values must be JSON and are stored as data). Another value is
 // ErrInvalidArgument; an unknown stream ErrStreamNotFound.
 func (c *Client) SetValueFormat(ctx context.Context, stream, format string) error {
+	return SetValueFormatTx(ctx, c.pool, stream, format)
+}
+
+// SetValueFormatTx is SetValueFormat on db.
+func SetValueFormatTx(ctx context.Context, db DBTX, stream, format string) error {
 	if format != "any" && format != "json" {
 		return invalid(ErrInvalidArgument, "stream %s: value format %q is not any or json", stream, format)
 	}
-	tag, err := c.pool.Exec(ctx, "UPDATE streamd.streams SET value_format = $2, updated_at = now() WHERE stream_name = $1", stream, format)
+	return setStreamColumn(ctx, db, stream, "value_format", format)
+}
+
+// SetMaxPayloadBytesTx sets the largest payload (data or data_bytes) stream accepts,
+// on db. n must be positive (ErrInvalidArgument); an unknown stream is
+// ErrStreamNotFound. Stored events are not checked again.
+func SetMaxPayloadBytesTx(ctx context.Context, db DBTX, stream string, n int32) error {
+	if n < 1 {
+		return invalid(ErrInvalidArgument, "stream %s: max payload bytes %d must be positive", stream, n)
+	}
+	return setStreamColumn(ctx, db, stream, "max_payload_bytes", n)
+}
+
+func setStreamColumn(ctx context.Context, db DBTX, stream, column string, v any) error {
+	tag, err := db.Exec(ctx, "UPDATE streamd.streams SET "+pgx.Identifier{column}.Sanitize()+" = $2, updated_at = now() WHERE stream_name = $1", stream, v)
 	if err != nil {
-		return fmt.Errorf("set value format of %s: %w", stream, sqlerr.Wrap(err))
+		return fmt.Errorf("set %s of %s: %w", column, stream, sqlerr.Wrap(err))
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("set value format of %s: %w", stream, ErrStreamNotFound)
+		return fmt.Errorf("set %s of %s: %w", column, stream, ErrStreamNotFound)
 	}
 	return nil
 }
