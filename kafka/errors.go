@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/streamconfig"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -50,6 +51,8 @@ func errorCode(err error) int16 {
 		return kerr.GroupSubscribedToTopic.Code
 	case errors.Is(err, consumergroup.ErrInvalidArgument):
 		return kerr.InvalidRequest.Code
+	case errors.Is(err, errInvalidConfig), errors.Is(err, streamconfig.ErrInvalidConfig):
+		return kerr.InvalidConfig.Code
 	case errors.Is(err, context.DeadlineExceeded):
 		return kerr.RequestTimedOut.Code
 	default:

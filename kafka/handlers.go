@@ -22,6 +22,9 @@ type handler struct {
 // handlers is the dispatch table: adding an API is one file and one line here.
 // ApiVersions answers from it.
 var handlers = []*handler{
+	&produceHandler,
+	&fetchHandler,
+	&listOffsetsHandler,
 	&metadataHandler,
 	&offsetCommitHandler,
 	&offsetFetchHandler,
@@ -33,8 +36,16 @@ var handlers = []*handler{
 	&describeGroupsHandler,
 	&listGroupsHandler,
 	&apiVersionsHandler,
+	&createTopicsHandler,
+	&deleteTopicsHandler,
+	&deleteRecordsHandler,
+	&initProducerIDHandler,
+	&describeConfigsHandler,
+	&createPartitionsHandler,
 	&deleteGroupsHandler,
+	&incrementalAlterConfigsHandler,
 	&offsetDeleteHandler,
+	&describeClusterHandler,
 }
 
 // handlerTable indexes handlers by key, checking that no key appears twice and that

@@ -25,6 +25,7 @@ import (
 	"github.com/streamd/streamd/brokers"
 	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/streams"
+	"github.com/streamd/streamd/wakeup"
 )
 
 // Config configures a Server. A nil *Config means the defaults. Fields are
@@ -57,6 +58,11 @@ type Config struct {
 	Rack string
 	// Registerer receives the server's metrics. Defaults to nil: no metrics.
 	Registerer prometheus.Registerer
+	// Wakeups, when set, ends Fetch long polls as soon as something may have been
+	// committed to a stream they read (the process's wakeup.Listener's Hub, fed by
+	// the tailer). Polling (5ms doubling up to 100ms; 1s with Wakeups) stays on as
+	// the safety net. Defaults to nil: poll only.
+	Wakeups *wakeup.Hub
 	// ShutdownTimeout bounds how long Serve waits, once ctx ended, for the requests in
 	// flight to finish before closing their connections. Long polls (Fetch waits)
 	// end at once. Defaults to 10s.

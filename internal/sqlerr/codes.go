@@ -11,6 +11,10 @@ const (
 	InvalidArgument   = "SD005"
 	PartitionDecrease = "SD006"
 	OffsetOutOfRange  = "SD007"
+	// Idempotent producers (sql/functions/0120_log_producers.sql).
+	OutOfOrderSequence = "SD008"
+	ProducerFenced     = "SD009"
+	DuplicateSequence  = "SD010"
 
 	// Consumer groups (sql/functions/0200_consumer_groups*.sql).
 	Fenced             = "SD101"
