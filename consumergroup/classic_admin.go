@@ -54,8 +54,12 @@ type KafkaGroupMember struct {
 }
 
 // ListKafkaGroups returns every group id (classic, and those of streamd groups on any
-// stream) with its type, state and protocol type, ascending by id; no members.
+// stream) with its type, state and protocol type, ascending by id; no members. Classic
+// groups' dead members are removed first.
 func (c *Classic) ListKafkaGroups(ctx context.Context) ([]KafkaGroup, error) {
+	if _, err := c.pool.Exec(ctx, "SELECT streamd.kafka_groups_maintain($1)", c.now()); err != nil {
+		return nil, fmt.Errorf("list kafka groups: %w", sqlerr.Wrap(err))
+	}
 	rows, err := c.pool.Query(ctx, `
 		SELECT g.group_id, 'classic', g.state, coalesce(g.protocol_type, ''), coalesce(g.protocol_name, ''), g.generation
 		  FROM streamd.kafka_groups g
@@ -84,13 +88,15 @@ func (c *Classic) ListKafkaGroups(ctx context.Context) ([]KafkaGroup, error) {
 	return out, nil
 }
 
-// DescribeKafkaGroup returns a group with its members. A group id that does not exist
-// is State "Dead" with no members (Kafka's answer), not an error.
+// DescribeKafkaGroup returns a group with its members, after removing those whose
+// session expired. A group id that does not exist is State "Dead" with no members
+// (Kafka's answer), not an error.
 func (c *Classic) DescribeKafkaGroup(ctx context.Context, group string) (*KafkaGroup, error) {
 	g := KafkaGroup{Group: group, Type: GroupTypeClassic, State: "Dead"}
 	var protocolType, protocol *string
-	err := c.pool.QueryRow(ctx, `SELECT state, protocol_type, protocol_name, generation FROM streamd.kafka_groups
-		WHERE group_id = $1`, group).Scan(&g.State, &protocolType, &protocol, &g.Generation)
+	// kg_maintain first: a group whose members died is reported as Kafka would.
+	err := c.pool.QueryRow(ctx, `SELECT state, protocol_type, protocol_name, generation FROM streamd.kg_maintain($1, $2)
+		WHERE group_id IS NOT NULL`, group, c.now()).Scan(&g.State, &protocolType, &protocol, &g.Generation)
 	switch {
 	case err == nil:
 		g.ProtocolType, g.Protocol = deref(protocolType), deref(protocol)

@@ -540,3 +540,38 @@ func TestClassicGroupIsAGroupOfItsStreams(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(8), target)
 }
+
+// TestClassicDeadMembersLeaveTheListing: with no timer, listing and describing expire
+// dead members first, so a group whose members all died is Empty, as Kafka reports it.
+// The database's clock: listing touches every group, so it never runs ahead of it.
+func TestClassicDeadMembersLeaveTheListing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, err := NewClassic(pool, &ClassicConfig{PollInterval: 5 * time.Millisecond})
+	require.NoError(t, err)
+	group, other := testdb.Name("kg"), testdb.Name("kg")
+	for _, g := range []string{group, other} {
+		req := classicJoin(g, "", "")
+		req.SessionTimeout = 300 * time.Millisecond
+		m, err := c.Join(ctx, req)
+		require.NoError(t, err)
+		syncLeader(t, c, g, m)
+	}
+	listed := func(g string) string {
+		groups, err := c.ListKafkaGroups(ctx)
+		require.NoError(t, err)
+		for _, x := range groups {
+			if x.Group == g {
+				return x.State
+			}
+		}
+		return ""
+	}
+	require.Eventually(t, func() bool { return listed(group) == "Empty" && listed(other) == "Empty" },
+		10*time.Second, 20*time.Millisecond)
+	d, err := c.DescribeKafkaGroup(ctx, group)
+	require.NoError(t, err)
+	require.Equal(t, "Empty", d.State)
+	require.Equal(t, int32(2), d.Generation)
+}

@@ -750,3 +750,29 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- Runs kg_maintain on every group that has a dead member or a due rebalance, so that
+-- listing and describing report Kafka's state without a timer (a group whose members
+-- all died is Empty, not Stable). Returns how many groups it touched. It touches
+-- every group, so it never takes a time later than the database's: a caller whose
+-- clock runs ahead must not expire other groups' live members.
+CREATE OR REPLACE FUNCTION streamd.kafka_groups_maintain(p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := least(coalesce(p_now, now()), now());
+    v_n   integer := 0;
+    r     record;
+BEGIN
+    FOR r IN SELECT g.group_id FROM streamd.kafka_groups g
+              WHERE EXISTS (SELECT 1 FROM streamd.kafka_group_members m
+                             WHERE m.group_id = g.group_id
+                               AND m.last_heartbeat + m.session_timeout_ms * interval '1 millisecond' < v_now)
+                 OR (g.state = 'PreparingRebalance' AND g.rebalance_deadline < v_now)
+              ORDER BY g.group_id LOOP
+        PERFORM streamd.kg_maintain(r.group_id, v_now);
+        v_n := v_n + 1;
+    END LOOP;
+    RETURN v_n;
+END;
+$$;
