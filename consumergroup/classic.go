@@ -52,6 +52,9 @@ func init() {
 	sqlerr.Register(sqlerr.ClassicRebalanceUnderway, ErrRebalanceInProgress)
 }
 
+// ConsumerHeartbeatInterval is the heartbeat interval KIP-848 members are given.
+func (c *Classic) ConsumerHeartbeatInterval() time.Duration { return c.cfg.ConsumerHeartbeatInterval }
+
 // MemberIDRequiredError is Join's answer to a new dynamic member when
 // ClassicJoin.RequireKnownMemberID is set (JoinGroup v4+, Kafka's MEMBER_ID_REQUIRED):
 // nothing was written; the client joins again with MemberID.
@@ -64,8 +67,16 @@ func (e *MemberIDRequiredError) Error() string {
 	return fmt.Sprintf("join group %s: member id required: join again as %s", e.Group, e.MemberID)
 }
 
-// ClassicConfig configures a Classic coordinator. The zero value is valid.
+// ClassicConfig configures a Classic coordinator (of classic groups and of KIP-848
+// members, kip848.go). The zero value is valid.
 type ClassicConfig struct {
+	// ConsumerHeartbeatInterval is how often KIP-848 members are told to heartbeat.
+	// Defaults to 5s (Kafka's group.consumer.heartbeat.interval.ms), capped at a third
+	// of ConsumerSessionTimeout.
+	ConsumerHeartbeatInterval time.Duration
+	// ConsumerSessionTimeout is the session timeout of KIP-848 members (Kafka's
+	// group.consumer.session.timeout.ms). Defaults to 45s.
+	ConsumerSessionTimeout time.Duration
 	// PollInterval is how often a JoinGroup or SyncGroup waiting for other members
 	// checks the group (each check also counts as the waiting member's heartbeat).
 	// Defaults to 25ms.
@@ -73,6 +84,10 @@ type ClassicConfig struct {
 }
 
 func (c *ClassicConfig) validate() error {
+	if c.ConsumerHeartbeatInterval < 0 || c.ConsumerSessionTimeout < 0 {
+		return fmt.Errorf("classic group config: ConsumerHeartbeatInterval %v and ConsumerSessionTimeout %v must not be negative: %w",
+			c.ConsumerHeartbeatInterval, c.ConsumerSessionTimeout, ErrInvalidArgument)
+	}
 	if c.PollInterval < 0 {
 		return fmt.Errorf("classic group config: PollInterval %v is negative: %w", c.PollInterval, ErrInvalidArgument)
 	}
@@ -109,6 +124,13 @@ func NewClassic(pool *pgxpool.Pool, cfg *ClassicConfig) (*Classic, error) {
 	if c.cfg.PollInterval == 0 {
 		c.cfg.PollInterval = 25 * time.Millisecond
 	}
+	if c.cfg.ConsumerSessionTimeout == 0 {
+		c.cfg.ConsumerSessionTimeout = 45 * time.Second
+	}
+	if c.cfg.ConsumerHeartbeatInterval == 0 {
+		c.cfg.ConsumerHeartbeatInterval = 5 * time.Second
+	}
+	c.cfg.ConsumerHeartbeatInterval = min(c.cfg.ConsumerHeartbeatInterval, c.cfg.ConsumerSessionTimeout/3)
 	return c, nil
 }
 
@@ -469,6 +491,10 @@ func partitionResults(rows pgx.Rows, group string, names []string, parts []int32
 			res.Err = fmt.Errorf("%s: an offset outside [0, log end]: %w", where, streams.ErrOffsetOutOfRange)
 		case "unknown_member":
 			res.Err = fmt.Errorf("%s: group %s has live streamd members on this stream: %w", where, group, ErrUnknownMember)
+		case "fenced_epoch":
+			res.Err = fmt.Errorf("%s: the member of group %s has another member epoch: %w", where, group, ErrFenced)
+		case "stale_epoch":
+			res.Err = fmt.Errorf("%s: group %s: the member does not own the partition at this epoch: %w", where, group, ErrStaleMemberEpoch)
 		case "subscribed":
 			res.Err = fmt.Errorf("%s: group %s has live members consuming this stream: %w", where, group, ErrGroupSubscribed)
 		default:

@@ -460,9 +460,15 @@ func TestClassicAdmin(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, GroupTypeConsumer, d.Type)
 	require.Equal(t, "Empty", d.State)
-	_, err = c.CommitOffsets(ctx, &ClassicCommit{Group: simple, MemberID: "m", Generation: 3,
+	// A member id with an epoch and no classic group is taken for a KIP-848 member.
+	res, err = c.CommitOffsets(ctx, &ClassicCommit{Group: simple, MemberID: "m", Generation: 3,
+		Offsets: []StreamOffset{{Stream: stream, Partition: 0, Offset: 2}}})
+	require.NoError(t, err)
+	require.ErrorIs(t, res[0].Err, ErrUnknownMember)
+	_, err = c.CommitOffsets(ctx, &ClassicCommit{Group: simple, Generation: 3,
 		Offsets: []StreamOffset{{Stream: stream, Partition: 0, Offset: 2}}})
 	require.ErrorIs(t, err, ErrIllegalGeneration)
+	require.Equal(t, map[int32]int64{0: 1}, committed(t, c, simple, stream))
 }
 
 // TestClassicErrorCodesMap: every classic-group SQLSTATE maps to its sentinel.

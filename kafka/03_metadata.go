@@ -112,6 +112,7 @@ func (s *Server) autoCreate(ctx context.Context, name string) (int32, error) {
 func topicMetadata(live []brokers.Broker, name string, partitions int32) kmsg.MetadataResponseTopic {
 	mt := kmsg.NewMetadataResponseTopic()
 	mt.Topic = &name
+	mt.TopicID = topicID(name)
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(name))
 	base := h.Sum32()

@@ -41,6 +41,10 @@ func errorCode(err error) int16 {
 		return kerr.InconsistentGroupProtocol.Code
 	case errors.Is(err, consumergroup.ErrInstanceFenced):
 		return kerr.FencedInstanceID.Code
+	case errors.Is(err, consumergroup.ErrFenced):
+		return kerr.FencedMemberEpoch.Code
+	case errors.Is(err, consumergroup.ErrStaleMemberEpoch):
+		return kerr.StaleMemberEpoch.Code
 	case errors.Is(err, consumergroup.ErrInvalidGroupID):
 		return kerr.InvalidGroupID.Code
 	case errors.Is(err, consumergroup.ErrGroupNotFound):

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
 )
@@ -44,9 +45,13 @@ func groupChildMain() int {
 	if os.Getenv("KG_BALANCER") == "cooperative-sticky" {
 		balancer = kgo.CooperativeStickyBalancer()
 	}
-	cl, err := kgo.NewClient(append(groupClientOpts(os.Getenv("KG_GROUP"), os.Getenv("KG_TOPIC"), balancer),
+	opts := append(groupClientOpts(os.Getenv("KG_GROUP"), os.Getenv("KG_TOPIC"), balancer),
 		kgo.SeedBrokers(strings.Split(os.Getenv("KG_ADDRS"), ",")...),
-		kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(200*time.Millisecond))...)
+		kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(200*time.Millisecond))
+	if os.Getenv("KG_BALANCER") == "kip848" {
+		opts = append(opts, kgo.ServerSideBalancer())
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -176,17 +181,20 @@ func membersRecorded(t *testing.T, pool *pgxpool.Pool, table string) int {
 	return n
 }
 
-// TestKill9ChildGroupConsumers: franz-go group consumers in child processes (range and
-// cooperative-sticky) share a topic; one is killed with SIGKILL mid-stream, another
+// TestKill9ChildGroupConsumers: franz-go group consumers in child processes (classic
+// range and cooperative-sticky, and KIP-848 with the server-side assignor) share a topic; one is killed with SIGKILL mid-stream, another
 // joins later; the group heals (the dead member's session expires) and in the end every
 // record was processed, nothing was lost, and no committed offset ever went backwards.
 func TestKill9ChildGroupConsumers(t *testing.T) {
 	t.Parallel()
-	for _, balancer := range []string{"range", "cooperative-sticky"} {
+	for _, balancer := range []string{"range", "cooperative-sticky", "kip848"} {
 		t.Run(balancer, func(t *testing.T) {
 			t.Parallel()
 			pool := testdb.Pool(t)
-			ts := startServer(t, pool, nil)
+			// KIP-848 members' session timeout is the server's (3s here, like the
+			// classic members' groupClientOpts).
+			ts := startServer(t, pool, &Config{ConsumerGroupSessionTimeout: 3 * time.Second,
+				ConsumerGroupHeartbeatInterval: 200 * time.Millisecond})
 			topic, group := testdb.Name("kg"), testdb.Name("kg")
 			const partitions = 4
 			require.NoError(t, streams.NewClient(pool, nil).CreateStream(context.Background(), topic, partitions))
@@ -234,6 +242,18 @@ func TestKill9ChildGroupConsumers(t *testing.T) {
 			requireAllProcessed(t, pool, topic, table)
 			watch.check(t)
 			_ = b
+			// The members used the protocol asked for: KIP-848 members are members of
+			// the stream's native group, classic ones of a classic group.
+			kg, err := ts.srv.groups.DescribeKafkaGroup(context.Background(), group)
+			require.NoError(t, err)
+			if balancer == "kip848" {
+				require.Equal(t, consumergroup.GroupTypeConsumer, kg.Type)
+				d, err := consumergroup.NewAdmin(pool).DescribeGroup(context.Background(), topic, group)
+				require.NoError(t, err)
+				require.GreaterOrEqual(t, d.GroupEpoch, int64(3), "three joins at least")
+			} else {
+				require.Equal(t, consumergroup.GroupTypeClassic, kg.Type)
+			}
 		})
 	}
 }

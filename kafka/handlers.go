@@ -46,6 +46,7 @@ var handlers = []*handler{
 	&incrementalAlterConfigsHandler,
 	&offsetDeleteHandler,
 	&describeClusterHandler,
+	&consumerGroupHeartbeatHandler,
 }
 
 // handlerTable indexes handlers by key, checking that no key appears twice and that

@@ -43,6 +43,12 @@ type Config struct {
 	// BrokerTTL is how long this instance stays listed in Metadata after its last
 	// heartbeat. Defaults to 10s.
 	BrokerTTL time.Duration
+	// ConsumerGroupHeartbeatInterval is how often KIP-848 group members are told to
+	// heartbeat. Defaults to 5s, at most a third of ConsumerGroupSessionTimeout.
+	ConsumerGroupHeartbeatInterval time.Duration
+	// ConsumerGroupSessionTimeout is the session timeout of KIP-848 group members
+	// (Kafka's group.consumer.session.timeout.ms). Defaults to 45s.
+	ConsumerGroupSessionTimeout time.Duration
 	// DefaultPartitions is the partition count of auto-created topics and of
 	// CreateTopics requests that ask for the broker's default (-1). Defaults to 1.
 	DefaultPartitions int32
@@ -159,7 +165,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	groups, err := consumergroup.NewClassic(pool, nil)
+	groups, err := consumergroup.NewClassic(pool, &consumergroup.ClassicConfig{
+		ConsumerHeartbeatInterval: c.ConsumerGroupHeartbeatInterval, ConsumerSessionTimeout: c.ConsumerGroupSessionTimeout})
 	if err != nil {
 		return nil, err
 	}

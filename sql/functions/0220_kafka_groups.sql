@@ -585,18 +585,37 @@ BEGIN
 END;
 $$;
 
--- OffsetCommit, fenced by the generation as Kafka does: a member's commit needs the
--- group's current generation (SD153), a live member (SD150/SD152), and no rebalance
--- between JoinGroup and SyncGroup (SD154); commits during PreparingRebalance are
--- accepted (members commit while they revoke). A commit with no member id and a
+-- Writes one committed offset (and makes the group a group of the stream).
+CREATE OR REPLACE FUNCTION streamd.kg_write_offset(p_stream_name text, p_group_id text, p_partition integer, p_offset bigint,
+                                                   p_member_id text, p_epoch bigint, p_metadata text, p_now timestamptz)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO streamd.consumer_groups (stream_name, group_id) VALUES (p_stream_name, p_group_id) ON CONFLICT DO NOTHING;
+    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
+    VALUES (p_stream_name, p_group_id, p_partition, p_offset, p_member_id, p_epoch, p_metadata, p_now)
+    ON CONFLICT (stream_name, group_id, partition) DO UPDATE
+       SET "offset" = EXCLUDED."offset", consumer_id = EXCLUDED.consumer_id, member_epoch = EXCLUDED.member_epoch,
+           metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at;
+$$;
+
+-- OffsetCommit. For a classic group, fenced by the generation as Kafka does: a
+-- member's commit needs the group's current generation (SD153), a live member
+-- (SD150/SD152), and no rebalance between JoinGroup and SyncGroup (SD154); commits
+-- during PreparingRebalance are accepted (members commit while they revoke). The group
+-- row is locked FOR SHARE while the offsets are written, so a new generation cannot
+-- form while a commit of the old one is in flight. A commit with no member id and a
 -- negative generation (an admin or a consumer without a group) is accepted when the
--- group has no members. The group row is locked FOR SHARE while the offsets are
--- written, so a new generation cannot form while a commit of the old one is in flight.
+-- group has no members.
+-- A member id with a generation but no classic group is a streamd (KIP-848) member,
+-- p_generation its member epoch: each partition is fenced as commit_offsets fences
+-- (the ownership row FOR KEY SHARE where the member owns it at that epoch, G1).
 -- The offsets are the rows of streamd.consumer_offsets (per stream, group, partition),
 -- the ones native groups use. Returns one outcome per entry (by its position in the
--- arrays, from 1): 'ok',
--- 'unknown_partition', 'offset_out_of_range' (outside [0, log end]) or
--- 'unknown_member' (the stream's native group of that id has live members).
+-- arrays, from 1): 'ok', 'unknown_partition', 'offset_out_of_range' (outside [0, log
+-- end]), 'unknown_member' (not a live member of the stream's group; or, for a classic
+-- or admin commit, the stream's native group has live members), 'fenced_epoch' (the
+-- member's epoch is another one) or 'stale_epoch' (it does not own the partition at
+-- that epoch).
 CREATE OR REPLACE FUNCTION streamd.kafka_group_commit(
     p_group_id    text,
     p_member_id   text,
@@ -610,10 +629,13 @@ CREATE OR REPLACE FUNCTION streamd.kafka_group_commit(
 ) RETURNS TABLE (entry integer, outcome text)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now   timestamptz := coalesce(p_now, now());
-    v_group streamd.kafka_groups%ROWTYPE;
+    v_now       timestamptz := coalesce(p_now, now());
+    v_group     streamd.kafka_groups%ROWTYPE;
     v_member_id text := nullif(p_member_id, '');
-    r       record;
+    v_found     boolean;
+    v_native    boolean;
+    v_epoch     bigint;
+    r           record;
 BEGIN
     IF NOT streamd.cg_valid_group_id(p_group_id) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD103',
@@ -627,7 +649,9 @@ BEGIN
                              p_group_id);
     END IF;
     SELECT * INTO v_group FROM streamd.kafka_groups g WHERE g.group_id = p_group_id FOR SHARE;
-    IF FOUND AND (p_generation >= 0 OR v_member_id IS NOT NULL OR v_group.state <> 'Empty') THEN
+    v_found := FOUND;
+    v_native := NOT v_found AND p_generation >= 0 AND v_member_id IS NOT NULL;
+    IF v_found AND (p_generation >= 0 OR v_member_id IS NOT NULL OR v_group.state <> 'Empty') THEN
         -- Kafka's order: the member, its generation, then the state.
         PERFORM streamd.kg_member(p_group_id, coalesce(v_member_id, ''), p_instance_id, v_now);
         IF p_generation <> v_group.generation THEN
@@ -638,7 +662,7 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'SD154',
                 MESSAGE = format('group %L is between JoinGroup and SyncGroup of generation %s', p_group_id, v_group.generation);
         END IF;
-    ELSIF NOT FOUND AND p_generation >= 0 THEN
+    ELSIF NOT v_found AND p_generation >= 0 AND NOT v_native THEN
         RAISE EXCEPTION USING ERRCODE = 'SD153',
             MESSAGE = format('group %L has no generation %s (it has no classic members)', p_group_id, p_generation);
     END IF;
@@ -652,16 +676,32 @@ BEGIN
             outcome := 'unknown_partition';
         ELSIF r.o IS NULL OR r.o < 0 OR r.o > r.next_offset THEN
             outcome := 'offset_out_of_range';
+        ELSIF v_native THEN
+            SELECT cr.member_epoch INTO v_epoch FROM streamd.consumer_registrations cr
+             WHERE cr.stream_name = r.s AND cr.group_id = p_group_id AND cr.consumer_id = v_member_id
+               AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_now;
+            IF NOT FOUND THEN
+                outcome := 'unknown_member';
+            ELSIF v_epoch <> p_generation THEN
+                outcome := 'fenced_epoch';
+            ELSE
+                -- The fence of commit_offsets (cg_fence): a handover waits for this.
+                PERFORM 1 FROM streamd.consumer_partitions cp
+                 WHERE cp.stream_name = r.s AND cp.group_id = p_group_id AND cp.partition = r.p
+                   AND cp.owner_id = v_member_id AND cp.owner_epoch = p_generation
+                   FOR KEY SHARE OF cp;
+                IF NOT FOUND THEN
+                    outcome := 'stale_epoch';
+                ELSE
+                    PERFORM streamd.kg_write_offset(r.s, p_group_id, r.p, r.o, v_member_id, p_generation, r.m, v_now);
+                    outcome := 'ok';
+                END IF;
+            END IF;
         ELSIF streamd.cg_has_live_members(r.s, p_group_id, v_now) THEN
             outcome := 'unknown_member';
         ELSE
-            INSERT INTO streamd.consumer_groups (stream_name, group_id) VALUES (r.s, p_group_id) ON CONFLICT DO NOTHING;
-            INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id,
-                                                        member_epoch, metadata, updated_at)
-            VALUES (r.s, p_group_id, r.p, r.o, v_member_id, CASE WHEN p_generation >= 0 THEN p_generation END, r.m, v_now)
-            ON CONFLICT ON CONSTRAINT consumer_offsets_pkey DO UPDATE
-               SET "offset" = EXCLUDED."offset", consumer_id = EXCLUDED.consumer_id,
-                   member_epoch = EXCLUDED.member_epoch, metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at;
+            PERFORM streamd.kg_write_offset(r.s, p_group_id, r.p, r.o, v_member_id,
+                                            CASE WHEN p_generation >= 0 THEN p_generation END, r.m, v_now);
             outcome := 'ok';
         END IF;
         RETURN NEXT;
