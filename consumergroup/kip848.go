@@ -163,3 +163,86 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 	}
 	return res, nil
 }
+
+// ConsumerGroupMember is a member of a streamd group (native Go or KIP-848) across the
+// streams it consumes, as ConsumerGroupDescribe reports it.
+type ConsumerGroupMember struct {
+	MemberID   string
+	InstanceID string
+	// MemberEpoch is the member's epoch on its first stream (one per stream).
+	MemberEpoch int64
+	Streams     []string
+	// Assigned are the partitions it owns; Target those the assignor gives it (owned
+	// ones being revoked left out, pending ones added).
+	Assigned []StreamPartition
+	Target   []StreamPartition
+}
+
+// ConsumerGroupDescription is a streamd group id across streams: its largest group
+// epoch, its state (Empty, Stable, or Reconciling while partitions move) and its live
+// members.
+type ConsumerGroupDescription struct {
+	Group   string
+	State   string
+	Epoch   int64
+	Members []ConsumerGroupMember
+}
+
+// DescribeConsumerGroup describes a streamd group id (Kafka's ConsumerGroupDescribe).
+// ErrGroupNotFound when no stream has a group of that id, or when it is a classic
+// group (Kafka answers GROUP_ID_NOT_FOUND for a group of the other protocol).
+func (c *Classic) DescribeConsumerGroup(ctx context.Context, group string) (*ConsumerGroupDescription, error) {
+	d := ConsumerGroupDescription{Group: group}
+	var epoch *int64
+	var classic bool
+	err := c.pool.QueryRow(ctx, `SELECT max(group_epoch), EXISTS (SELECT 1 FROM streamd.kafka_groups WHERE group_id = $1)
+		FROM streamd.consumer_groups WHERE group_id = $1`, group).Scan(&epoch, &classic)
+	if err != nil {
+		return nil, fmt.Errorf("describe consumer group %s: %w", group, err)
+	}
+	if epoch == nil || classic {
+		return nil, fmt.Errorf("describe consumer group %s: %w", group, ErrGroupNotFound)
+	}
+	d.Epoch = *epoch
+	rows, err := c.pool.Query(ctx, `SELECT cr.consumer_id, coalesce(cr.instance_id, ''), cr.member_epoch, cr.stream_name,
+		coalesce((SELECT array_agg(cp.partition ORDER BY cp.partition) FROM streamd.consumer_partitions cp
+		           WHERE cp.stream_name = cr.stream_name AND cp.group_id = cr.group_id AND cp.owner_id = cr.consumer_id), '{}'),
+		coalesce((SELECT array_agg(cp.partition ORDER BY cp.partition) FROM streamd.consumer_partitions cp
+		           WHERE cp.stream_name = cr.stream_name AND cp.group_id = cr.group_id
+		             AND coalesce(cp.target_id, cp.owner_id) = cr.consumer_id), '{}')
+		FROM streamd.consumer_registrations cr
+		WHERE cr.group_id = $1 AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now()
+		ORDER BY cr.consumer_id, cr.registered_at, cr.stream_name`, group)
+	if err != nil {
+		return nil, fmt.Errorf("describe consumer group %s: %w", group, err)
+	}
+	var (
+		id, instance, stream string
+		memberEpoch          int64
+		assigned, target     []int32
+	)
+	d.State = "Empty"
+	_, err = pgx.ForEachRow(rows, []any{&id, &instance, &memberEpoch, &stream, &assigned, &target}, func() error {
+		if n := len(d.Members); n == 0 || d.Members[n-1].MemberID != id {
+			d.Members = append(d.Members, ConsumerGroupMember{MemberID: id, InstanceID: instance, MemberEpoch: memberEpoch})
+		}
+		m := &d.Members[len(d.Members)-1]
+		m.Streams = append(m.Streams, stream)
+		for _, p := range assigned {
+			m.Assigned = append(m.Assigned, StreamPartition{Stream: stream, Partition: p})
+		}
+		for _, p := range target {
+			m.Target = append(m.Target, StreamPartition{Stream: stream, Partition: p})
+		}
+		if !slices.Equal(assigned, target) {
+			d.State = "Reconciling"
+		} else if d.State == "Empty" {
+			d.State = "Stable"
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("describe consumer group %s: %w", group, err)
+	}
+	return &d, nil
+}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -389,4 +390,86 @@ func TestGroupErrorCodesOnTheWire(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, deleted[none].Err, kerr.GroupIDNotFound)
 	require.ErrorIs(t, deleted["bad group id"].Err, kerr.InvalidGroupID)
+}
+
+// TestKIP848AndNativeMembersShareAGroup: a franz-go consumer with the KIP-848 protocol
+// (ServerSideBalancer) and a streamd Go consumer (consumergroup.Consumer) are members of
+// one group: the server-side assignor splits the partitions between them, every record
+// is processed, and ConsumerGroupDescribe (kadm) shows both members.
+func TestKIP848AndNativeMembersShareAGroup(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, &Config{ConsumerGroupSessionTimeout: 3 * time.Second,
+		ConsumerGroupHeartbeatInterval: 200 * time.Millisecond})
+	ctx := testCtx(t)
+	topic, group := testdb.Name("kg"), testdb.Name("kg")
+	const partitions = 4
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, topic, partitions))
+	table := processedTable(t, pool)
+	record := func(ctx context.Context, member string, parts []int32, offs []int64) error {
+		_, err := pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{table}.Sanitize()+` (partition, "offset", member)
+			SELECT p, o, $3 FROM unnest($1::int[], $2::bigint[]) AS u(p, o)`, parts, offs, member)
+		return err
+	}
+	cctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+
+	// The streamd member.
+	nc, err := consumergroup.New(pool, consumergroup.Config{Stream: topic, Group: group})
+	require.NoError(t, err)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = nc.Run(cctx, func(ctx context.Context, b *consumergroup.Batch) error {
+			parts, offs := make([]int32, len(b.Events)), make([]int64, len(b.Events))
+			for i, e := range b.Events {
+				parts[i], offs[i] = b.Partition, e.Offset
+			}
+			return record(ctx, "native", parts, offs)
+		})
+	}()
+	// The KIP-848 member.
+	cl := newClient(t, []string{ts.addr}, append(groupClientOpts(group, topic, kgo.RangeBalancer()),
+		kgo.ServerSideBalancer(), kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(200*time.Millisecond))...)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for cctx.Err() == nil {
+			fetches := cl.PollRecords(cctx, 50)
+			if fetches.IsClientClosed() {
+				return
+			}
+			if recs := fetches.Records(); len(recs) > 0 {
+				parts, offs := make([]int32, len(recs)), make([]int64, len(recs))
+				for i, r := range recs {
+					parts[i], offs[i] = r.Partition, r.Offset
+				}
+				if record(cctx, "kip848", parts, offs) == nil {
+					_ = cl.CommitRecords(cctx, recs...)
+				}
+			}
+			cl.AllowRebalance()
+		}
+	}()
+
+	produceTopic(t, pool, topic, partitions, 50)
+	require.Eventually(t, func() bool { return membersRecorded(t, pool, table) == 2 }, 60*time.Second, 20*time.Millisecond,
+		"both members process")
+	require.Eventually(t, func() bool { return groupLagZero(t, pool, topic, group) }, 60*time.Second, 20*time.Millisecond)
+	requireAllProcessed(t, pool, topic, table)
+
+	described, err := newAdmin(t, ts.addr).DescribeConsumerGroups(ctx, group)
+	require.NoError(t, err)
+	dg := described[group]
+	require.NoError(t, dg.Err)
+	require.Len(t, dg.Members, 2)
+	total := 0
+	for _, m := range dg.Members {
+		for tp, ps := range m.Assignment {
+			require.Equal(t, topic, tp)
+			total += len(ps)
+		}
+	}
+	require.Equal(t, partitions, total, "the partitions are split between the two members")
 }

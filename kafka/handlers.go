@@ -47,6 +47,7 @@ var handlers = []*handler{
 	&offsetDeleteHandler,
 	&describeClusterHandler,
 	&consumerGroupHeartbeatHandler,
+	&consumerGroupDescribeHandler,
 }
 
 // handlerTable indexes handlers by key, checking that no key appears twice and that
