@@ -88,8 +88,7 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 	case req.MemberEpoch == -1:
 		res.MemberEpoch = -1
 		if known {
-			m := &member{stream: stream, group: req.Group, consumerID: req.MemberID, epoch: epoch}
-			if _, err := c.pool.Exec(ctx, "SELECT streamd.leave_group($1, $2, $3, $4, $5)", stream, req.Group, req.MemberID, m.epoch, c.now()); err != nil {
+			if _, err := c.pool.Exec(ctx, "SELECT streamd.leave_group($1, $2, $3, $4, $5)", stream, req.Group, req.MemberID, epoch, c.now()); err != nil {
 				return nil, fmt.Errorf("consumer leave %s from group %s: %w", req.MemberID, req.Group, sqlerr.Wrap(err))
 			}
 		}
