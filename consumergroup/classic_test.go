@@ -559,7 +559,7 @@ func TestClassicDeadMembersLeaveTheListing(t *testing.T) {
 	group, other := testdb.Name("kg"), testdb.Name("kg")
 	for _, g := range []string{group, other} {
 		req := classicJoin(g, "", "")
-		req.SessionTimeout = 300 * time.Millisecond
+		req.SessionTimeout = 1500 * time.Millisecond
 		m, err := c.Join(ctx, req)
 		require.NoError(t, err)
 		syncLeader(t, c, g, m)
