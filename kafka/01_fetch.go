@@ -62,7 +62,10 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 			return resp, nil
 		}
 		wait := min(left, interval)
-		if !subs.wait(ctx, r.c.draining.Done(), wait) {
+		s.fetchesWaiting.Add(1)
+		woken := subs.wait(ctx, r.c.draining.Done(), wait)
+		s.fetchesWaiting.Add(-1)
+		if !woken {
 			interval = min(2*interval, maxInterval)
 		}
 	}
