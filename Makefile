@@ -57,9 +57,11 @@ bench-full: db-start
 soak: soak-groups soak-queue
 
 # Consumer-group invariants with random joins, leaves and kills (random seed, logged;
-# STREAMD_SOAK_DURATION, default 2m).
+# STREAMD_SOAK_DURATION, default 2m): in-process members (TestGroupInvariants), then
+# child processes stopped with SIGTERM, killed with SIGKILL and frozen with SIGSTOP
+# (TestChildChaos).
 soak-groups: db-start
-	STREAMD_SOAK=1 $(GO) test -count=1 -run TestGroupInvariants -timeout 30m ./consumergroup/
+	STREAMD_SOAK=1 $(GO) test -count=1 -run 'TestGroupInvariants|TestChildChaos' -timeout 30m ./consumergroup/
 
 # The queue table under churn: dead tuples and table size stay bounded. Run alone: it
 # measures the whole table. STREAMD_SOAK_DURATION (default 3m).

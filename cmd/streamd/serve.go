@@ -20,8 +20,10 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/streamd/streamd/internal/api"
-	"github.com/streamd/streamd/internal/coordinator"
+	"github.com/streamd/streamd/cmd/streamd/internal/api"
+	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
+	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/retention"
 	schema "github.com/streamd/streamd/sql"
 	"github.com/streamd/streamd/wakeup"
@@ -275,7 +277,11 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err != nil {
 		return err
 	}
-	fleet := newGauges(pool, reg)
+	queues, err := messages.NewClient(pool, &messages.ClientConfig{Logger: g.logger})
+	if err != nil {
+		return err
+	}
+	fleet := newGauges(consumergroup.NewAdmin(pool), queues, reg)
 	// An empty --retention-streams (say, from an unset variable) means every stream,
 	// not none: pgx would send an empty list, which matches no stream.
 	retainer, err := retention.New(pool, &retention.Config{Logger: g.logger, Registerer: reg,
@@ -298,7 +304,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		}
 		services = append(services, coordinator.Continuous{Name: "wakeup-broadcaster", Run: b.Run})
 	}
-	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(pool, c, retainer), services)
+	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(consumergroup.NewAdmin(pool), c, retainer), services)
 	if err != nil {
 		return err
 	}
@@ -317,7 +323,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		rctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := schemaCurrent(rctx, pool); err != nil {
+		if err := schema.Check(rctx, pool); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -405,36 +411,20 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 // electorApplicationName names the elector's connections in pg_stat_activity.
 const electorApplicationName = "streamd-coordinator-lease"
 
-func coordinatorJobs(pool *pgxpool.Pool, c *serveConfig, retainer *retention.Runner) []coordinator.Job {
+func coordinatorJobs(groups *consumergroup.Admin, c *serveConfig, retainer *retention.Runner) []coordinator.Job {
 	return []coordinator.Job{{
 		Name:     c.coordinatorName + "/retention",
 		Interval: c.retentionEvery,
 		Run: func(ctx context.Context) error {
-			_, err := retainer.RunOnce(ctx)
+			_, err := retainer.RunOnce(ctx, nil)
 			return err
 		},
 	}, {
 		Name:     c.coordinatorName + "/stale-member-reaper",
 		Interval: c.reaperInterval,
 		Run: func(ctx context.Context) error {
-			_, err := pool.Exec(ctx, "SELECT streamd.cleanup_stale_consumers()")
+			_, err := groups.ExpireStaleMembers(ctx)
 			return err
 		},
 	}}
-}
-
-// schemaCurrent fails unless the database has every migration this binary knows.
-func schemaCurrent(ctx context.Context, pool *pgxpool.Pool) error {
-	all, err := schema.Migrations()
-	if err != nil {
-		return err
-	}
-	var latest int
-	if err := pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM streamd.schema_migrations").Scan(&latest); err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	if want := all[len(all)-1].Version; latest < want {
-		return fmt.Errorf("schema at migration %d, this binary needs %d: run streamd migrate", latest, want)
-	}
-	return nil
 }
