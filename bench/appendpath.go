@@ -35,19 +35,36 @@ func (s appendPathScenario) Run(ctx context.Context, env *Env) ([]Result, error)
 	conns, batch := maxInt(su.Conns), maxInt(su.BatchSizes)
 	var out []Result
 	for _, size := range su.Payloads {
-		ref := fmt.Sprintf("produce copy %s b=%d c=%d p=%d", sizeLabel(size), batch, conns, su.Partitions)
+		p := Params{PayloadBytes: size, BatchSize: batch, Conns: conns, Partitions: su.Partitions}
+		// The COPY reference of this scenario, measured with its cases: first and
+		// last, its rate their mean (see producerCopyRef).
+		before, err := copyRef(ctx, env, "appendpath", p)
+		if err != nil {
+			return nil, err
+		}
+		var cases []Result
 		for _, system := range []string{"streamd", "copy-append", "insert-append"} {
-			p := Params{PayloadBytes: size, BatchSize: batch, Conns: conns, Partitions: su.Partitions}
 			r, err := s.run(ctx, env, system, p)
 			if err != nil {
 				return nil, err
 			}
-			r.RatioTo = ref
 			if system == "streamd" {
 				r.Target = produceTarget
 			}
-			out = append(out, r)
+			cases = append(cases, r)
 		}
+		after, err := copyRef(ctx, env, "appendpath", p)
+		if err != nil {
+			return nil, err
+		}
+		ref := mergeRuns(before, after)
+		ref.Note = fmt.Sprintf("COPY into the baseline table at this shape, measured before (%.0f records/s) and after (%.0f records/s) the scenario's cases; the mean of the two",
+			before.RecordsPerSec, after.RecordsPerSec)
+		for i := range cases {
+			cases[i].RatioTo, cases[i].Ratio = ref.Case, ratio(cases[i].RecordsPerSec, ref.RecordsPerSec)
+		}
+		out = append(out, cases...)
+		out = append(out, ref)
 	}
 	return out, nil
 }

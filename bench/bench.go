@@ -159,6 +159,13 @@ type Result struct {
 	Timing *Timing `json:"timing,omitempty"`
 	// Note says anything a reader needs to interpret the figure.
 	Note string `json:"note,omitempty"`
+	// Repeats is how many times the case was measured (its scenario run again, the
+	// baseline back to back with it each time). The figures above are those of the
+	// median repeat (by Ratio, or by rate or p50 for a result without one);
+	// RatioSamples and RateSamples keep every repeat's, in run order.
+	Repeats      int       `json:"repeats,omitempty"`
+	RatioSamples []float64 `json:"ratio_samples,omitempty"`
+	RateSamples  []float64 `json:"rate_samples,omitempty"`
 }
 
 // finish computes the rates.
@@ -233,21 +240,98 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Report, error)
 		}
 	}
 	start := time.Now()
+	repeats := max(opts.Suite.Repeats, 1)
 	for _, s := range run {
-		logger.Info("scenario start", "scenario", s.Name())
-		t0 := time.Now()
-		res, err := s.Run(ctx, env)
-		if err != nil {
-			return nil, fmt.Errorf("scenario %s: %w", s.Name(), err)
+		n := repeats
+		if o, ok := s.(runsOnce); ok && o.runsOnce() {
+			n = 1
 		}
-		logger.Info("scenario done", "scenario", s.Name(), "results", len(res), "seconds", time.Since(t0).Seconds())
-		rep.Results = append(rep.Results, res...)
+		var reps [][]Result
+		for i := 0; i < n; i++ {
+			logger.Info("scenario start", "scenario", s.Name(), "repeat", i+1, "of", n)
+			t0 := time.Now()
+			res, err := s.Run(ctx, env)
+			if err != nil {
+				return nil, fmt.Errorf("scenario %s: %w", s.Name(), err)
+			}
+			resolveRatios(res)
+			logger.Info("scenario done", "scenario", s.Name(), "results", len(res), "seconds", time.Since(t0).Seconds())
+			reps = append(reps, res)
+		}
+		rep.Results = append(rep.Results, aggregateRepeats(reps)...)
 	}
-	resolveRatios(rep.Results)
 	rep.Seconds = time.Since(start).Seconds()
 	rep.Notes = env.Notes
 	rep.Machine.LoadAvgEnd = loadAvg()
 	return rep, nil
+}
+
+// runsOnce is a Scenario that is not repeated (its cost is its setup: loading a
+// large log), whatever Suite.Repeats says; its results say Repeats 1.
+type runsOnce interface {
+	runsOnce() bool
+}
+
+// aggregateRepeats merges the results of a scenario's repeats (each repeat's ratios
+// already computed against the baseline measured in that repeat): one result per
+// case, that of the median repeat, with every repeat's ratio and rate kept.
+func aggregateRepeats(reps [][]Result) []Result {
+	var order []string
+	byCase := map[string][]Result{}
+	for _, rs := range reps {
+		for _, r := range rs {
+			if _, ok := byCase[r.Case]; !ok {
+				order = append(order, r.Case)
+			}
+			byCase[r.Case] = append(byCase[r.Case], r)
+		}
+	}
+	out := make([]Result, 0, len(order))
+	for _, c := range order {
+		rs := byCase[c]
+		key := func(r Result) float64 {
+			switch {
+			case r.Ratio != 0:
+				return r.Ratio
+			case r.Timing != nil:
+				return -r.Timing.P50 // faster is "higher", as for ratios
+			}
+			return r.RecordsPerSec
+		}
+		sorted := slices.Clone(rs)
+		slices.SortStableFunc(sorted, func(a, b Result) int { return cmpFloat(key(a), key(b)) })
+		med := sorted[(len(sorted)-1)/2]
+		med.Repeats = len(rs)
+		med.RatioSamples, med.RateSamples = nil, nil
+		for _, r := range rs {
+			if r.Ratio != 0 {
+				med.RatioSamples = append(med.RatioSamples, r.Ratio)
+			}
+			if r.RecordsPerSec != 0 {
+				med.RateSamples = append(med.RateSamples, round3(r.RecordsPerSec))
+			}
+		}
+		out = append(out, med)
+	}
+	return out
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// spread returns the smallest and largest of xs (0, 0 for none).
+func spread(xs []float64) (lo, hi float64) {
+	if len(xs) == 0 {
+		return 0, 0
+	}
+	return slices.Min(xs), slices.Max(xs)
 }
 
 // Known reports whether name is a scenario.

@@ -43,6 +43,15 @@ func TestTinySuite(t *testing.T) {
 			require.NotNil(t, r.Latency, r.Case)
 			require.LessOrEqual(t, r.Latency.P50, r.Latency.P99, r.Case)
 		}
+		switch r.Scenario {
+		case "growth", "retention":
+			require.Equal(t, 1, r.Repeats, "%s runs once", r.Case)
+		default:
+			require.Equal(t, 2, r.Repeats, r.Case)
+			if r.Ratio != 0 {
+				require.Len(t, r.RatioSamples, 2, r.Case)
+			}
+		}
 		if r.RatioTo != "" {
 			require.Positive(t, r.Ratio, "%s: ratio to %s", r.Case, r.RatioTo)
 			require.NotEmpty(t, find(rep.Results, r.RatioTo).Case, "%s: baseline %s missing", r.Case, r.RatioTo)
@@ -87,8 +96,57 @@ func TestTinySuite(t *testing.T) {
 	require.Contains(t, string(b), "produce streamd")
 	require.Contains(t, string(b), "### Timings")
 	require.Contains(t, string(b), "| rebalance join 1→2")
+	require.Contains(t, string(b), "### Targets")
+	for _, tg := range targets() {
+		require.Contains(t, string(b), tg.Goal)
+	}
 
 	var table strings.Builder
 	require.NoError(t, rep.WriteTable(&table))
 	require.Contains(t, table.String(), "case (timing)")
+}
+
+// TestHeadlineStatesTheNamedConfiguration checks the headline's rules on a report
+// made by hand: the target's own case, its ratio paired repeat by repeat with the
+// baseline of the same run, the median and the spread; a better case of another
+// configuration shown only beside it, labelled; a missing case said to be missing.
+func TestHeadlineStatesTheNamedConfiguration(t *testing.T) {
+	named := Result{Scenario: "consume", System: "consume-group", Case: "consume consume-group 100B b=500 c=4 p=4 auto-commit",
+		RecordsPerSec: 50, RateSamples: []float64{40, 50, 70}, Ratio: 0.5, RatioTo: "consume raw-select 100B b=500 c=4 p=4", Repeats: 3}
+	base := Result{Scenario: "consume", System: "raw-select", Baseline: true, Case: "consume raw-select 100B b=500 c=4 p=4",
+		RecordsPerSec: 100, RateSamples: []float64{100, 100, 70}, Repeats: 3}
+	better := Result{Scenario: "consume", System: "consume-group", Case: "consume consume-group 100B b=5000 c=4 p=4 auto-commit",
+		RecordsPerSec: 95, Ratio: 0.95, RatioTo: base.Case, Repeats: 1}
+	rep := &Report{Results: []Result{named, base, better}}
+	var line string
+	for _, tg := range targets() {
+		if tg.Case == named.Case {
+			line = rep.headline(tg)
+		}
+	}
+	// Paired ratios 0.4, 0.5, 1.0: median 0.5, below 0.8 (the mean of the rates,
+	// or the best repeat, would say otherwise).
+	require.Contains(t, line, "**0.50×**")
+	require.Contains(t, line, "median of 3 repeats, spread 0.40–1.00")
+	require.Contains(t, line, "**below**")
+	require.Contains(t, line, "best case, another configuration, for comparison only: `"+better.Case+"` 0.95×")
+
+	lines := rep.headlines()
+	require.Len(t, lines, len(targets()))
+	require.Contains(t, strings.Join(lines, "\n"), "**not measured in this run** (no case `produce streamd 100B b=1000 c=4 p=4`)")
+}
+
+// TestAggregateRepeatsKeepsTheMedianRepeat: one result per case, the median repeat's
+// figures, every repeat's ratio kept in run order.
+func TestAggregateRepeatsKeepsTheMedianRepeat(t *testing.T) {
+	mk := func(rate, r float64) Result {
+		return Result{Case: "c", RecordsPerSec: rate, Ratio: r, RatioTo: "b"}
+	}
+	out := aggregateRepeats([][]Result{{mk(10, 0.9)}, {mk(30, 0.2)}, {mk(20, 0.5)}})
+	require.Len(t, out, 1)
+	require.Equal(t, 0.5, out[0].Ratio)
+	require.Equal(t, 20.0, out[0].RecordsPerSec)
+	require.Equal(t, 3, out[0].Repeats)
+	require.Equal(t, []float64{0.9, 0.2, 0.5}, out[0].RatioSamples)
+	require.Equal(t, []float64{10, 30, 20}, out[0].RateSamples)
 }

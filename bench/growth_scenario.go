@@ -39,6 +39,9 @@ func init() { register(100, growthScenario{}) }
 
 func (growthScenario) Name() string { return "growth" }
 
+// runsOnce: loading a log of millions of events is its cost; Suite.Repeats does not apply.
+func (growthScenario) runsOnce() bool { return true }
+
 const (
 	growthConns = 4
 	growthBatch = 1000
@@ -221,6 +224,16 @@ func (s growthScenario) measureAt(ctx context.Context, env *Env, g *growthDB, st
 	} else {
 		note += "ballast reused as it was"
 	}
+	// Say plainly whether this size can show growth at all: a log that fits in
+	// shared_buffers is read from memory whatever its size.
+	var logBytes, sharedBuffers int64
+	if err := g.pool.QueryRow(ctx, `SELECT pg_total_relation_size('streamd.events'), pg_size_bytes(current_setting('shared_buffers'))`).Scan(&logBytes, &sharedBuffers); err == nil && step.events > 0 {
+		if logBytes <= sharedBuffers {
+			note += fmt.Sprintf("; the log (%s with its indexes) fits in shared_buffers (%s): this size cannot show growth", bytesLabel(logBytes), bytesLabel(sharedBuffers))
+		} else {
+			note += fmt.Sprintf("; the log (%s with its indexes) is %.1f× shared_buffers (%s)", bytesLabel(logBytes), float64(logBytes)/float64(sharedBuffers), bytesLabel(sharedBuffers))
+		}
+	}
 	out = append(out, loads...)
 
 	// Produce, against COPY into the baseline table at the same size.
@@ -300,4 +313,12 @@ func vacuumEvents(ctx context.Context, g *growthDB) error {
 		return fmt.Errorf("vacuum events: %w", err)
 	}
 	return nil
+}
+
+// bytesLabel is n bytes in MiB or GiB.
+func bytesLabel(n int64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20))
 }

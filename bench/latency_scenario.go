@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/internal/tailer"
 	"github.com/streamd/streamd/streams"
 	"github.com/streamd/streamd/wakeup"
@@ -25,7 +26,11 @@ import (
 //     own transaction (what the tailer spares producers), the same Listener wakes
 //     the reader;
 //   - poll: no wake-ups; the reader long-polls with streams.FetchOpts.MaxWait (5ms
-//     doubling to 100ms), the safety net's behaviour.
+//     doubling to 100ms), the safety net's behaviour;
+//   - group-tailer: the tailer's wake-ups as in "tailer", read by one
+//     consumergroup.Consumer (the whole processing loop: fetch, handler, commit);
+//     the latency is commit → the handler being called with the event, after one
+//     untimed warm-up event per partition (the join is a rebalance, not delivery).
 //
 // Latency is from the producer's commit returning to the reader's fetch returning the
 // event, both clocks in this process. A reader may see an event before the producer
@@ -46,6 +51,9 @@ type latencyScenario struct{}
 func init() { register(95, latencyScenario{}) }
 
 func (latencyScenario) Name() string { return "latency" }
+
+// runsOnce: each mode runs for the suite's latency duration and waits for a replication slot; Suite.Repeats does not apply.
+func (latencyScenario) runsOnce() bool { return true }
 
 // latencyReadyWait bounds the wait for a tailer's slot and a listener's connection.
 const latencyReadyWait = 2 * time.Minute
@@ -73,7 +81,7 @@ func (s latencyScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 		return nil, nil
 	}
 	var out []Result
-	for _, mode := range []string{"tailer", "tailer-inprocess", "listen", "poll"} {
+	for _, mode := range []string{"tailer", "tailer-inprocess", "listen", "poll", "group-tailer"} {
 		rs, err := s.run(ctx, env, mode, d)
 		if err != nil {
 			return nil, fmt.Errorf("latency %s: %w", mode, err)
@@ -153,7 +161,7 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		start("listener", l.Run)
 		hub = l.Hub
 		ready := func() bool { return l.Connected() }
-		if mode == "tailer" {
+		if mode == "tailer" || mode == "group-tailer" {
 			b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Logger: env.Logger})
 			if err != nil {
 				return nil, err
@@ -179,12 +187,18 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		lanes[i] = &latencyLane{partition: int32(i), acked: make([]atomic.Int64, n), seen: make([]atomic.Int64, n)}
 	}
 	readersDone := make(chan error, len(lanes))
-	for _, ln := range lanes {
-		wg.Add(1)
-		go func() { // owner: this run (waited for with wg); exits when rctx ends or its lane is all seen
-			defer wg.Done()
-			readersDone <- s.read(rctx, env, hub, stream, mode, ln)
-		}()
+	if mode == "group-tailer" {
+		if err := s.startGroup(rctx, env, hub, stream, lanes, n, &wg, readersDone); err != nil {
+			return nil, err
+		}
+	} else {
+		for _, ln := range lanes {
+			wg.Add(1)
+			go func() { // owner: this run (waited for with wg); exits when rctx ends or its lane is all seen
+				defer wg.Done()
+				readersDone <- s.read(rctx, env, hub, stream, mode, ln)
+			}()
+		}
 	}
 	t0 := time.Now()
 	end := t0.Add(d)
@@ -209,8 +223,8 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 					perr <- err
 					return
 				}
-				if off < int64(n) {
-					ln.acked[off].Store(time.Now().UnixNano())
+				if i := off - ln.base; i >= 0 && i < int64(n) {
+					ln.acked[i].Store(time.Now().UnixNano())
 				}
 				ln.produced.Add(1)
 			}
@@ -271,10 +285,14 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		return nil, fmt.Errorf("%d of %d events not delivered within 10s", missing, total)
 	}
 	rate := fmt.Sprintf("%d events at %.0f/s (paced at %d/s)", total, float64(total)/elapsed.Seconds(), latencyRate)
-	res := timingResult("latency", mode, name, mode == "listen", params, "commit returned → fetch returned the event", samples)
+	op := "commit returned → fetch returned the event"
+	if mode == "group-tailer" {
+		op = "commit returned → the group's handler called with the event"
+	}
+	res := timingResult("latency", mode, name, mode == "listen", params, op, samples)
 	res.Note = fmt.Sprintf("%s; %d seen before the producer's commit returned (counted as 0)", rate, early)
 	out := []Result{res}
-	if hub != nil {
+	if hub != nil && mode != "group-tailer" {
 		wr := timingResult("latency", mode+"-wakeup", name+" wake-up", mode == "listen", params,
 			"commit returned → reader woken, or the event fetched if sooner", wakeSamples)
 		wr.Note = rate
@@ -286,7 +304,8 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 // latencyLane is one partition's producer and reader.
 type latencyLane struct {
 	partition int32
-	acked     []atomic.Int64 // unix ns when the producer's commit returned, by offset
+	base      int64          // the offset of the lane's first timed event (after warm-up events)
+	acked     []atomic.Int64 // unix ns when the producer's commit returned, by offset - base
 	seen      []atomic.Int64 // unix ns when the reader's fetch returned it, by offset
 	produced  atomic.Int64
 	finished  atomic.Bool // the producer stopped; produced is final
@@ -458,4 +477,101 @@ func (s latencyScenario) keepUp(ctx context.Context, env *Env, d time.Duration, 
 	res.Note = fmt.Sprintf("%d transactions of %d records appended in %.2fs (%.0f records/s); the tailer handed on the last %.0f ms after the producers stopped",
 		commits.Load(), batchSize, produceSecs, float64(res.Records)/produceSecs, (res.Seconds-produceSecs)*1000)
 	return res, nil
+}
+
+// startGroup starts one consumergroup.Consumer of the stream, woken by hub, whose
+// handler stamps each event when it is called with it; it sends one nil to done per
+// lane once every lane's producer stopped and the handler saw all it produced, and
+// returns after the consumer has started (its goroutine is waited for with wg).
+func (latencyScenario) startGroup(ctx context.Context, env *Env, hub *wakeup.Hub, stream string, lanes []*latencyLane, n int,
+	wg *sync.WaitGroup, done chan<- error) error {
+	pool, err := benchPool(ctx, env, 8)
+	if err != nil {
+		return err
+	}
+	c, err := consumergroup.New(pool, consumergroup.Config{
+		Stream: stream, Group: "bench-latency-" + env.RunID, ConsumerID: "latency",
+		Wakeups: hub, Logger: quietLogger,
+	})
+	if err != nil {
+		pool.Close()
+		return err
+	}
+	// One warm-up event per partition, not timed: the consumer's join and first
+	// assignment are a rebalance's cost, not delivery latency.
+	for _, ln := range lanes {
+		if _, err := env.Client.Produce(ctx, streams.Record{Stream: stream, Partition: streams.PartitionOf(ln.partition), Data: latencyPayload}); err != nil {
+			pool.Close()
+			return err
+		}
+		ln.base = 1
+	}
+	var seen, warm atomic.Int64
+	all := make(chan struct{})
+	var once sync.Once
+	check := func() {
+		var want int64
+		for _, ln := range lanes {
+			if !ln.finished.Load() {
+				return
+			}
+			want += min(ln.produced.Load(), int64(n))
+		}
+		if seen.Load() >= want {
+			once.Do(func() { close(all) })
+		}
+	}
+	wg.Add(1)
+	go func() { // owner: this run; exits when ctx ends (the run's stop)
+		defer wg.Done()
+		defer pool.Close()
+		err := c.Run(ctx, func(ctx context.Context, b *consumergroup.Batch) error {
+			now := time.Now().UnixNano()
+			ln := lanes[b.Partition]
+			for _, ev := range b.Events {
+				if ev.Offset < ln.base {
+					warm.Add(1)
+					continue
+				}
+				if i := ev.Offset - ln.base; i < int64(n) && ln.seen[i].CompareAndSwap(0, now) {
+					seen.Add(1)
+				}
+			}
+			check()
+			return nil
+		})
+		if err != nil && ctx.Err() == nil {
+			env.Logger.Warn("latency group consumer stopped", "error", err)
+		}
+	}()
+	deadline := time.Now().Add(latencyReadyWait)
+	for warm.Load() < int64(len(lanes)) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the group consumer did not get its warm-up events within %s", latencyReadyWait)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+	wg.Add(1)
+	go func() { // owner: this run; exits when every event was seen or ctx ends
+		defer wg.Done()
+		tick := time.NewTicker(10 * time.Millisecond) // the producers' end is not signalled: look again
+		defer tick.Stop()
+		for {
+			select {
+			case <-all:
+				for range lanes {
+					done <- nil
+				}
+				return
+			case <-ctx.Done():
+				for range lanes {
+					done <- ctx.Err()
+				}
+				return
+			case <-tick.C:
+				check()
+			}
+		}
+	}()
+	return nil
 }

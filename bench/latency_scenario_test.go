@@ -41,7 +41,8 @@ func TestLatencyScenario(t *testing.T) {
 	env := &Env{Pool: pool, Client: streams.NewClient(pool, nil), Suite: suite, RunID: randomID(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	res, err := latencyScenario{}.Run(ctx, env)
 	require.NoError(t, err)
-	require.Len(t, res, 9) // 3 wake-up modes × 2, poll, 2 keep-up
+	require.Len(t, res, 10) // 3 wake-up modes × 2, poll, group-tailer, 2 keep-up
+	require.NotEmpty(t, find(res, "latency group-tailer 1000/s").Case)
 	for _, r := range res {
 		if r.System == "tailer-keepup" {
 			require.Positive(t, r.Records, r.Case)

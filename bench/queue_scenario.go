@@ -55,6 +55,9 @@ const (
 	queueBatch = 100
 	// queueTarget is issue 4's goal: the queue at 0.5× the raw SKIP LOCKED drain.
 	queueTarget = 0.5
+	// queueMaxRotations bounds the repetitions a case makes to reach the suite's
+	// case duration.
+	queueMaxRotations = 20
 )
 
 // queueSystems: the reference (raw-skip-locked) is last.
@@ -110,7 +113,22 @@ func (s queueScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 	for wi := range totals {
 		totals[wi] = make([]queueCase, len(queueSystems))
 	}
-	for rep := 0; rep < reps; rep++ {
+	// Repeat the rotation until every case has run for the suite's case duration
+	// (a quick case of 20,000 messages drains in a fraction of a second), with at
+	// least reps rotations and at most queueMaxRotations.
+	longEnough := func() bool {
+		for wi := range totals {
+			for si := range totals[wi] {
+				if totals[wi][si].load.elapsed < su.CaseDuration {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	rotations := 0
+	for rep := 0; rep < reps || (!longEnough() && rep < queueMaxRotations); rep++ {
+		rotations++
 		for wi, w := range su.QueueWorkers {
 			for j := range queueSystems {
 				si := (wi + rep + j) % len(queueSystems)
@@ -142,7 +160,7 @@ func (s queueScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 			r.Case = fmt.Sprintf("queue %s b=%d w=%d", system, queueBatch, w)
 			drain := t.load.elapsed - t.send
 			r.Note = fmt.Sprintf("%d messages × %d repetition(s); send (1 goroutine) %.0f msgs/s, drain (%d worker(s)) %.0f msgs/s",
-				n, reps, float64(t.load.records)/t.send.Seconds(), w, float64(t.load.records)/drain.Seconds())
+				n, rotations, float64(t.load.records)/t.send.Seconds(), w, float64(t.load.records)/drain.Seconds())
 			env.Logger.Info("case", "case", r.Case, "msgs_per_sec", int(r.RecordsPerSec))
 			group = append(group, r)
 		}

@@ -52,7 +52,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 			p50, p99 = fmt.Sprintf("%.2f", res.Latency.P50), fmt.Sprintf("%.2f", res.Latency.P99)
 		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", res.Case, res.RecordsPerSec, res.MBPerSec, p50, p99,
-			cpuText(res.ClientCPUPerRecord), cpuText(res.ServerCPUPerRecord), busyText(res.CPUBusy), ratioText(res), targetText(res))
+			cpuText(res.ClientCPUPerRecord), cpuText(res.ServerCPUPerRecord), busyText(res.CPUBusy), ratioSpreadText(res), targetText(res))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -113,7 +113,7 @@ func busyText(f float64) string {
 }
 
 func ratioTargetText(r Result) string {
-	rt := ratioText(r)
+	rt := ratioSpreadText(r)
 	if t := targetText(r); t != "" {
 		rt += " (" + t + ")"
 	}
@@ -379,6 +379,7 @@ func (r *Report) Markdown(chartDir string) string {
 
 	if hs := r.headlines(); len(hs) > 0 {
 		b.WriteString("### Targets\n\n")
+		b.WriteString("Each target at the one configuration it names, against its baseline measured back to back with it in the same scenario; the median of the repeats and their spread. A best case of another configuration is shown beside it only for comparison.\n\n")
 		for _, h := range hs {
 			b.WriteString("- " + h + "\n")
 		}
@@ -434,42 +435,6 @@ func (r *Report) Markdown(chartDir string) string {
 		}
 	}
 	return b.String()
-}
-
-// headlines states each target: the best streamd figure of the case the target is
-// about, against its baseline.
-func (r *Report) headlines() []string {
-	var out []string
-	best := map[string]Result{}
-	var keys []string
-	for _, res := range r.Results {
-		if res.Target == 0 || res.Ratio == 0 {
-			continue
-		}
-		k := res.Scenario
-		if res.Params.PayloadBytes > 0 {
-			k += " " + sizeLabel(res.Params.PayloadBytes)
-		}
-		if res.Scenario == "produce" {
-			k += fmt.Sprintf(" with %d conns", res.Params.Conns)
-		}
-		if _, ok := best[k]; !ok {
-			keys = append(keys, k)
-		}
-		if res.Ratio > best[k].Ratio {
-			best[k] = res
-		}
-	}
-	for _, k := range keys {
-		res := best[k]
-		verdict := "meets"
-		if res.Ratio < res.Target {
-			verdict = "below"
-		}
-		out = append(out, fmt.Sprintf("%s: best case `%s` %.0f records/s = **%.2f×** `%s` (target %.1f: %s)",
-			k, res.Case, res.RecordsPerSec, res.Ratio, res.RatioTo, res.Target, verdict))
-	}
-	return out
 }
 
 func short(commit string) string {

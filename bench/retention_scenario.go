@@ -29,6 +29,9 @@ func init() { register(80, retentionScenario{}) }
 
 func (retentionScenario) Name() string { return "retention" }
 
+// runsOnce: its cost is loading the records it deletes; Suite.Repeats does not apply.
+func (retentionScenario) runsOnce() bool { return true }
+
 const (
 	retentionKeep  = 1000
 	retentionBatch = 10_000

@@ -11,8 +11,13 @@ import (
 type Suite struct {
 	// Name is "quick", "full" or "tiny".
 	Name string `json:"name"`
-	// CaseDuration is how long each throughput case runs.
+	// CaseDuration is how long each throughput case runs (at least: a case that moves
+	// a fixed count repeats until it has run this long).
 	CaseDuration time.Duration `json:"case_duration"`
+	// Repeats is how many times each scenario runs; every result is the median
+	// repeat, with the spread of the repeats beside it. Scenarios whose cost is a
+	// large setup (growth) run once.
+	Repeats int `json:"repeats"`
 	// Payloads are the JSON payload sizes in bytes.
 	Payloads []int `json:"payloads"`
 	// BatchSizes are the records per produce call (and per COPY).
@@ -55,6 +60,7 @@ func QuickSuite() Suite {
 	return Suite{
 		Name:              "quick",
 		CaseDuration:      2 * time.Second,
+		Repeats:           3,
 		Payloads:          []int{100, 1024},
 		BatchSizes:        []int{1, 100, 1000},
 		Conns:             []int{1, 4},
@@ -94,8 +100,10 @@ func FullSuite() Suite {
 // package test uses it).
 func TinySuite() Suite {
 	return Suite{
-		Name:              "tiny",
-		CaseDuration:      150 * time.Millisecond,
+		Name:         "tiny",
+		CaseDuration: 150 * time.Millisecond,
+		// Two, so that the harness's repeat path runs in the package test.
+		Repeats:           2,
 		Payloads:          []int{100},
 		BatchSizes:        []int{1, 50},
 		Conns:             []int{1, 2},

@@ -52,6 +52,13 @@ func (b *Batch) Commit(ctx context.Context) error {
 // ErrFenced (and tx must be rolled back) when this member no longer owns the
 // partition. Required in CommitTransactional mode; usable in any mode.
 //
+// The member's session is checked again when tx commits: if the member was expired
+// or left the group while tx was open (a process frozen after CommitTx), tx's COMMIT
+// fails with SQLSTATE SD108 (session expired) and nothing of tx is written; the partition then moves
+// on. The worker treats a handler error carrying a fencing SQLSTATE as ErrFenced. The group never
+// waits for such a transaction: only its partition does, until it ends (see the
+// operations guide for idle_in_transaction_session_timeout).
+//
 // ErrAlreadyCommitted (roll tx back, and return the error) when an earlier attempt of
 // this batch committed but its handler still failed (the commit's acknowledgement was
 // lost): the writes must not happen twice, and the worker counts the batch as done.

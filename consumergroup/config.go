@@ -72,8 +72,17 @@ func (c Config) retries() int {
 	return c.MaxRetries
 }
 
-// Hook is a rebalance callback. See Config.OnAssigned for the concurrency contract.
-type Hook func(ctx context.Context, partitions []int32)
+// Membership names one membership of the group: the member id (Config.ConsumerID
+// plus a suffix of its join) and the epoch that fences its commits. Batch.MemberID and
+// Batch.MemberEpoch name the same, so hook calls and batches can be matched.
+type Membership struct {
+	MemberID    string
+	MemberEpoch int64
+}
+
+// Hook is a rebalance callback: m is the membership the partitions were assigned to,
+// revoked from or lost by. See Config.OnAssigned for the concurrency contract.
+type Hook func(ctx context.Context, m Membership, partitions []int32)
 
 // Config configures a Consumer. Stream and Group are required.
 type Config struct {
@@ -86,6 +95,14 @@ type Config struct {
 	// membership distinct, so a fenced member can never be confused with its successor).
 	// Defaults to the host name and process id.
 	ConsumerID string
+	// DrainTimeout bounds a clean stop (Run's ctx cancelled). The handler's ctx is not
+	// Run's: the batches in flight go on with a live ctx, finish and commit (CommitTx
+	// transactions included), no new batch starts, then OnRevoked runs and the member
+	// leaves, so its partitions move to the other members at once. A handler still
+	// running DrainTimeout after the stop began sees its ctx cancelled; its batch is
+	// not committed and goes to the next owner. Heartbeats go on meanwhile, for at most
+	// MaxPollInterval (keep DrainTimeout below it). Defaults to 10s.
+	DrainTimeout time.Duration
 	// FetchMaxWait is how long a fetch waits for new events on an idle partition
 	// before looking again (it also bounds how fast an idle worker notices a revoke
 	// when no wake-up arrives). Defaults to 500ms.
@@ -121,9 +138,11 @@ type Config struct {
 	// Contract for all hooks: they are called from one goroutine, never concurrently
 	// with each other, and never concurrently with a handler call of the partitions
 	// they name (handlers of other partitions may be running). They must not call Run.
-	// The member keeps heartbeating while a hook runs, so a hook may take longer than
-	// SessionTimeout, but at most MaxPollInterval: its ctx ends then and the
-	// heartbeats stop, and a hook still running gets the member expelled after
+	// Each call names the membership (member id and epoch, as on Batch); a partition
+	// assigned to a membership is later either revoked from it (OnRevoked) or lost by
+	// it (OnLost), once. The member keeps heartbeating while a hook runs, so a hook may
+	// take longer than SessionTimeout, but at most MaxPollInterval: its ctx ends then
+	// and the heartbeats stop, and a hook still running gets the member expelled after
 	// SessionTimeout (as a stuck handler does). Defaults to nil (no call).
 	OnAssigned Hook
 	// OnHandlerError says what happens to a batch that still fails after MaxRetries.
@@ -131,13 +150,18 @@ type Config struct {
 	OnHandlerError ErrorPolicy
 	// OnLost is called with partitions this member lost without a clean handover (its
 	// session expired, it was fenced, or its handlers overran MaxPollInterval): another
-	// member may already own them and commits for them fail with ErrFenced. Their
-	// handler calls have returned. Defaults to nil.
+	// member may already own them, commits for them fail with ErrFenced, and a batch
+	// whose commit was refused will be processed again by the next owner (Kafka's
+	// OnPartitionsLost: do not commit here, drop the partitions' state). Their handler
+	// calls have returned. Defaults to nil.
 	OnLost Hook
-	// OnRevoked is called with partitions this member is handing over (a rebalance, or
-	// Run returning), after their in-flight batches finished and, in CommitAuto mode,
-	// their offsets were committed; the member still owns them during the call, so
-	// CommitManual programs commit here with Consumer.Commit. Defaults to nil.
+	// OnRevoked is called with partitions this member is handing over cleanly (a
+	// rebalance, or Run's ctx cancelled: the drain), after their in-flight batches
+	// finished and were committed (CommitAuto, CommitTx); the member still owns them
+	// during the call, so CommitManual programs commit here with Consumer.Commit, and
+	// the next owner starts after what was committed (Kafka's OnPartitionsRevoked).
+	// A batch cut short by DrainTimeout is not committed and goes to the next owner.
+	// Defaults to nil.
 	OnRevoked Hook
 	// RebalanceTimeout bounds how long this member may keep a partition that another
 	// member waits for; past it the group expels this member. 1ms to 2^31-1
@@ -172,6 +196,9 @@ func (c Config) withDefaults() Config {
 			host = "consumer"
 		}
 		c.ConsumerID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 10 * time.Second
 	}
 	if c.FetchMaxWait == 0 {
 		c.FetchMaxWait = 500 * time.Millisecond
@@ -227,6 +254,8 @@ func (c Config) validate() error {
 		return bad("CommitMode", "unknown mode %d", c.CommitMode)
 	case len(c.ConsumerID) > 200:
 		return bad("ConsumerID", "%d characters; at most 200", len(c.ConsumerID))
+	case c.DrainTimeout < 0:
+		return bad("DrainTimeout", "%v is negative", c.DrainTimeout)
 	case c.FetchMaxWait < 0:
 		return bad("FetchMaxWait", "%v is negative", c.FetchMaxWait)
 	case !validGroupID(c.Group):

@@ -21,8 +21,11 @@ import (
 // Handler processes one batch of one partition. Batches of a partition are delivered
 // one at a time, in offset order; batches of different partitions run concurrently.
 // Return nil when the batch is done (in CommitAuto mode its offset is then committed);
-// an error retries it (see Config.MaxRetries and Config.OnHandlerError). ctx is
-// cancelled when Run's context is, or when the partition is lost.
+// an error retries it (see Config.MaxRetries and Config.OnHandlerError). ctx is not
+// Run's: cancelling Run's ctx lets the call finish and commit (Config.DrainTimeout).
+// ctx is cancelled when the partition is lost (fenced, expired, MaxPollInterval
+// overrun) and when a clean stop's DrainTimeout runs out; a call that sees it
+// cancelled should return, and its batch goes uncommitted to the next owner.
 type Handler func(ctx context.Context, b *Batch) error
 
 // cleanupTimeout bounds the work done after cancellation (final commit, hooks'
@@ -81,7 +84,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 }
 
 // Run joins the group and processes assigned partitions with h until ctx is
-// cancelled, then hands its partitions over (OnRevoked, leave) and returns nil. It
+// cancelled, then stops cleanly and returns nil: the batches in flight finish and
+// commit (at most Config.DrainTimeout), OnRevoked runs, and the member leaves the
+// group so that its partitions move to the other members at once. It
 // survives lost connections and database restarts (joining again with backoff) and
 // rejoins after being fenced. It returns an error only for a condition retrying cannot
 // fix (the stream does not exist, an invalid name), when called twice at once, and
@@ -213,14 +218,28 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 		c.owned = maps(workers)
 		c.mu.Unlock()
 	}
-	// finish waits for every worker, then reports them as revoked (clean) or lost.
+	// finish waits for every worker, then reports them as revoked (clean) or lost. A
+	// clean finish (the drain) lets in-flight handlers run on with a live ctx for
+	// DrainTimeout, then cancels it.
 	finish := func(clean bool) {
+		running := make([]*worker, 0, len(workers))
 		for _, w := range workers {
+			running = append(running, w)
 			if clean {
 				w.stop()
 			} else {
 				w.cancel()
 			}
+		}
+		if clean && len(running) > 0 {
+			drain := time.AfterFunc(c.cfg.DrainTimeout, func() { // owner: finish (Stop below)
+				c.log.Warn("drain timeout: cancelling the handlers still running", "member_id", m.consumerID,
+					"drain_timeout", c.cfg.DrainTimeout)
+				for _, w := range running {
+					w.interrupt()
+				}
+			})
+			defer drain.Stop()
 		}
 		var revoked, lost []int32
 		for len(workers) > 0 {
@@ -238,8 +257,8 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
-		c.hook(cctx, c.cfg.OnRevoked, "revoked", revoked)
-		c.hook(cctx, c.cfg.OnLost, "lost", lost)
+		c.hook(cctx, c.cfg.OnRevoked, "revoked", m, revoked)
+		c.hook(cctx, c.cfg.OnLost, "lost", m, lost)
 	}
 
 	for {
@@ -252,7 +271,7 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 			setOwned()
 			if w.lost.Load() {
 				hbOK, _ := c.whileHeartbeating(ctx, m, func() {
-					c.hook(ctx, c.cfg.OnLost, "lost", []int32{w.partition})
+					c.hook(ctx, c.cfg.OnLost, "lost", m, []int32{w.partition})
 				})
 				lastOK = latest(lastOK, hbOK) // a fencing shows at the next heartbeat
 				continue
@@ -261,7 +280,7 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 			// being revoked. Hand it over.
 			var err error
 			hbOK, _ := c.whileHeartbeating(ctx, m, func() {
-				c.hook(ctx, c.cfg.OnRevoked, "revoked", []int32{w.partition})
+				c.hook(ctx, c.cfg.OnRevoked, "revoked", m, []int32{w.partition})
 				err = m.release(ctx, c.sessionPool, []int32{w.partition}, nil)
 			})
 			lastOK = latest(lastOK, hbOK) // a fencing fails the release (below)
@@ -351,7 +370,7 @@ func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assign
 				c.log.Warn("release failed", "partitions", releaseNow, "error", err)
 			}
 		}
-		c.hook(ctx, c.cfg.OnAssigned, "assigned", added)
+		c.hook(ctx, c.cfg.OnAssigned, "assigned", m, added)
 	})
 	if fenced {
 		// The membership ended while OnAssigned ran: the partitions are no longer
@@ -362,7 +381,8 @@ func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assign
 		return hbOK
 	}
 	for _, p := range added {
-		w := newWorker(ctx, c, m, p, h, slices.Contains(a.Paused, p))
+		// Not Run's ctx: a clean stop drains the worker (finish) rather than cancel it.
+		w := newWorker(context.WithoutCancel(ctx), c, m, p, h, slices.Contains(a.Paused, p))
 		workers[p] = w
 		go func() { // owner: session; exits on stop/cancel; reported on done
 			w.run()
@@ -372,15 +392,17 @@ func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assign
 	return hbOK
 }
 
-// shutdown ends a session because Run's context was cancelled: workers finish their
-// batches (handlers see ctx cancelled), OnRevoked runs, and the member leaves (a
-// static member stays registered until its session expires or it restarts).
+// shutdown ends a session because Run's context was cancelled (the drain): workers
+// finish their in-flight batches with a live handler ctx (cancelled after
+// DrainTimeout) and commit them, OnRevoked runs, and the member leaves, so its
+// partitions move at once (a static member stays registered until its session
+// expires or it restarts).
 func (c *Consumer) shutdown(ctx context.Context, m *member, finish func(clean bool)) {
 	// Heartbeats go on while the in-flight batches finish, commit and OnRevoked runs:
 	// a handler slower than the session timeout would otherwise get the member
 	// expelled mid-handover, its final commits refused and its batches redelivered.
-	// At most MaxPollInterval: a handler that ignores its cancelled ctx longer than
-	// that must not keep the partitions from the others.
+	// At most MaxPollInterval: a handler that ignores its ctx (cancelled at
+	// DrainTimeout) longer than that must not keep the partitions from the others.
 	_, _ = c.whileHeartbeating(context.WithoutCancel(ctx), m, func() { finish(true) })
 	if c.killed.Load() || c.cfg.InstanceID != "" {
 		return
@@ -463,18 +485,19 @@ func (c *Consumer) stuckWorker(workers map[int32]*worker) *worker {
 	return nil
 }
 
-// hook calls fn with a context that ends after MaxPollInterval (Config.OnAssigned).
-func (c *Consumer) hook(ctx context.Context, fn Hook, reason string, partitions []int32) {
+// hook calls fn for m's partitions with a context that ends after MaxPollInterval
+// (Config.OnAssigned).
+func (c *Consumer) hook(ctx context.Context, fn Hook, reason string, m *member, partitions []int32) {
 	if len(partitions) == 0 {
 		return
 	}
 	slices.Sort(partitions)
 	c.metrics.rebalances.WithLabelValues(c.cfg.Stream, c.cfg.Group, reason).Inc()
-	c.log.Info("partitions "+reason, "partitions", partitions)
+	c.log.Info("partitions "+reason, "partitions", partitions, "member_id", m.consumerID, "member_epoch", m.epoch)
 	if fn != nil {
 		hctx, cancel := context.WithTimeout(ctx, c.cfg.MaxPollInterval)
 		defer cancel()
-		fn(hctx, partitions)
+		fn(hctx, Membership{MemberID: m.consumerID, MemberEpoch: m.epoch}, partitions)
 	}
 }
 

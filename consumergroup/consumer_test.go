@@ -129,7 +129,7 @@ func TestConsumerConsumesCommitsAndLeaves(t *testing.T) {
 	var mu sync.Mutex
 	var assigned atomic.Int32
 	cfg := testConfig(stream, group)
-	cfg.OnAssigned = func(ctx context.Context, ps []int32) { assigned.Add(int32(len(ps))) }
+	cfg.OnAssigned = func(ctx context.Context, _ Membership, ps []int32) { assigned.Add(int32(len(ps))) }
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	stop := runConsumer(t, c, func(ctx context.Context, b *Batch) error {
@@ -233,7 +233,7 @@ func TestRebalanceHandsOverAfterCommit(t *testing.T) {
 	var revoked atomic.Int32
 	cfgA := testConfig(stream, group)
 	cfgA.MaxBatchSize = 2
-	cfgA.OnRevoked = func(ctx context.Context, ps []int32) { revoked.Add(int32(len(ps))) }
+	cfgA.OnRevoked = func(ctx context.Context, _ Membership, ps []int32) { revoked.Add(int32(len(ps))) }
 	a, err := New(pool, cfgA)
 	require.NoError(t, err)
 	runConsumer(t, a, handler)
@@ -267,7 +267,7 @@ func TestFrozenMemberIsFencedAndRejoins(t *testing.T) {
 	var lost atomic.Int32
 	cfgA := testConfig(stream, group)
 	cfgA.MaxBatchSize = 1
-	cfgA.OnLost = func(ctx context.Context, ps []int32) { lost.Add(int32(len(ps))) }
+	cfgA.OnLost = func(ctx context.Context, _ Membership, ps []int32) { lost.Add(int32(len(ps))) }
 	a, err := New(pool, cfgA)
 	require.NoError(t, err)
 	a.beforeHeartbeat = func() {

@@ -23,7 +23,11 @@
 // same transaction; a handover locks that row FOR UPDATE before it changes the owner,
 // so it waits for an in-flight commit or makes it find nothing (ErrFenced, nothing
 // written). CommitTx holds the lock until the handler's transaction ends; updates
-// that move nothing (a pending target, pause) do not wait for it.
+// that move nothing (a pending target, pause) do not wait for it, and neither do the
+// departures of a member (expiry, leave, a static restart): they skip the rows its
+// in-flight commits hold, which move once those transactions ended, and such a
+// transaction is refused at its COMMIT (SD108, read as ErrFenced) since its member is
+// gone. A member frozen inside CommitTx so costs only its own partitions.
 //
 // # Files
 //
@@ -45,8 +49,12 @@
 // workers, a heartbeat goroutine it owns (whileHeartbeating) heartbeats in its place;
 // it exits when that call returns or after MaxPollInterval. The session loop owns one worker goroutine per owned partition: it stops a
 // worker on revoke (the worker finishes its batch and commits), cancels it when the
-// partition is lost, and waits for every worker before the session ends. A worker
-// owns a small goroutine that cancels its fetch on stop (exits with the worker).
+// partition is lost, and waits for every worker before the session ends. A worker's
+// ctx (its handlers') is not Run's: when Run's ctx is cancelled, the session loop
+// stops the workers (they finish and commit their in-flight batches) and cancels
+// their ctx only after DrainTimeout (a timer it owns, stopped when the workers are
+// done); then OnRevoked runs and the member leaves. A worker owns a small goroutine
+// that cancels its fetch on stop (exits with the worker).
 // Cleanup after cancellation (final commit, OnRevoked context, leave) runs under
 // context.WithoutCancel plus a 10s timeout.
 //
@@ -61,7 +69,17 @@
 //   - commit_batch refuses an already committed batch in the offset write's own
 //     condition, so overlapping attempts of one batch commit once (G4).
 //   - A heartbeat from a member past its session timeout is refused even before any
-//     reaper removed it, and so is its commit.
+//     reaper removed it, and so is its commit, also at the COMMIT of a CommitTx
+//     transaction.
+//   - Times follow the clock rule (DESIGN.md): clock_timestamp() after the locks a
+//     function waits for, so a join or heartbeat that waited for the group row is not
+//     registered already expired, and CommitTx judges the session at the call, not
+//     at the start of the handler's transaction.
 //   - A worker that was stopped while its handler was blocked (ErrorBlock) exits
 //     without committing: the next owner redelivers the batch (at-least-once).
+//   - A partition assigned to a membership ends in exactly one of OnRevoked (clean:
+//     its batches finished and committed, the member still owned it during the call)
+//     and OnLost (fenced, expired or MaxPollInterval: another member may own it). A
+//     drain cut short by DrainTimeout is still a revoke: the member owns the
+//     partition until it leaves; only the cut batch goes uncommitted.
 package consumergroup

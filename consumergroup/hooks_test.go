@@ -30,13 +30,13 @@ func TestSlowOnAssignedKeepsTheMembership(t *testing.T) {
 	cfg.MaxPollInterval = time.Minute
 	var assigned, lost atomic.Int32
 	var deadlineOK atomic.Bool
-	cfg.OnAssigned = func(ctx context.Context, _ []int32) {
+	cfg.OnAssigned = func(ctx context.Context, _ Membership, _ []int32) {
 		assigned.Add(1)
 		dl, ok := ctx.Deadline()
 		deadlineOK.Store(ok && time.Until(dl) <= cfg.MaxPollInterval)
 		time.Sleep(slowHook) // the hook's work, not a wait for a condition
 	}
-	cfg.OnLost = func(context.Context, []int32) { lost.Add(1) }
+	cfg.OnLost = func(context.Context, Membership, []int32) { lost.Add(1) }
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	runConsumer(t, c, func(context.Context, *Batch) error { return nil })
@@ -57,11 +57,11 @@ func TestSlowOnRevokedKeepsTheMembership(t *testing.T) {
 	group := testdb.Name("g")
 	cfgA := testConfig(stream, group)
 	var revoked, lost atomic.Int32
-	cfgA.OnRevoked = func(context.Context, []int32) {
+	cfgA.OnRevoked = func(context.Context, Membership, []int32) {
 		revoked.Add(1)
 		time.Sleep(slowHook) // the hook's work, not a wait for a condition
 	}
-	cfgA.OnLost = func(context.Context, []int32) { lost.Add(1) }
+	cfgA.OnLost = func(context.Context, Membership, []int32) { lost.Add(1) }
 	a, err := New(pool, cfgA)
 	require.NoError(t, err)
 	runConsumer(t, a, func(context.Context, *Batch) error { return nil })
@@ -101,7 +101,7 @@ func TestFencedDuringOnAssignedStartsNoWorkers(t *testing.T) {
 	var fencedEpoch atomic.Int64
 	var first atomic.Bool
 	first.Store(true)
-	cfg.OnAssigned = func(context.Context, []int32) {
+	cfg.OnAssigned = func(context.Context, Membership, []int32) {
 		if !first.CompareAndSwap(true, false) {
 			return
 		}

@@ -19,21 +19,34 @@ import (
 	"github.com/streamd/streamd/internal/testdb"
 )
 
-// The test binary re-executes itself as a consumer process when this is set.
-const childEnv = "STREAMD_CG_CHILD"
+// The test binary re-executes itself as a consumer process when this is set; the
+// child prints childReady once SIGTERM stops it cleanly.
+const (
+	childEnv   = "STREAMD_CG_CHILD"
+	childReady = "streamd-consumer-ready"
+)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
 		os.Exit(childMain())
 	}
+	if os.Getenv(stallChildEnv) == "1" {
+		os.Exit(stallChildMain())
+	}
 	os.Exit(m.Run())
 }
 
 // childMain runs one consumer in CommitTransactional mode that records each event in
-// a table in the same transaction as the offset commit, until killed.
+// a table in the same transaction as the offset commit, until killed or stopped with
+// SIGTERM (a clean stop: Run's ctx is cancelled; it then exits 0). Optional knobs:
+// STREAMD_CG_ID (Config.ConsumerID), STREAMD_CG_SESSION (SessionTimeout, default
+// 1s), STREAMD_CG_WORK (the handler's work between its write and its commit, default
+// 2ms), STREAMD_CG_ATTEMPTS (a table recording each handler call's first offset,
+// outside its transaction) and STREAMD_CG_LOST (a table recording OnLost calls).
 func childMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
+	fmt.Println(childReady) // SIGTERM is a clean stop from now on
 	pool, err := pgxpool.New(ctx, os.Getenv("STREAMD_CG_URL"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -42,15 +55,38 @@ func childMain() int {
 	defer pool.Close()
 	table := pgx.Identifier{os.Getenv("STREAMD_CG_TABLE")}.Sanitize()
 	cfg := testConfig(os.Getenv("STREAMD_CG_STREAM"), os.Getenv("STREAMD_CG_GROUP"))
+	cfg.ConsumerID = os.Getenv("STREAMD_CG_ID")
 	cfg.SessionTimeout = time.Second
+	if d, err := time.ParseDuration(os.Getenv("STREAMD_CG_SESSION")); err == nil {
+		cfg.SessionTimeout, cfg.HeartbeatInterval = d, d/5
+	}
+	work := 2 * time.Millisecond // widen the window between write and commit for the kill
+	if d, err := time.ParseDuration(os.Getenv("STREAMD_CG_WORK")); err == nil {
+		work = d
+	}
 	cfg.CommitMode = CommitTransactional
 	cfg.MaxBatchSize = 5
+	if lost := os.Getenv("STREAMD_CG_LOST"); lost != "" {
+		cfg.OnLost = func(ctx context.Context, m Membership, ps []int32) {
+			_, err := pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{lost}.Sanitize()+" (member, partitions) VALUES ($1, $2)", m.MemberID, ps)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "record OnLost:", err)
+			}
+		}
+	}
+	attempts := os.Getenv("STREAMD_CG_ATTEMPTS")
 	c, err := New(pool, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	err = c.Run(ctx, func(ctx context.Context, b *Batch) error {
+		if attempts != "" {
+			if _, err := pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{attempts}.Sanitize()+` (partition, first, member) VALUES ($1, $2, $3)`,
+				b.Partition, b.Events[0].Offset, b.MemberID); err != nil {
+				return err
+			}
+		}
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			for _, e := range b.Events {
 				if _, err := tx.Exec(ctx, "INSERT INTO "+table+` (partition, "offset", member) VALUES ($1, $2, $3)`,
@@ -58,7 +94,11 @@ func childMain() int {
 					return err
 				}
 			}
-			time.Sleep(2 * time.Millisecond) // widen the window between write and commit for the kill
+			select { // the batch's work, which a clean stop lets finish
+			case <-time.After(work):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 			return b.CommitTx(ctx, tx)
 		})
 	})

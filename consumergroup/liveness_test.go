@@ -27,7 +27,7 @@ type hookLog struct {
 // attach sets cfg's OnLost and OnRevoked to record into h.
 func (h *hookLog) attach(cfg *Config) {
 	record := func(to *[][]int32) Hook {
-		return func(_ context.Context, ps []int32) {
+		return func(_ context.Context, _ Membership, ps []int32) {
 			h.mu.Lock()
 			*to = append(*to, append([]int32(nil), ps...))
 			h.mu.Unlock()

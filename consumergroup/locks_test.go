@@ -108,9 +108,11 @@ func TestOpenCommitTxDoesNotStallTheGroup(t *testing.T) {
 // TestEveryHandoverWaitsForAnOpenCommitTx (G1): the fence of a commit locks the
 // ownership row FOR KEY SHARE, which only FOR UPDATE and DELETE wait for; so every
 // way a partition changes owner must lock it FOR UPDATE first, or a commit accepted
-// for the old owner could land after the new owner started. Each way is run against
-// an open CommitTx of the partition: it must wait for that transaction, and the old
-// owner's commits are fenced afterwards.
+// for the old owner could land after the new owner started. The owner's own release
+// and the forced admin operations wait for an open CommitTx of the partition; the old
+// owner's commits are fenced afterwards. The ways a member departs (expiry, leave, a
+// restart with its instance id) do not wait, and move the partition only after the
+// transaction ended: TestDepartureDoesNotWaitForAnOpenCommitTx.
 func TestEveryHandoverWaitsForAnOpenCommitTx(t *testing.T) {
 	t.Parallel()
 	type setup struct {
@@ -120,14 +122,10 @@ func TestEveryHandoverWaitsForAnOpenCommitTx(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		// session is the owner's session timeout.
-		session time.Duration
 		// partitions of the stream (default 1); the owner holds the last one.
 		partitions int32
-		// prepare runs before the CommitTx; before returns what must happen (on
-		// conn) before the handover, which is handover.
+		// prepare runs before the CommitTx; handover is what must wait for it.
 		prepare  func(t *testing.T, s setup)
-		before   func(t *testing.T, s setup)
 		handover func(ctx context.Context, conn *pgxpool.Conn, s setup) error
 	}{
 		{
@@ -138,36 +136,6 @@ func TestEveryHandoverWaitsForAnOpenCommitTx(t *testing.T) {
 			},
 			handover: func(ctx context.Context, conn *pgxpool.Conn, s setup) error {
 				return s.owner.release(ctx, conn, []int32{1}, nil)
-			},
-		},
-		{
-			name: "leave",
-			handover: func(ctx context.Context, conn *pgxpool.Conn, s setup) error {
-				_, err := s.owner.leave(ctx, conn, nil)
-				return err
-			},
-		},
-		{
-			name:    "expiry of the owner",
-			session: 300 * time.Millisecond,
-			before: func(t *testing.T, s setup) {
-				waitFor(t, 5*time.Second, "the owner's session expired", func() bool {
-					var expired bool
-					require.NoError(t, s.pool.QueryRow(context.Background(), `SELECT last_heartbeat + session_timeout_ms * interval '1 millisecond' < now()
-						FROM streamd.consumer_registrations WHERE stream_name = $1 AND group_id = $2`, s.stream, s.group).Scan(&expired))
-					return expired
-				})
-			},
-			handover: func(ctx context.Context, conn *pgxpool.Conn, s setup) error {
-				_, err := conn.Exec(ctx, "SELECT streamd.cleanup_stale_consumers()")
-				return err
-			},
-		},
-		{
-			name: "restart with the owner's instance id",
-			handover: func(ctx context.Context, conn *pgxpool.Conn, s setup) error {
-				_, err := memberJoin(ctx, conn, s.stream, s.group, "a-2", "host-a", testSession, time.Minute, nil)
-				return err
 			},
 		},
 		{
@@ -193,12 +161,8 @@ func TestEveryHandoverWaitsForAnOpenCommitTx(t *testing.T) {
 			n := max(tc.partitions, 1)
 			held := n - 1
 			s := setup{pool: pool, stream: newStream(t, pool, n), group: testdb.Name("g")}
-			session := tc.session
-			if session == 0 {
-				session = testSession
-			}
 			var err error
-			s.owner, err = memberJoin(ctx, pool, s.stream, s.group, "a-1", "host-a", session, time.Minute, nil)
+			s.owner, err = memberJoin(ctx, pool, s.stream, s.group, "a-1", "host-a", testSession, time.Minute, nil)
 			require.NoError(t, err)
 			asg, err := s.owner.heartbeat(ctx, pool, nil)
 			require.NoError(t, err)
@@ -207,9 +171,6 @@ func TestEveryHandoverWaitsForAnOpenCommitTx(t *testing.T) {
 				tc.prepare(t, s)
 			}
 			tx := openCommitTx(t, pool, s.owner, held, 0)
-			if tc.before != nil {
-				tc.before(t, s)
-			}
 
 			conn, err := pool.Acquire(ctx)
 			require.NoError(t, err)

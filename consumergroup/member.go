@@ -71,7 +71,7 @@ func (m *member) heartbeat(ctx context.Context, db streams.DBTX, now *time.Time)
 	err := db.QueryRow(ctx, "SELECT assigned, revoking, paused FROM streamd.group_heartbeat($1, $2, $3, $4, $5)",
 		m.stream, m.group, m.consumerID, m.epoch, now).Scan(&a.Assigned, &a.Revoking, &a.Paused)
 	if err != nil {
-		return a, fmt.Errorf("heartbeat %s in group %s of %s: %w", m.consumerID, m.group, m.stream, sqlerr.Wrap(err))
+		return a, fmt.Errorf("heartbeat %s in group %s of %s: %w", m.consumerID, m.group, m.stream, fenced(err, m, -1))
 	}
 	return a, nil
 }
@@ -81,7 +81,7 @@ func (m *member) release(ctx context.Context, db streams.DBTX, partitions []int3
 	_, err := db.Exec(ctx, "SELECT streamd.release_partitions($1, $2, $3, $4, $5, $6)",
 		m.stream, m.group, m.consumerID, m.epoch, partitions, now)
 	if err != nil {
-		return fmt.Errorf("release partitions %v of group %s of %s: %w", partitions, m.group, m.stream, sqlerr.Wrap(err))
+		return fmt.Errorf("release partitions %v of group %s of %s: %w", partitions, m.group, m.stream, fenced(err, m, -1))
 	}
 	return nil
 }
@@ -116,7 +116,11 @@ func (m *member) commit(ctx context.Context, db streams.DBTX, offsets []Partitio
 	_, err := db.Exec(ctx, "SELECT streamd.commit_offsets($1, $2, $3, $4, $5, $6, $7, $8)",
 		m.stream, m.group, m.consumerID, m.epoch, parts, offs, meta, now)
 	if err != nil {
-		return fmt.Errorf("commit offsets of group %s of %s: %w", m.group, m.stream, sqlerr.Wrap(err))
+		p := int32(-1)
+		if len(offsets) == 1 {
+			p = offsets[0].Partition
+		}
+		return fmt.Errorf("commit offsets of group %s of %s: %w", m.group, m.stream, fenced(err, m, p))
 	}
 	return nil
 }
@@ -128,7 +132,7 @@ func (m *member) commitBatch(ctx context.Context, db streams.DBTX, partition int
 	_, err := db.Exec(ctx, "SELECT streamd.commit_batch($1, $2, $3, $4, $5, $6, $7, $8)",
 		m.stream, m.group, m.consumerID, m.epoch, partition, from, next, now)
 	if err != nil {
-		return fmt.Errorf("commit batch [%d, %d) of %s/%d for group %s: %w", from, next, m.stream, partition, m.group, sqlerr.Wrap(err))
+		return fmt.Errorf("commit batch [%d, %d) of %s/%d for group %s: %w", from, next, m.stream, partition, m.group, fenced(err, m, partition))
 	}
 	return nil
 }
@@ -141,7 +145,7 @@ func (m *member) deadLetter(ctx context.Context, db streams.DBTX, partition int3
 	err := db.QueryRow(ctx, "SELECT streamd.dead_letter_event($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL)",
 		m.stream, m.group, m.consumerID, m.epoch, partition, offset, cause, attempts, firstFailure).Scan(&id)
 	if err != nil {
-		return 0, fmt.Errorf("dead letter %s/%d@%d for group %s: %w", m.stream, partition, offset, m.group, sqlerr.Wrap(err))
+		return 0, fmt.Errorf("dead letter %s/%d@%d for group %s: %w", m.stream, partition, offset, m.group, fenced(err, m, partition))
 	}
 	return id, nil
 }

@@ -346,7 +346,8 @@ func TestCommitHoldsOffHandover(t *testing.T) {
 func TestErrorCodesMap(t *testing.T) {
 	t.Parallel()
 	for code, want := range map[string]error{
-		sqlerr.Fenced: ErrFenced, sqlerr.GroupNotFound: ErrGroupNotFound, sqlerr.InvalidGroupID: ErrInvalidGroupID,
+		sqlerr.Fenced: ErrFenced, sqlerr.FencedSession: ErrFenced, sqlerr.FencedPartition: ErrFenced,
+		sqlerr.FencedEpoch: ErrFenced, sqlerr.GroupNotFound: ErrGroupNotFound, sqlerr.InvalidGroupID: ErrInvalidGroupID,
 		sqlerr.GroupNotEmpty: ErrGroupNotEmpty, sqlerr.GroupInvalidArg: ErrInvalidArgument,
 		sqlerr.DeadLetterNotFound: ErrDeadLetterNotFound, sqlerr.AlreadyCommitted: ErrAlreadyCommitted,
 	} {

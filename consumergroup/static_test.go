@@ -17,7 +17,7 @@ func staticConsumer(t *testing.T, stream, group string, lost *atomic.Int32) *Con
 	cfg := testConfig(stream, group)
 	cfg.InstanceID = "host-a"
 	if lost != nil {
-		cfg.OnLost = func(_ context.Context, ps []int32) { lost.Add(int32(len(ps))) }
+		cfg.OnLost = func(_ context.Context, _ Membership, ps []int32) { lost.Add(int32(len(ps))) }
 	}
 	c, err := New(testdb.Pool(t), cfg)
 	require.NoError(t, err)

@@ -23,7 +23,7 @@ type worker struct {
 	partition int32
 	h         Handler
 
-	ctx      context.Context // cancelled: lost or shutdown; handlers get it
+	ctx      context.Context // cancelled: lost, or a drain past DrainTimeout; handlers get it
 	cancelFn context.CancelFunc
 	stopOnce sync.Once
 	stopCh   chan struct{} // closed: finish the in-flight batch and exit
@@ -63,6 +63,14 @@ func (w *worker) untilStopped(ctx context.Context) (context.Context, context.Can
 
 func (w *worker) cancel() {
 	w.lost.Store(true)
+	w.stop()
+	w.cancelFn()
+}
+
+// interrupt cancels a stopped worker's handler ctx without counting the partition as
+// lost: a drain ran out of time, but the member still owns the partition and hands it
+// over cleanly (its cut-short batch uncommitted).
+func (w *worker) interrupt() {
 	w.stop()
 	w.cancelFn()
 }
@@ -300,6 +308,7 @@ func (w *worker) call(ctx context.Context, b *Batch) (err error) {
 		}
 	}()
 	if err := w.h(ctx, b); err != nil {
+		err = fencedAtCommit(err)
 		if errors.Is(err, ErrAlreadyCommitted) {
 			// An earlier attempt's CommitTx committed the batch; this attempt's
 			// transaction could not. The batch is done.
@@ -391,4 +400,21 @@ func (w *worker) commit(ctx context.Context, next int64) bool {
 		return false
 	}
 	return true
+}
+
+// fencedAtCommit marks a handler's error ErrFenced when it carries a fencing SQLSTATE
+// without matching ErrFenced: the COMMIT of the handler's CommitTx transaction was
+// refused (streamd.cg_offsets_check_session, SD108) because this member's session
+// ended while the transaction was open, a frozen process woken after its group gave it
+// up. pgx returns that refusal as a bare *pgconn.PgError; marked, the worker drops the
+// partition as lost instead of retrying a batch whose commits can only be fenced.
+func fencedAtCommit(err error) error {
+	if errors.Is(err, ErrFenced) {
+		return err
+	}
+	switch sqlerr.Code(err) {
+	case sqlerr.Fenced, sqlerr.FencedSession, sqlerr.FencedPartition, sqlerr.FencedEpoch:
+		return fmt.Errorf("%w: the handler's transaction was refused at COMMIT: %w", ErrFenced, err)
+	}
+	return err
 }

@@ -62,7 +62,10 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 			return resp, nil
 		}
 		wait := min(left, interval)
-		if !subs.wait(ctx, r.c.draining.Done(), wait) {
+		s.fetchesWaiting.Add(1)
+		woken := subs.wait(ctx, r.c.draining.Done(), wait)
+		s.fetchesWaiting.Add(-1)
+		if !woken {
 			interval = min(2*interval, maxInterval)
 		}
 	}
@@ -91,6 +94,7 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 			rp.Partition = p.Partition
 			rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = -1, -1, -1
 			rp.PreferredReadReplica = -1
+			rp.RecordBatches = []byte{} // empty, not null: librdkafka refuses a null record set
 			jobs = append(jobs, job{rp: rp, topic: t.Topic, partition: p})
 		}
 	}

@@ -190,6 +190,15 @@ func decodeRequest(table map[int16]*handler, body []byte) (header, *handler, kms
 // UNSUPPORTED_VERSION so that the client can pick another), a handler's error or
 // panic.
 func (c *conn) handle(body []byte) (resp kmsg.Response, corr int32, err error) {
+	api := "request"
+	defer func() {
+		// A bug in decoding or in a handler costs this connection, never the server.
+		if p := recover(); p != nil {
+			c.s.logger.Error("kafka request panicked: closing the connection", "remote", c.remote,
+				"api", api, "panic", p, "stack", string(debug.Stack()))
+			resp, err = nil, fmt.Errorf("%s panicked: %v", api, p)
+		}
+	}()
 	h, hd, kreq, err := decodeRequest(c.s.table, body)
 	if err != nil {
 		c.s.metrics.malformed.Inc()
@@ -211,14 +220,7 @@ func (c *conn) handle(body []byte) (resp kmsg.Response, corr int32, err error) {
 			"api", kmsg.NameForKey(h.key), "version", h.version, "min", hd.min, "max", hd.max)
 		return nil, 0, fmt.Errorf("%s v%d unsupported", kmsg.NameForKey(h.key), h.version)
 	}
-	defer func() {
-		// A handler's bug costs this connection, never the server.
-		if p := recover(); p != nil {
-			c.s.logger.Error("kafka handler panicked: closing the connection", "remote", c.remote,
-				"api", kmsg.NameForKey(h.key), "panic", p, "stack", string(debug.Stack()))
-			resp, err = nil, fmt.Errorf("%s handler panicked: %v", kmsg.NameForKey(h.key), p)
-		}
-	}()
+	api = kmsg.NameForKey(h.key)
 	start := time.Now()
 	resp, err = hd.fn(c.ctx, &request{s: c.s, c: c, key: h.key, version: h.version, corr: h.corr, clientID: h.clientID, kreq: kreq})
 	c.s.metrics.observe(h.key, time.Since(start), err)

@@ -17,6 +17,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -149,6 +150,9 @@ type Server struct {
 
 	// reg is this instance's broker row, set by Serve before it accepts.
 	reg *brokers.Registration
+
+	// fetchesWaiting counts the Fetch long polls waiting (tests wait on it).
+	fetchesWaiting atomic.Int64
 
 	mu    sync.Mutex
 	conns map[*conn]struct{}

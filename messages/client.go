@@ -60,8 +60,8 @@ type ClientConfig struct {
 	// slog.Default().
 	Logger *slog.Logger
 	// Now, when set, is the clock the SQL uses for visibility (tests). Defaults to
-	// nil: the database's clock at each call (statement_timestamp(), not the
-	// transaction's start).
+	// nil: the database's clock at each call (clock_timestamp(), after the FIFO
+	// group locks the call waits for; not the transaction's start).
 	Now func() time.Time
 	// PollBackoffMax is the longest wait between two tries of a long poll. Defaults
 	// to 500ms.

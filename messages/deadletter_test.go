@@ -229,6 +229,7 @@ func TestQueueFunctionsDoNotScanTheTable(t *testing.T) {
 			FROM streamd.queue_stats($1, NULL)`, []any{q}},
 		{`SELECT streamd.queue_redrive($1, 10, NULL)`, []any{dlq}},
 		{`SELECT streamd.queue_purge($1)`, []any{q}},
+		{`SELECT * FROM streamd.queue_release($1, ARRAY[0]::bigint[], ARRAY[gen_random_uuid()], NULL)`, []any{q}},
 	} {
 		func() {
 			tx, err := c.Pool().Begin(ctx)

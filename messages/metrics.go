@@ -12,6 +12,7 @@ type metrics struct {
 	received     *prometheus.CounterVec
 	acked        *prometheus.CounterVec
 	nacked       *prometheus.CounterVec
+	released     *prometheus.CounterVec
 	deadLettered *prometheus.CounterVec
 	leaseLost    *prometheus.CounterVec
 	handlerTime  *prometheus.HistogramVec
@@ -26,6 +27,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		received:     counter("received_messages_total", "Messages delivered by Receive."),
 		acked:        counter("acked_messages_total", "Messages acked."),
 		nacked:       counter("nacked_messages_total", "Messages nacked (made visible again)."),
+		released:     counter("released_messages_total", "Messages released (visible again, the delivery attempt not spent)."),
 		deadLettered: counter("dead_lettered_messages_total", "Messages moved to a dead-letter queue or discarded by Nack or Term."),
 		leaseLost:    counter("lease_lost_total", "Settlements refused because the receipt was stale."),
 		handlerTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -37,7 +39,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil // collectors that nobody scrapes: cheaper than nil checks everywhere
 	}
 	var err error
-	for _, v := range []**prometheus.CounterVec{&m.sent, &m.received, &m.acked, &m.nacked, &m.deadLettered, &m.leaseLost} {
+	for _, v := range []**prometheus.CounterVec{&m.sent, &m.received, &m.acked, &m.nacked, &m.released, &m.deadLettered, &m.leaseLost} {
 		if *v, err = register(reg, *v); err != nil {
 			return nil, err
 		}

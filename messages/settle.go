@@ -126,6 +126,31 @@ func (c *Client) Nack(ctx context.Context, opts *NackOpts, receipts ...Receipt) 
 	})
 }
 
+// Release gives messages back without spending a delivery attempt: each becomes
+// visible again at once, in its old place, its attempt count back where it was before
+// this delivery and its last error kept; it is never dead-lettered. For a consumer
+// that will not handle messages it received (it is stopping), and for handlers it
+// interrupted: those were no failed delivery, and a Nack for each would let enough
+// restarts dead-letter a good message. A handler that failed nacks. Errors:
+// ErrLeaseLost.
+func (c *Client) Release(ctx context.Context, receipts ...Receipt) error {
+	return forEachQueue(receipts, func(queue string, rs []Receipt) error {
+		offs, toks := receiptArrays(rs)
+		rows, err := c.pool.Query(ctx, `SELECT "offset", lease_token FROM streamd.queue_release($1, $2, $3, $4)`,
+			queue, offs, toks, c.sqlNow())
+		if err != nil {
+			return fmt.Errorf("release on queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		done, err := collectOffsets(rows)
+		if err != nil {
+			return fmt.Errorf("release on queue %s: %w", queue, sqlerr.Wrap(err))
+		}
+		c.metrics.add(c.metrics.released, queue, len(done))
+		noteSelfSettled(ctx, queue, rs)
+		return c.lost(ctx, queue, rs, done)
+	})
+}
+
 // Extend sets the leases of receipts to end timeout from now (Q1: the messages stay
 // invisible that much longer). Errors: ErrInvalidArgument for a timeout under 1ms,
 // ErrLeaseLost.

@@ -14,9 +14,12 @@ import (
 
 // Handler processes one message. Its return value settles the message: nil acks it,
 // an error from TermError dead-letters it now, an error from RetryAfter nacks it with
-// that delay, any other error nacks it with the worker's backoff. ctx is cancelled
-// when Work stops or the message's lease is lost; the handler should then return
-// quickly (its result no longer settles a lost lease). A handler may settle the
+// that delay, any other error nacks it with the worker's backoff. ctx is not Work's:
+// when Work's ctx ends, running handlers go on and settle (WorkerConfig.DrainTimeout).
+// ctx is cancelled when the drain runs out of time (an error returned then releases
+// the message without spending its delivery attempt), when Work stops on an error,
+// and when the message's lease is lost; the handler should then return quickly (its
+// result no longer settles a lost lease). A handler may settle the
 // message itself, e.g. with AckTx in the transaction of its own writes (exactly-once
 // effects); Work's settlement then finds the receipt spent and does nothing. Pass
 // ctx (or a ctx derived from it) to that settlement: Work then knows that the handler
@@ -82,6 +85,13 @@ type WorkerConfig struct {
 	Backoff func(attempt int) time.Duration
 	// Concurrency is the most handlers running at once. Defaults to 10.
 	Concurrency int
+	// DrainTimeout bounds a clean stop (Work's ctx ended): the running handlers go on
+	// with a live ctx for up to DrainTimeout and their messages are settled as usual;
+	// past it their ctx is cancelled, and a handler that then returns an error has its
+	// message released (Client.Release: visible again at once, the delivery attempt not
+	// spent). Messages received but not yet handed to a handler are released too. So
+	// clean stops, however many, never dead-letter a message. Defaults to 10s.
+	DrainTimeout time.Duration
 	// ExtendEvery is how often a running handler's lease is extended (to
 	// VisibilityTimeout from then). Defaults to VisibilityTimeout / 3.
 	ExtendEvery time.Duration
@@ -100,6 +110,8 @@ func (w *WorkerConfig) validate() error {
 		return invalid(ErrInvalidArgument, "WorkerConfig.Concurrency %d is negative", w.Concurrency)
 	case w.Concurrency > 10000:
 		return invalid(ErrInvalidArgument, "WorkerConfig.Concurrency %d exceeds 10000", w.Concurrency)
+	case w.DrainTimeout < 0:
+		return invalid(ErrInvalidArgument, "WorkerConfig.DrainTimeout %v is negative", w.DrainTimeout)
 	case w.ExtendEvery < 0:
 		return invalid(ErrInvalidArgument, "WorkerConfig.ExtendEvery %v is negative", w.ExtendEvery)
 	case w.PollWait < 0:
@@ -118,14 +130,18 @@ func (w *WorkerConfig) validate() error {
 }
 
 // Work receives messages of queue and runs handler on each, at most
-// cfg.Concurrency at a time, until ctx ends; it then waits for the running handlers
-// (whose ctx is cancelled), settles their messages and returns nil. While a handler
-// runs, its lease is extended every cfg.ExtendEvery; if an extension finds the lease
-// lost, the handler's ctx is cancelled. A receive that fails for a retriable reason
-// (connection lost, server restart) is retried with backoff; any other receive error
-// (the queue was deleted) stops Work: the running handlers' ctx is cancelled, Work
-// waits for them and returns the error. A lease extension that finds the queue
-// deleted counts as the lease lost.
+// cfg.Concurrency at a time, until ctx ends; it then stops cleanly and returns nil:
+// it receives no more, releases (Client.Release) what a last receive returned, lets
+// the running handlers finish with a live ctx for up to cfg.DrainTimeout (then
+// cancels it), and settles their messages; a handler cut short by the drain timeout
+// has its message released, not nacked. A clean stop spends no delivery attempt of a
+// message that no handler failed. While a handler runs, its lease is extended every
+// cfg.ExtendEvery; if an extension finds the lease lost, the handler's ctx is
+// cancelled. A receive that fails for a retriable reason (connection lost, server
+// restart) is retried with backoff; any other receive error (the queue was deleted)
+// stops Work: the running handlers' ctx is cancelled at once, Work waits for them and
+// returns the error. A lease extension that finds the queue deleted counts as the
+// lease lost.
 //
 // Acks are batched: the acks of handlers that return while an ack is on its way to
 // the database go together in the next one (one statement, one round trip), without
@@ -166,6 +182,9 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 	if w.SettleTimeout == 0 {
 		w.SettleTimeout = 10 * time.Second
 	}
+	if w.DrainTimeout == 0 {
+		w.DrainTimeout = 10 * time.Second
+	}
 	log := c.logger.With(slog.String("queue", queue))
 	log.Info("queue worker started", slog.Int("concurrency", w.Concurrency))
 	defer log.Info("queue worker stopped")
@@ -173,15 +192,27 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 	acks := newAcker(c, w.Concurrency, w.SettleTimeout)
 	go acks.run(context.WithoutCancel(ctx))
 	slots := make(chan struct{}, w.Concurrency)
-	// The handlers run under workCtx, which ends when Work stops for any reason: on a
-	// receive error the caller's ctx is still live, and the handlers (and so the
-	// wg.Wait below) used to run on until the caller cancelled it, forever after a
-	// DeleteQueue.
-	workCtx, stopWork := context.WithCancel(ctx)
+	// The handlers run under handlersCtx, which is not ctx: a clean stop drains them
+	// (they used to see ctx cancelled, and their messages were nacked, spending an
+	// attempt each stop). It ends DrainTimeout after ctx does, and at once when Work
+	// stops on a receive error (the caller's ctx is still live then, and the handlers
+	// used to run on until the caller cancelled it, forever after a DeleteQueue).
+	handlersCtx, stopHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
+	var fatal bool
 	defer func() {
-		stopWork()
+		if fatal {
+			stopHandlers()
+		} else {
+			drain := time.AfterFunc(w.DrainTimeout, func() { // owner: Work (Stop below)
+				log.Warn("queue worker drain timeout: cancelling the handlers still running",
+					slog.Duration("drain_timeout", w.DrainTimeout))
+				stopHandlers()
+			})
+			defer drain.Stop()
+		}
 		wg.Wait()
+		stopHandlers()
 		acks.close()
 	}()
 	retry := c.backoffMin
@@ -211,6 +242,7 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 				return nil
 			}
 			if !sqlerr.Retriable(err) {
+				fatal = true
 				return fmt.Errorf("work on queue %s: %w", queue, err)
 			}
 			log.Warn("queue receive failed; retrying", slog.Any("error", err), slog.Duration("retry_in", retry))
@@ -225,18 +257,40 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 			continue
 		}
 		retry = c.backoffMin
+		if ctx.Err() != nil && len(msgs) > 0 {
+			// A receive that ctx's end did not interrupt (see Receive): its messages were
+			// never handed to a handler, so they go back without spending an attempt.
+			c.releaseUnhandled(ctx, log, &w, msgs)
+			return nil
+		}
 		for _, m := range msgs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
-				c.handle(workCtx, log, &w, handler, acks, m)
+				c.handle(handlersCtx, log, &w, handler, acks, m)
 			}()
 		}
 	}
 }
 
-// handle runs handler on m with lease extension and settles m from its result.
+// releaseUnhandled releases msgs, received by a stopping Work and never handed to a
+// handler. On failure their leases expire and they are received again (at-least-once),
+// with the attempt spent.
+func (c *Client) releaseUnhandled(ctx context.Context, log *slog.Logger, w *WorkerConfig, msgs []*Message) {
+	rs := make([]Receipt, len(msgs))
+	for i, m := range msgs {
+		rs[i] = m.Receipt
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.SettleTimeout)
+	defer cancel()
+	if err := c.Release(rctx, rs...); err != nil {
+		log.Warn("queue release of unhandled messages failed", slog.Int("messages", len(rs)), slog.Any("error", err))
+	}
+}
+
+// handle runs handler on m with lease extension and settles m from its result. ctx
+// is the handlers' ctx: it ends when Work's drain runs out or Work fails.
 func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, handler Handler, acks *acker, m *Message) {
 	self := &handlerSettle{r: queueReceipt{m.Receipt.Queue, receiptKey{m.Receipt.Offset, m.Receipt.LeaseToken}}}
 	hctx, cancel := context.WithCancel(context.WithValue(ctx, handlerSettleKey{}, self))
@@ -310,8 +364,10 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 	case errors.As(herr, &retry):
 		err = c.Nack(sctx, &NackOpts{Delay: max(retry.delay, 0), Error: herr.Error()}, m.Receipt)
 	case ctx.Err() != nil:
-		// Shutting down: give the message back at once for another worker.
-		err = c.Nack(sctx, &NackOpts{Error: herr.Error()}, m.Receipt)
+		// Interrupted by Work's stop (the drain ran out, or Work failed): not a failed
+		// delivery. Give the message back at once for another worker, its attempt not
+		// spent: a nack spent one per stop, and enough stops dead-lettered it.
+		err = c.Release(sctx, m.Receipt)
 	default:
 		// A negative delay from the schedule counts as 0: refused by Nack, it left the
 		// message leased until its lease ran out.

@@ -299,20 +299,44 @@ func nilIfEmpty(s []string) []string {
 	return s
 }
 
-// RunOnce applies every enabled policy (or those of Config.Streams) once, stream by
-// stream, and returns what it did. Streams another runner is processing are skipped;
-// a stream that fails is logged and the others still run; the errors are joined.
-func (r *Runner) RunOnce(ctx context.Context) ([]*StreamResult, error) {
-	rows, err := r.pool.Query(ctx, `
-		SELECT stream_name FROM streamd.retention_policies
-		 WHERE enabled AND ($1::text[] IS NULL OR stream_name = ANY($1))
-		 ORDER BY stream_name`, nilIfEmpty(r.cfg.Streams))
-	if err != nil {
-		return nil, fmt.Errorf("retention: list policies: %w", err)
+// RunOnceOpts are RunOnce's knobs. A nil *RunOnceOpts means the defaults.
+type RunOnceOpts struct {
+	// DryRun and Force are as in ApplyOpts. Default to false.
+	DryRun bool
+	Force  bool
+	// Now is as in ApplyOpts. Defaults to Config.Now, else the database's clock.
+	Now time.Time
+	// Report, when set, is called after each stream with its result (nil when nothing
+	// was done) and its error: ErrBusy when another runner had it (skipped), another
+	// error when it failed. It runs in RunOnce's goroutine. Defaults to nil.
+	Report func(stream string, res *StreamResult, err error)
+	// Streams applies exactly these streams, in this order, enabled or not (a stream
+	// without a policy is an ErrNoPolicy failure), instead of Config.Streams' enabled
+	// policies. Defaults to nil: the enabled policies.
+	Streams []string
+}
+
+// RunOnce applies every enabled policy (or those of Config.Streams, or exactly
+// opts.Streams) once, stream by stream, and returns what it did. Streams another
+// runner is processing are skipped; a stream that fails is logged and the others still
+// run; the errors are joined.
+func (r *Runner) RunOnce(ctx context.Context, opts *RunOnceOpts) ([]*StreamResult, error) {
+	var o RunOnceOpts
+	if opts != nil {
+		o = *opts
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("retention: list policies: %w", err)
+	names, listed := o.Streams, len(o.Streams) == 0
+	if listed {
+		rows, err := r.pool.Query(ctx, `
+			SELECT stream_name FROM streamd.retention_policies
+			 WHERE enabled AND ($1::text[] IS NULL OR stream_name = ANY($1))
+			 ORDER BY stream_name`, nilIfEmpty(r.cfg.Streams))
+		if err != nil {
+			return nil, fmt.Errorf("retention: list policies: %w", err)
+		}
+		if names, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return nil, fmt.Errorf("retention: list policies: %w", err)
+		}
 	}
 	var (
 		out  []*StreamResult
@@ -322,12 +346,12 @@ func (r *Runner) RunOnce(ctx context.Context) ([]*StreamResult, error) {
 		if ctx.Err() != nil {
 			break
 		}
-		res, err := r.Apply(ctx, name, nil)
+		res, err := r.Apply(ctx, name, &ApplyOpts{DryRun: o.DryRun, Force: o.Force, Now: o.Now})
 		switch {
 		case errors.Is(err, ErrBusy):
 			r.logger.Debug("retention skipped: another runner has the stream", "stream", name)
-		case errors.Is(err, ErrNoPolicy):
-			// Deleted since listed.
+		case listed && errors.Is(err, ErrNoPolicy):
+			continue // deleted since listed
 		case err != nil:
 			if ctx.Err() == nil {
 				r.logger.Warn("retention failed", "stream", name, "error", err)
@@ -338,6 +362,9 @@ func (r *Runner) RunOnce(ctx context.Context) ([]*StreamResult, error) {
 				r.logger.Debug("retention applied", "stream", name, "deleted", res.Deleted(), "compacted", res.Compacted())
 			}
 			out = append(out, res)
+		}
+		if o.Report != nil {
+			o.Report(name, res, err)
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -357,7 +384,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {
-		_, _ = r.RunOnce(ctx) // logged inside
+		_, _ = r.RunOnce(ctx, nil) // logged inside
 		select {
 		case <-ctx.Done():
 			return nil

@@ -323,7 +323,7 @@ func TestRunnerOneAtATimeAndRun(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.runner.Apply(f.ctx, f.stream, nil)
 	require.ErrorIs(t, err, retention.ErrBusy)
-	results, err := f.runner.RunOnce(f.ctx)
+	results, err := f.runner.RunOnce(f.ctx, nil)
 	require.NoError(t, err)
 	require.Empty(t, results)
 	require.Equal(t, seq(0, 10), f.stored(0))
@@ -386,7 +386,7 @@ func TestRunOnceCutShortReportsIt(t *testing.T) {
 	r, err := retention.New(first.pool, &retention.Config{Streams: []string{first.stream, second.stream},
 		Logger: slog.New(cancelOn{msg: "retention applied", cancel: cancel})})
 	require.NoError(t, err)
-	results, err := r.RunOnce(ctx)
+	results, err := r.RunOnce(ctx, nil)
 	require.ErrorIs(t, err, context.Canceled, "the pass was cut short after %d streams", len(results))
 	require.Len(t, results, 1)
 }

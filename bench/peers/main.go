@@ -277,13 +277,20 @@ func run(ctx context.Context, logger *slog.Logger, o options) (*report, error) {
 	}
 
 	// Consume: one consumer group (durable consumer) reads what the last produce
-	// case wrote.
+	// case wrote, the same number of records for every system: the fewest that any
+	// system's last produce case wrote (a faster producer left a longer topic).
+	var consumeN int64
+	for _, sys := range systems {
+		if n, ok := keepN[sys.name()]; ok && n > 0 && (consumeN == 0 || n < consumeN) {
+			consumeN = n
+		}
+	}
 	for _, sys := range systems {
 		topic, ok := keep[sys.name()]
 		if !ok {
 			continue
 		}
-		add(consumeCase(ctx, sys, topic, keepN[sys.name()]))
+		add(consumeCase(ctx, sys, topic, consumeN))
 		drop(sys, topic)
 	}
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
@@ -254,9 +255,18 @@ func TestServeStopsWithALongPollRunning(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 
-	answers := make(chan string, 2)
-	poll := func(req func() (*http.Response, error)) {
-		resp, err := req()
+	// Each poll signals once its request is written: the server then answers it
+	// whenever shutdown starts (it waits for connections with a request).
+	answers, sent := make(chan string, 2), make(chan struct{}, 2)
+	poll := func(method, url, body string) {
+		trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { sent <- struct{}{} }}
+		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), method, url, strings.NewReader(body))
+		if err != nil {
+			answers <- err.Error()
+			sent <- struct{}{}
+			return
+		}
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			answers <- err.Error()
 			return
@@ -264,13 +274,15 @@ func TestServeStopsWithALongPollRunning(t *testing.T) {
 		resp.Body.Close()
 		answers <- fmt.Sprintf("%d retry-after=%s", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
-	go poll(func() (*http.Response, error) {
-		return http.Post("http://"+addr+"/v1/queues/"+q+"/receive", "application/json", strings.NewReader(`{"wait_ms":30000}`))
-	})
-	go poll(func() (*http.Response, error) {
-		return http.Get("http://" + addr + "/v1/streams/" + s + "/partitions/0/records?offset=0&wait_ms=30000")
-	})
-	time.Sleep(300 * time.Millisecond) // both are waiting
+	go poll("POST", "http://"+addr+"/v1/queues/"+q+"/receive", `{"wait_ms":30000}`)
+	go poll("GET", "http://"+addr+"/v1/streams/"+s+"/partitions/0/records?offset=0&wait_ms=30000", "")
+	for range 2 {
+		select {
+		case <-sent:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the long polls were not sent")
+		}
+	}
 	cancel()
 	select {
 	case err := <-done:

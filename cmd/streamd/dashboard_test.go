@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/consumergroup"
-	"github.com/streamd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/retention"
@@ -62,7 +62,7 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 	require.NoError(t, err)
 	_, err = coordinator.NewJobs(pool, nil, rec, nil, nil)
 	require.NoError(t, err)
-	newGauges(pool, rec)
+	newGauges(consumergroup.NewAdmin(pool), nil, rec)
 	hub := wakeup.NewHub()
 	_, err = wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: testdb.URL(t), Hub: hub, Registerer: rec})
 	require.NoError(t, err)

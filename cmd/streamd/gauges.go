@@ -2,19 +2,20 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/messages"
 )
 
 // gauges are the fleet-wide figures the leader refreshes from the monitoring views:
 // consumer lag per group partition and queue depths. Followers export none (they
 // reset when a term ends), so a dashboard sums over instances without double counts.
 type gauges struct {
-	pool      *pgxpool.Pool
+	groups    *consumergroup.Admin
+	queues    *messages.Client
 	lag       *prometheus.GaugeVec
 	depth     *prometheus.GaugeVec
 	inFlight  *prometheus.GaugeVec
@@ -25,9 +26,10 @@ type gauges struct {
 	lastUpdate *prometheus.GaugeVec
 }
 
-func newGauges(pool *pgxpool.Pool, reg prometheus.Registerer) *gauges {
+func newGauges(groups *consumergroup.Admin, queues *messages.Client, reg prometheus.Registerer) *gauges {
 	g := &gauges{
-		pool: pool,
+		groups: groups,
+		queues: queues,
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "streamd_group_lag_records",
 			Help: "Consumer lag: log end minus committed offset, per group partition (leader only)."},
 			[]string{"stream", "group", "partition"}),
@@ -46,71 +48,29 @@ func newGauges(pool *pgxpool.Pool, reg prometheus.Registerer) *gauges {
 	return g
 }
 
-// refresh reads the views once and replaces every series.
+// refresh reads the lags and the queue statistics once and replaces every series.
 func (g *gauges) refresh(ctx context.Context) error {
-	rows, err := g.pool.Query(ctx, `SELECT stream_name, group_id, partition, lag FROM streamd.consumer_group_status`)
+	lags, err := g.groups.Lags(ctx)
 	if err != nil {
-		return fmt.Errorf("read consumer_group_status: %w", err)
-	}
-	type lagRow struct {
-		stream, group string
-		partition     int32
-		lag           int64
-	}
-	var lags []lagRow
-	for rows.Next() {
-		var r lagRow
-		if err := rows.Scan(&r.stream, &r.group, &r.partition, &r.lag); err != nil {
-			rows.Close()
-			return err
-		}
-		lags = append(lags, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return err
 	}
-	type queueRow struct {
-		name                     string
-		depth, inFlight, delayed int64
-		oldest                   *time.Time
-	}
-	var queues []queueRow
-	rows, err = g.pool.Query(ctx, `SELECT queue_name, depth, in_flight, delayed, oldest_enqueued_at FROM streamd.queue_stats(NULL, NULL)`)
+	queues, err := g.queues.Stats(ctx, "")
 	if err != nil {
-		return fmt.Errorf("read queue_stats: %w", err)
-	}
-	for rows.Next() {
-		var r queueRow
-		if err := rows.Scan(&r.name, &r.depth, &r.inFlight, &r.delayed, &r.oldest); err != nil {
-			rows.Close()
-			return err
-		}
-		queues = append(queues, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return err
 	}
-
 	g.lag.Reset()
 	for _, r := range lags {
-		g.lag.WithLabelValues(r.stream, r.group, strconv.Itoa(int(r.partition))).Set(float64(r.lag))
+		g.lag.WithLabelValues(r.Stream, r.Group, strconv.Itoa(int(r.Partition))).Set(float64(r.Lag))
 	}
 	g.depth.Reset()
 	g.inFlight.Reset()
 	g.delayed.Reset()
 	g.oldestAge.Reset()
-	now := time.Now()
 	for _, q := range queues {
-		g.depth.WithLabelValues(q.name).Set(float64(q.depth))
-		g.inFlight.WithLabelValues(q.name).Set(float64(q.inFlight))
-		g.delayed.WithLabelValues(q.name).Set(float64(q.delayed))
-		age := 0.0
-		if q.oldest != nil {
-			age = now.Sub(*q.oldest).Seconds()
-		}
-		g.oldestAge.WithLabelValues(q.name).Set(age)
+		g.depth.WithLabelValues(q.Queue).Set(float64(q.Depth))
+		g.inFlight.WithLabelValues(q.Queue).Set(float64(q.InFlight))
+		g.delayed.WithLabelValues(q.Queue).Set(float64(q.Delayed))
+		g.oldestAge.WithLabelValues(q.Queue).Set(q.OldestAge.Seconds())
 	}
 	g.lastUpdate.WithLabelValues().SetToCurrentTime()
 	return nil

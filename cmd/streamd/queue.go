@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -51,33 +50,24 @@ func newQueueCmd(g *globals) *cobra.Command {
 			// On an existing queue only the flags given change: the others keep the
 			// queue's settings (their defaults would have replaced them, a dead-letter
 			// queue included).
-			cfg := qc
-			existing, err := c.GetQueue(cmd.Context(), args[0])
-			switch {
-			case err == nil:
-				fl := cmd.Flags()
-				if !fl.Changed("fifo") {
-					cfg.FIFO = existing.FIFO
-				}
-				if !fl.Changed("visibility-timeout") {
-					cfg.VisibilityTimeout = existing.VisibilityTimeout
-				}
-				if !fl.Changed("max-attempts") {
-					cfg.MaxDeliveryAttempts = existing.MaxDeliveryAttempts
-				}
-				if !fl.Changed("dead-letter-queue") {
-					cfg.DeadLetterQueue = existing.DeadLetterQueue
-				}
-				if !fl.Changed("max-payload") {
-					cfg.MaxPayloadBytes = existing.MaxPayloadBytes
-				}
-			case !errors.Is(err, messages.ErrQueueNotFound):
-				return err
+			fl := cmd.Flags()
+			u := &messages.QueueUpdate{}
+			if fl.Changed("fifo") {
+				u.FIFO = &qc.FIFO
 			}
-			if err := c.CreateQueue(cmd.Context(), args[0], &cfg); err != nil {
-				return err
+			if fl.Changed("visibility-timeout") {
+				u.VisibilityTimeout = &qc.VisibilityTimeout
 			}
-			q, err := c.GetQueue(cmd.Context(), args[0])
+			if fl.Changed("max-attempts") {
+				u.MaxDeliveryAttempts = &qc.MaxDeliveryAttempts
+			}
+			if fl.Changed("dead-letter-queue") {
+				u.DeadLetterQueue = &qc.DeadLetterQueue
+			}
+			if fl.Changed("max-payload") {
+				u.MaxPayloadBytes = &qc.MaxPayloadBytes
+			}
+			q, err := c.SetQueue(cmd.Context(), args[0], u)
 			if err != nil {
 				return err
 			}

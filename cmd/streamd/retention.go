@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"text/tabwriter"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/streamd/streamd/retention"
@@ -54,17 +52,27 @@ it), the others are still applied, and the command then exits with an error.`,
 			if err != nil {
 				return err
 			}
-			todo, listed := names, len(names) == 0
-			if listed {
-				rows, err := pool.Query(ctx, `SELECT stream_name FROM streamd.retention_policies WHERE enabled ORDER BY stream_name`)
-				if err != nil {
-					return fmt.Errorf("list retention policies: %w", err)
-				}
-				if todo, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-					return fmt.Errorf("list retention policies: %w", err)
-				}
+			results := []appliedStream{}
+			failed := 0
+			_, err = r.RunOnce(ctx, &retention.RunOnceOpts{DryRun: dryRun, Force: force, Streams: names,
+				Report: func(stream string, res *retention.StreamResult, err error) {
+					a := appliedStream{StreamResult: retention.StreamResult{Stream: stream, DryRun: dryRun, Partitions: []retention.PartitionResult{}}}
+					if res != nil {
+						a.StreamResult = *res
+					}
+					switch {
+					case err == nil:
+					case errors.Is(err, retention.ErrBusy):
+						a.Busy = true
+					default:
+						a.Error = err.Error()
+						failed++
+					}
+					results = append(results, a)
+				}})
+			if err != nil {
+				err = fmt.Errorf("retention apply: %d of %d streams failed: %w", failed, len(results), err)
 			}
-			results, err := applyRetention(ctx, r, todo, listed, &retention.ApplyOpts{DryRun: dryRun, Force: force})
 			if perr := g.print(cmd.OutOrStdout(), results, func(tw *tabwriter.Writer) {
 				row(tw, "STREAM", "PARTITION", "LOG START", "NEW LOG START", "LOG END", "DELETED", "COMPACTED", "LIMITED BY")
 				for _, s := range results {
@@ -99,40 +107,6 @@ type appliedStream struct {
 	retention.StreamResult
 	Busy  bool   `json:"busy,omitempty"`
 	Error string `json:"error,omitempty"`
-}
-
-// applyRetention applies retention to each stream in turn. A busy stream is reported
-// and skipped; a stream that fails is reported and the others still run, and the
-// failures are returned joined. A stream whose policy went away after it was listed
-// (listed) is skipped. It stops early only when ctx ends.
-func applyRetention(ctx context.Context, r *retention.Runner, names []string, listed bool, opts *retention.ApplyOpts) ([]appliedStream, error) {
-	out := []appliedStream{}
-	var errs []error
-	for _, name := range names {
-		if err := ctx.Err(); err != nil {
-			return out, errors.Join(append(errs, fmt.Errorf("retention apply: stopped before %s: %w", name, err))...)
-		}
-		res, err := r.Apply(ctx, name, opts)
-		a := appliedStream{StreamResult: retention.StreamResult{Stream: name, DryRun: opts.DryRun, Partitions: []retention.PartitionResult{}}}
-		if res != nil {
-			a.StreamResult = *res
-		}
-		switch {
-		case err == nil:
-		case errors.Is(err, retention.ErrBusy):
-			a.Busy = true
-		case listed && errors.Is(err, retention.ErrNoPolicy):
-			continue // deleted since listed
-		default:
-			a.Error = err.Error()
-			errs = append(errs, err)
-		}
-		out = append(out, a)
-	}
-	if len(errs) > 0 {
-		return out, fmt.Errorf("retention apply: %d of %d streams failed: %w", len(errs), len(names), errors.Join(errs...))
-	}
-	return out, nil
 }
 
 // newStreamConfigCmd is `streamd stream config get|set`, wired under `stream`.

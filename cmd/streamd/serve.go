@@ -20,8 +20,10 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/streamd/streamd/internal/api"
-	"github.com/streamd/streamd/internal/coordinator"
+	"github.com/streamd/streamd/cmd/streamd/internal/api"
+	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
+	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/retention"
 	schema "github.com/streamd/streamd/sql"
 	"github.com/streamd/streamd/wakeup"
@@ -34,6 +36,7 @@ type serveConfig struct {
 	authTokenFile   string
 	coordinatorName string
 	httpAddr        string
+	kafka           kafkaConfig
 	leaseTTL        time.Duration
 	maxRequestBytes int64
 	metricsInterval time.Duration
@@ -96,6 +99,7 @@ help); flags win.`,
 	f.DurationVar(&c.retentionEvery, "retention-interval", c.envDuration("retention-interval", "STREAMD_RETENTION_INTERVAL", time.Minute), "how often the leader applies retention policies ($STREAMD_RETENTION_INTERVAL)")
 	f.StringSliceVar(&c.retentionOnly, "retention-streams", splitEnv("STREAMD_RETENTION_STREAMS"), "apply retention to these streams only (default: every stream with an enabled policy) ($STREAMD_RETENTION_STREAMS, comma-separated)")
 	f.BoolVar(&c.tailer, "tailer", c.envBool("tailer", "STREAMD_TAILER", true), "the leader tails the WAL and re-broadcasts wake-ups with pg_notify (falls back to polling by itself without wal_level=logical or replication rights) ($STREAMD_TAILER=false disables)")
+	c.kafkaFlags(f)
 	f.DurationVar(&c.shutdownTimeout, "shutdown-timeout", c.envDuration("shutdown-timeout", "STREAMD_SHUTDOWN_TIMEOUT", 15*time.Second), "bound on finishing in-flight requests at shutdown ($STREAMD_SHUTDOWN_TIMEOUT)")
 	return cmd
 }
@@ -196,7 +200,7 @@ func (c *serveConfig) validate(flags *pflag.FlagSet) error {
 	if c.shutdownTimeout <= 0 {
 		return fmt.Errorf("--shutdown-timeout %v must be positive", c.shutdownTimeout)
 	}
-	return nil
+	return c.validateKafka()
 }
 
 // tokens returns the token → principal map from --auth-token and --auth-token-file.
@@ -273,7 +277,11 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err != nil {
 		return err
 	}
-	fleet := newGauges(pool, reg)
+	queues, err := messages.NewClient(pool, &messages.ClientConfig{Logger: g.logger})
+	if err != nil {
+		return err
+	}
+	fleet := newGauges(consumergroup.NewAdmin(pool), queues, reg)
 	// An empty --retention-streams (say, from an unset variable) means every stream,
 	// not none: pgx would send an empty list, which matches no stream.
 	retainer, err := retention.New(pool, &retention.Config{Logger: g.logger, Registerer: reg,
@@ -296,7 +304,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		}
 		services = append(services, coordinator.Continuous{Name: "wakeup-broadcaster", Run: b.Run})
 	}
-	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(pool, c, retainer), services)
+	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(consumergroup.NewAdmin(pool), c, retainer), services)
 	if err != nil {
 		return err
 	}
@@ -315,7 +323,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		rctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := schemaCurrent(rctx, pool); err != nil {
+		if err := schema.Check(rctx, pool); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -350,6 +358,12 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 			httpErr <- srv.Serve(ln)
 		}
 	}()
+	stopKafka, err := startKafka(ctx, g, c, pool, reg)
+	if err != nil {
+		srv.Close()
+		<-httpErr
+		return err
+	}
 	electorCtx, stopElector := context.WithCancel(ctx)
 	electorDone := make(chan error, 1)
 	go func() { electorDone <- elector.Run(electorCtx, jobs.Lead) }()
@@ -358,7 +372,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	case err = <-httpErr:
 		stopElector()
 		<-electorDone
-		return fmt.Errorf("http server: %w", err)
+		return errors.Join(fmt.Errorf("http server: %w", err), stopKafka())
 	case <-ctx.Done():
 	}
 	g.logger.Info("streamd stopping")
@@ -383,6 +397,9 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err := <-electorDone; err != nil {
 		g.logger.Warn("elector stopped with an error", "err", err)
 	}
+	if err := stopKafka(); err != nil {
+		g.logger.Warn("kafka server stopped with an error", "err", err)
+	}
 	if shutdownErr != nil && !errors.Is(shutdownErr, http.ErrServerClosed) {
 		return shutdownErr
 	}
@@ -394,36 +411,20 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 // electorApplicationName names the elector's connections in pg_stat_activity.
 const electorApplicationName = "streamd-coordinator-lease"
 
-func coordinatorJobs(pool *pgxpool.Pool, c *serveConfig, retainer *retention.Runner) []coordinator.Job {
+func coordinatorJobs(groups *consumergroup.Admin, c *serveConfig, retainer *retention.Runner) []coordinator.Job {
 	return []coordinator.Job{{
 		Name:     c.coordinatorName + "/retention",
 		Interval: c.retentionEvery,
 		Run: func(ctx context.Context) error {
-			_, err := retainer.RunOnce(ctx)
+			_, err := retainer.RunOnce(ctx, nil)
 			return err
 		},
 	}, {
 		Name:     c.coordinatorName + "/stale-member-reaper",
 		Interval: c.reaperInterval,
 		Run: func(ctx context.Context) error {
-			_, err := pool.Exec(ctx, "SELECT streamd.cleanup_stale_consumers()")
+			_, err := groups.ExpireStaleMembers(ctx)
 			return err
 		},
 	}}
-}
-
-// schemaCurrent fails unless the database has every migration this binary knows.
-func schemaCurrent(ctx context.Context, pool *pgxpool.Pool) error {
-	all, err := schema.Migrations()
-	if err != nil {
-		return err
-	}
-	var latest int
-	if err := pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM streamd.schema_migrations").Scan(&latest); err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	if want := all[len(all)-1].Version; latest < want {
-		return fmt.Errorf("schema at migration %d, this binary needs %d: run streamd migrate", latest, want)
-	}
-	return nil
 }

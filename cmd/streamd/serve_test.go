@@ -22,7 +22,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
 )
 
 // selfSigned writes a certificate and key for 127.0.0.1 and returns their paths.
@@ -158,7 +160,10 @@ func TestSplitList(t *testing.T) {
 func TestGaugesClearExportsNothing(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	g := newGauges(testdb.Pool(t), reg)
+	pool := testdb.Pool(t)
+	queues, err := messages.NewClient(pool, nil)
+	require.NoError(t, err)
+	g := newGauges(consumergroup.NewAdmin(pool), queues, reg)
 	require.NoError(t, g.refresh(context.Background()))
 	families, err := reg.Gather()
 	require.NoError(t, err)

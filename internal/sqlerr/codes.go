@@ -17,13 +17,16 @@ const (
 	DuplicateSequence  = "SD010"
 
 	// Consumer groups (sql/functions/0200_consumer_groups*.sql).
-	Fenced             = "SD101"
+	Fenced             = "SD101" // raised as one of FencedSession, FencedPartition, FencedEpoch
 	GroupNotFound      = "SD102"
 	InvalidGroupID     = "SD103"
 	GroupNotEmpty      = "SD104"
 	GroupInvalidArg    = "SD105"
 	DeadLetterNotFound = "SD106"
 	AlreadyCommitted   = "SD107"
+	FencedSession      = "SD108"
+	FencedPartition    = "SD109"
+	FencedEpoch        = "SD110"
 
 	// Kafka classic-protocol groups (sql/functions/0220_kafka_groups.sql).
 	UnknownMember            = "SD150"

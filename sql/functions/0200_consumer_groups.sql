@@ -1,7 +1,8 @@
 -- Consumer group coordination: membership, the sticky balanced assignor, handover,
 -- fenced offset commits, and group administration. Applied idempotently on every
 -- migrate. The Go side is package consumergroup; its errors.go maps these SQLSTATEs:
---   SD101 fenced (not a member at that epoch, or not the owner)
+--   SD101 fenced (not a member at that epoch, or not the owner), which cg_raise_fenced
+--         narrows to SD108 session expired, SD109 partition moved or SD110 stale epoch
 --   SD102 group not found          SD103 invalid group id
 --   SD104 group has live members   SD105 invalid argument
 --   SD106 dead letter not found    SD107 batch already committed
@@ -18,6 +19,32 @@
 -- release_partitions, the static join; expiry and admin resets go through
 -- cg_drop_member; delete_group deletes), and a handover waits for an in-flight commit
 -- or makes it find nothing (G1).
+-- A member that goes away while its commit is in flight (its session expires, it
+-- leaves, a restart takes its instance id) must not make the group wait for that
+-- transaction: a handler frozen after its CommitTx (a GC pause, a stopped VM, a
+-- connection that never comes back) held the ownership row, and the expiring heartbeat
+-- waited for it FOR UPDATE while holding the group row, so every other heartbeat and
+-- join queued behind it and the healthy members were expelled. So expiry, leave and the
+-- static join lock the departing member's ownership rows FOR UPDATE SKIP LOCKED and hand
+-- over only those; a row locked by an in-flight commit stays the departed member's (an
+-- orphan: its owner has no registration at that epoch, so nothing new of it passes the
+-- fence) until that transaction ends, and the next expiry pass (any heartbeat, join or
+-- the reaper) moves it with the same SKIP LOCKED lock (cg_move_orphans). The move still
+-- happens only under FOR UPDATE, after the commit ended (G1, G4). The in-flight
+-- transaction itself is refused at its COMMIT (SD108) by the deferred check on
+-- consumer_offsets (cg_offsets_check_session), since its member is gone.
+-- Release, forced offset reset and group deletion still wait (FOR UPDATE, DELETE): a
+-- release is the owner's own handover after its batch, and the admin operations must
+-- not pass a commit.
+--
+-- Time (DESIGN.md, the clock rule): a time these functions store or compare with a
+-- session is coalesce(p_now, clock_timestamp()) read after the group lock (and the
+-- member's own row lock) the function may wait for, never now(): now() is the start
+-- of the caller's transaction, so a join that waited for the group row registered a
+-- member already expired, and a CommitTx judged its session by the time its
+-- handler's transaction began. A heartbeat's own session is judged at its arrival
+-- (statement_timestamp()): waiting for the group row is the server's doing.
+--
 -- Group operations lock the group row FOR NO KEY UPDATE, not FOR UPDATE: a commit's
 -- first offset row takes FOR KEY SHARE on it (its foreign key check), which FOR UPDATE
 -- conflicts with; a handler's transaction kept open after its CommitTx then blocked
@@ -69,21 +96,38 @@ $$;
 -- Removes a member: each partition it owns goes to its pending target (the target has
 -- waited for exactly this) or becomes unowned; pending moves to it are cancelled.
 -- The caller holds the group lock and runs cg_assign afterwards. The partitions it
--- owns are locked FOR UPDATE first, which waits for their in-flight commits (their
--- FOR KEY SHARE); those only promised to it are not: clearing a target is no handover.
-CREATE OR REPLACE FUNCTION streamd.cg_drop_member(p_stream_name text, p_group_id text, p_consumer_id text, p_now timestamptz)
+-- owns are locked FOR UPDATE first, which conflicts with their in-flight commits
+-- (their FOR KEY SHARE); those only promised to it are not: clearing a target is no
+-- handover. p_wait: wait for those commits (a forced reset). Otherwise (expiry,
+-- leave) a partition whose row an in-flight commit holds is skipped: it stays the
+-- removed member's, an orphan, until that transaction ends and cg_move_orphans moves
+-- it, so the caller, holding the group row, never waits for a member's transaction.
+DROP FUNCTION IF EXISTS streamd.cg_drop_member(text, text, text, timestamptz);
+CREATE OR REPLACE FUNCTION streamd.cg_drop_member(p_stream_name text, p_group_id text, p_consumer_id text, p_now timestamptz,
+                                                  p_wait boolean)
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_locked integer[];
 BEGIN
-    PERFORM 1 FROM streamd.consumer_partitions cp
-     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = p_consumer_id
-     ORDER BY cp.partition FOR UPDATE;
+    IF p_wait THEN
+        SELECT coalesce(array_agg(x.partition), '{}') INTO v_locked FROM (
+            SELECT cp.partition FROM streamd.consumer_partitions cp
+             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = p_consumer_id
+             ORDER BY cp.partition FOR UPDATE) x;
+    ELSE
+        SELECT coalesce(array_agg(x.partition), '{}') INTO v_locked FROM (
+            SELECT cp.partition FROM streamd.consumer_partitions cp
+             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = p_consumer_id
+             ORDER BY cp.partition FOR UPDATE SKIP LOCKED) x;
+    END IF;
     UPDATE streamd.consumer_partitions cp
        SET owner_id = cp.target_id,
            owner_epoch = (SELECT r.member_epoch FROM streamd.consumer_registrations r
                            WHERE r.stream_name = p_stream_name AND r.group_id = p_group_id AND r.consumer_id = cp.target_id),
            target_id = NULL, target_since = NULL, assigned_at = p_now
-     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = p_consumer_id;
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = p_consumer_id
+       AND cp.partition = ANY (v_locked);
     UPDATE streamd.consumer_partitions cp SET target_id = NULL, target_since = NULL
      WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.target_id = p_consumer_id;
     DELETE FROM streamd.consumer_registrations r
@@ -91,9 +135,58 @@ BEGIN
 END;
 $$;
 
+-- Moves the group's orphans: partitions whose owner has no registration at the owner
+-- epoch any more (it was expired or left, or a restart took its instance id, while
+-- an in-flight commit held the row). Each goes to its pending target, or becomes
+-- unowned for cg_assign. FOR UPDATE SKIP LOCKED: an orphan whose commit is still in
+-- flight is left for a later pass, so the caller (holding the group row) never waits
+-- for it, and the move happens only after that commit ended (G1). Notifies the group
+-- when it moved one (the new owner learns it at once). Returns how many it moved. The
+-- caller holds the group lock.
+CREATE OR REPLACE FUNCTION streamd.cg_move_orphans(p_stream_name text, p_group_id text, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_locked integer[];
+BEGIN
+    SELECT coalesce(array_agg(x.partition), '{}') INTO v_locked FROM (
+        SELECT cp.partition FROM streamd.consumer_partitions cp
+         WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM streamd.consumer_registrations r
+                            WHERE r.stream_name = p_stream_name AND r.group_id = p_group_id
+                              AND r.consumer_id = cp.owner_id AND r.member_epoch = cp.owner_epoch)
+         ORDER BY cp.partition FOR UPDATE OF cp SKIP LOCKED) x;
+    IF cardinality(v_locked) = 0 THEN
+        RETURN 0;
+    END IF;
+    UPDATE streamd.consumer_partitions cp
+       SET owner_id = cp.target_id,
+           owner_epoch = (SELECT r.member_epoch FROM streamd.consumer_registrations r
+                           WHERE r.stream_name = p_stream_name AND r.group_id = p_group_id AND r.consumer_id = cp.target_id),
+           target_id = NULL, target_since = NULL, assigned_at = p_now
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = ANY (v_locked);
+    PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'assign');
+    RETURN cardinality(v_locked);
+END;
+$$;
+
+-- True when the group has an orphan (see cg_move_orphans): a heartbeat must take the
+-- group lock and try to move it.
+CREATE OR REPLACE FUNCTION streamd.cg_has_orphans(p_stream_name text, p_group_id text)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
+                    WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id IS NOT NULL
+                      AND NOT EXISTS (SELECT 1 FROM streamd.consumer_registrations r
+                                       WHERE r.stream_name = p_stream_name AND r.group_id = p_group_id
+                                         AND r.consumer_id = cp.owner_id AND r.member_epoch = cp.owner_epoch))
+$$;
+
 -- Expires the group's members whose session timed out, or that kept a partition
--- promised to another member longer than their rebalance timeout. Returns how many.
--- The caller holds the group lock.
+-- promised to another member longer than their rebalance timeout, without waiting for
+-- their in-flight commits (cg_drop_member), then moves the orphans whose commits
+-- ended (cg_move_orphans). Returns how many members it expired. The caller holds the
+-- group lock.
 CREATE OR REPLACE FUNCTION streamd.cg_expire(p_stream_name text, p_group_id text, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -111,9 +204,10 @@ BEGIN
                                    AND cp.target_since + cr.rebalance_timeout_ms * interval '1 millisecond' < p_now))
               ORDER BY cr.consumer_id
                 FOR UPDATE LOOP
-        PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, r.consumer_id, p_now);
+        PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, r.consumer_id, p_now, false);
         v_count := v_count + 1;
     END LOOP;
+    PERFORM streamd.cg_move_orphans(p_stream_name, p_group_id, p_now);
     RETURN v_count;
 END;
 $$;
@@ -231,7 +325,7 @@ CREATE OR REPLACE FUNCTION streamd.join_group(
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now   timestamptz := coalesce(p_now, now());
+    v_now   timestamptz;
     v_epoch bigint;
     v_old   text;
 BEGIN
@@ -253,6 +347,9 @@ BEGIN
             MESSAGE = format('group %L is a Kafka classic group with live members; a streamd member cannot join it', p_group_id);
     END IF;
     PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, true);
+    -- After the lock (the clock rule): a join that waited for the group row must not
+    -- register a session that began before it got in.
+    v_now := coalesce(p_now, clock_timestamp());
     PERFORM streamd.cg_expire(p_stream_name, p_group_id, v_now);
     UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
      WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id
@@ -263,17 +360,24 @@ BEGIN
          WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id AND cr.instance_id = p_instance_id
            FOR UPDATE;
         IF FOUND THEN
-            -- FOR UPDATE: the owner changes, so wait for the old member's in-flight
-            -- commits (FOR KEY SHARE) and make later ones find nothing (G1).
-            PERFORM 1 FROM streamd.consumer_partitions cp
+            -- FOR UPDATE: the owner changes, so an in-flight commit of the old member
+            -- (FOR KEY SHARE) must end first and later ones must find nothing (G1).
+            -- SKIP LOCKED: the join does not wait for it holding the group row; a
+            -- partition whose commit is in flight stays the old member's (an orphan
+            -- once its registration is renamed below) and comes to the new member,
+            -- as its pending target, when that commit ended (cg_move_orphans).
+            UPDATE streamd.consumer_partitions cp SET owner_id = p_consumer_id, owner_epoch = v_epoch
+             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id
+               AND cp.partition IN (SELECT l.partition FROM streamd.consumer_partitions l
+                                     WHERE l.stream_name = p_stream_name AND l.group_id = p_group_id AND l.owner_id = v_old
+                                     ORDER BY l.partition FOR UPDATE SKIP LOCKED);
+            UPDATE streamd.consumer_partitions cp SET target_id = p_consumer_id, target_since = v_now
              WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = v_old
-             ORDER BY cp.partition FOR UPDATE;
+               AND cp.target_id IS NULL;
             UPDATE streamd.consumer_registrations cr
                SET consumer_id = p_consumer_id, member_epoch = v_epoch, last_heartbeat = v_now, last_poll_at = v_now,
                    session_timeout_ms = p_session_timeout_ms, rebalance_timeout_ms = p_rebalance_timeout_ms
              WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id AND cr.consumer_id = v_old;
-            UPDATE streamd.consumer_partitions cp SET owner_id = p_consumer_id, owner_epoch = v_epoch
-             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id = v_old;
             UPDATE streamd.consumer_partitions cp SET target_id = p_consumer_id
              WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.target_id = v_old;
             PERFORM streamd.cg_assign(p_stream_name, p_group_id, v_now);
@@ -296,13 +400,59 @@ BEGIN
 END;
 $$;
 
--- Raises SD101: the member is not a live member of the group at that epoch.
-CREATE OR REPLACE FUNCTION streamd.cg_raise_fenced(p_stream_name text, p_group_id text, p_consumer_id text, p_epoch bigint, p_detail text)
+-- Raises the fencing of a member's call, with the reason as its SQLSTATE (each a
+-- subcase of SD101, which none raises any more):
+--   SD108 session expired: the member is past its session timeout at p_now, or is no
+--         longer registered (its expiry was processed, it left, a restart with its
+--         instance id replaced it, or an admin reset removed it);
+--   SD110 stale epoch: it is registered under another epoch;
+--   SD109 partition moved: it is live at p_epoch, but p_partition is not its own
+--         (moved to another member, or to nobody yet).
+-- It reads the registration again for that: the caller's check already failed, so
+-- this only names the cause (a race with a concurrent change names the newer one).
+CREATE OR REPLACE FUNCTION streamd.cg_raise_fenced(p_stream_name text, p_group_id text, p_consumer_id text,
+                                                   p_epoch bigint, p_partition integer, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch bigint;
+    v_live  boolean;
+    v_owner text;
+    v_who   text := format('member %s (epoch %s) of group %L of stream %L is fenced',
+                           p_consumer_id, p_epoch, p_group_id, p_stream_name);
+BEGIN
+    SELECT cr.member_epoch, cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= p_now
+      INTO v_epoch, v_live
+      FROM streamd.consumer_registrations cr
+     WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id AND cr.consumer_id = p_consumer_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD108', MESSAGE = v_who ||
+            ': session expired (it is no longer a member: its session timed out, it left, or it was replaced)';
+    ELSIF v_epoch <> p_epoch THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD110',
+            MESSAGE = format('%s: stale epoch (the member is at epoch %s now)', v_who, v_epoch);
+    ELSIF NOT v_live OR p_partition IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD108', MESSAGE = v_who ||
+            ': session expired (no heartbeat within its session timeout)';
+    END IF;
+    SELECT cp.owner_id INTO v_owner FROM streamd.consumer_partitions cp
+     WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = p_partition;
+    RAISE EXCEPTION USING ERRCODE = 'SD109',
+        MESSAGE = format('%s: partition moved (partition %s is not its own at this epoch; owner now: %s)',
+                         v_who, p_partition, coalesce(v_owner, 'none'));
+END;
+$$;
+
+-- Raises the fencing of a member whose session ended for a reason the caller knows
+-- (it was expelled; its session ended while the transaction committing its offsets
+-- was open): SD108, session expired, with that reason in the message.
+CREATE OR REPLACE FUNCTION streamd.cg_raise_session_ended(p_stream_name text, p_group_id text, p_consumer_id text,
+                                                          p_epoch bigint, p_detail text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = 'SD101',
-        MESSAGE = format('member %s (epoch %s) of group %L of stream %L is fenced: %s',
+    RAISE EXCEPTION USING ERRCODE = 'SD108',
+        MESSAGE = format('member %s (epoch %s) of group %L of stream %L is fenced: session expired (%s)',
                          p_consumer_id, p_epoch, p_group_id, p_stream_name, p_detail);
 END;
 $$;
@@ -310,7 +460,7 @@ $$;
 -- A member's heartbeat: records that it is alive and returns its assignment: the
 -- partitions it owns, those of them it must release (another member is waiting for
 -- them), and those paused. A member that is unknown, at another epoch or past its
--- session timeout is fenced (SD101) and must drop its partitions and join again.
+-- session timeout is fenced (cg_raise_fenced: SD108, SD110) and must drop its partitions and join again.
 -- It also expires dead members and rebalances when that is needed, so a group with
 -- live members heals without the streamd daemon.
 CREATE OR REPLACE FUNCTION streamd.group_heartbeat(
@@ -322,9 +472,15 @@ CREATE OR REPLACE FUNCTION streamd.group_heartbeat(
 ) RETURNS TABLE (assigned integer[], revoking integer[], paused integer[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
+    -- The clock rule: the member's own session is judged at the heartbeat's arrival
+    -- (a heartbeat that waited for the group row behind other group operations was in
+    -- time when it came); what it stores and how it judges the others is the time
+    -- after its locks.
+    v_arrived timestamptz := coalesce(p_now, statement_timestamp());
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
+    v_slow    boolean;
 BEGIN
-    IF EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
+    v_slow := EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
                 WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
                   AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < v_now)
        OR EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
@@ -334,27 +490,48 @@ BEGIN
                     AND cp.target_since + cr.rebalance_timeout_ms * interval '1 millisecond' < v_now)
        OR EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
                    WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.owner_id IS NULL)
+       OR streamd.cg_has_orphans(p_stream_name, p_group_id)
        OR (SELECT count(*) FROM streamd.consumer_partitions cp
             WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id)
-          < (SELECT s.partitions FROM streamd.streams s WHERE s.stream_name = p_stream_name) THEN
+          < (SELECT s.partitions FROM streamd.streams s WHERE s.stream_name = p_stream_name);
+    IF v_slow THEN
         -- Lock order: group row first, then our registration (below).
         PERFORM 1 FROM streamd.consumer_groups g
          WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR NO KEY UPDATE;
+    END IF;
+
+    -- Our own row first: locked, so that the time taken next is after any wait for it
+    -- (a concurrent expiry holds it FOR UPDATE), and refreshed before cg_expire below
+    -- judges the members by that time, which must not expel us for the wait.
+    PERFORM 1 FROM streamd.consumer_registrations cr
+     WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+       AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch
+       AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_arrived
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch, NULL, v_arrived);
+    END IF;
+    v_now := coalesce(p_now, clock_timestamp());
+    UPDATE streamd.consumer_registrations cr SET last_heartbeat = v_now
+     WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+       AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch;
+
+    IF v_slow THEN
         IF streamd.cg_expire(p_stream_name, p_group_id, v_now) > 0 THEN
             UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
              WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
             PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'expire');
+            -- cg_expire may have expelled us (we kept a partition another member waits
+            -- for past our rebalance timeout): fenced, as any later call of ours is.
+            PERFORM 1 FROM streamd.consumer_registrations cr
+             WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+               AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch;
+            IF NOT FOUND THEN
+                PERFORM streamd.cg_raise_session_ended(p_stream_name, p_group_id, p_consumer_id, p_epoch,
+                    'expelled: it kept a partition another member waits for past its rebalance timeout');
+            END IF;
         END IF;
         PERFORM streamd.cg_assign(p_stream_name, p_group_id, v_now);
-    END IF;
-
-    UPDATE streamd.consumer_registrations cr SET last_heartbeat = v_now
-     WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
-       AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch
-       AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_now;
-    IF NOT FOUND THEN
-        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch,
-                                        'not a member at this epoch (session expired, left, or replaced)');
     END IF;
 
     RETURN QUERY
@@ -369,7 +546,7 @@ $$;
 
 -- Releases partitions the member owns (after it finished and committed them): each
 -- goes to its pending target at once, or back to the assignor. Partitions the member
--- does not own are ignored. Fenced (SD101) when not a member at that epoch.
+-- does not own are ignored. Fenced (cg_raise_fenced) when not a member at that epoch.
 CREATE OR REPLACE FUNCTION streamd.release_partitions(
     p_stream_name text,
     p_group_id    text,
@@ -380,20 +557,21 @@ CREATE OR REPLACE FUNCTION streamd.release_partitions(
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
+    v_now timestamptz;
 BEGIN
     PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, false);
     PERFORM 1 FROM streamd.consumer_registrations cr
      WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
        AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch;
     IF NOT FOUND THEN
-        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch, 'not a member at this epoch');
+        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch, NULL, v_now);
     END IF;
     -- FOR UPDATE: conflicts with the FOR KEY SHARE of an in-flight commit (cg_fence).
     PERFORM 1 FROM streamd.consumer_partitions cp
      WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = ANY (p_partitions)
        AND cp.owner_id = p_consumer_id AND cp.owner_epoch = p_epoch
      ORDER BY cp.partition FOR UPDATE;
+    v_now := coalesce(p_now, clock_timestamp());
     UPDATE streamd.consumer_partitions cp
        SET owner_id = cp.target_id,
            owner_epoch = (SELECT r.member_epoch FROM streamd.consumer_registrations r
@@ -407,7 +585,10 @@ END;
 $$;
 
 -- A clean leave: the member's partitions go to their targets or are reassigned at
--- once. Returns false when the member was not there (already expired or fenced).
+-- once, except one whose row an in-flight commit of the member holds: it follows when
+-- that transaction ends (cg_drop_member without waiting; the commit itself is refused
+-- at COMMIT, the member being gone). Returns false when the member was not there
+-- (already expired or fenced).
 CREATE OR REPLACE FUNCTION streamd.leave_group(
     p_stream_name text,
     p_group_id    text,
@@ -417,20 +598,21 @@ CREATE OR REPLACE FUNCTION streamd.leave_group(
 ) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
+    v_now timestamptz;
 BEGIN
     PERFORM 1 FROM streamd.consumer_groups g
      WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    v_now := coalesce(p_now, clock_timestamp());
     PERFORM 1 FROM streamd.consumer_registrations cr
      WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
        AND cr.consumer_id = p_consumer_id AND cr.member_epoch = p_epoch;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, p_consumer_id, v_now);
+    PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, p_consumer_id, v_now, false);
     UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
      WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
     PERFORM streamd.cg_expire(p_stream_name, p_group_id, v_now);
@@ -441,7 +623,7 @@ END;
 $$;
 
 -- The fence: locks the ownership rows of p_partitions (FOR KEY SHARE, ascending) where
--- the member owns them at p_epoch and is a live member; raises SD101 naming the first
+-- the member owns them at p_epoch and is a live member; raises the fencing (cg_raise_fenced) for the first
 -- partition it does not own. The locks hold until the caller's transaction ends, so a
 -- handover (which locks the row FOR UPDATE before changing its owner) cannot pass a
 -- commit that was accepted; updates that move no partition (a pending target, pause)
@@ -471,8 +653,7 @@ BEGIN
            FOR KEY SHARE OF cp) x;
     SELECT min(u.p) INTO v_first FROM unnest(p_partitions) AS u(p) WHERE u.p <> ALL (v_locked);
     IF v_first IS NOT NULL THEN
-        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch,
-                                        format('it does not own partition %s at this epoch', v_first));
+        PERFORM streamd.cg_raise_fenced(p_stream_name, p_group_id, p_consumer_id, p_epoch, v_first, p_now);
     END IF;
 END;
 $$;
@@ -502,7 +683,7 @@ END;
 $$;
 
 -- Commits offsets (the next offset to read, G5) for partitions the member owns at
--- p_epoch. All or nothing: a partition not owned raises SD101 and nothing changes.
+-- p_epoch. All or nothing: a partition not owned is fenced (cg_raise_fenced) and nothing changes.
 -- An offset must lie between 0 and the partition's log end (SD105).
 CREATE OR REPLACE FUNCTION streamd.commit_offsets(
     p_stream_name text,
@@ -516,7 +697,7 @@ CREATE OR REPLACE FUNCTION streamd.commit_offsets(
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
 BEGIN
     IF p_partitions IS NULL OR p_offsets IS NULL OR cardinality(p_partitions) <> cardinality(p_offsets)
        OR (p_metadata IS NOT NULL AND cardinality(p_metadata) <> cardinality(p_partitions)) THEN
@@ -525,6 +706,7 @@ BEGIN
     PERFORM streamd.cg_check_offsets(p_stream_name, p_partitions, p_offsets);
 
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, p_partitions, v_now);
+    PERFORM set_config('streamd.cg_check_at_commit', 'on', true); -- see cg_offsets_check_session
 
     INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
     SELECT p_stream_name, p_group_id, u.p, u.o, p_consumer_id, p_epoch, u.m, v_now
@@ -558,7 +740,9 @@ CREATE OR REPLACE FUNCTION streamd.commit_batch(
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now     timestamptz := coalesce(p_now, now());
+    -- The clock rule: the session is judged at this call, not at the start of the
+    -- handler's transaction (now()), which may be long past.
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
     v_written boolean;
     v_stored  bigint;
 BEGIN
@@ -568,6 +752,7 @@ BEGIN
     END IF;
     PERFORM streamd.cg_check_offsets(p_stream_name, ARRAY[p_partition], ARRAY[p_next]);
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], v_now);
+    PERFORM set_config('streamd.cg_check_at_commit', 'on', true); -- see cg_offsets_check_session
     INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
     VALUES (p_stream_name, p_group_id, p_partition, p_next, p_consumer_id, p_epoch, NULL, v_now)
     ON CONFLICT (stream_name, group_id, partition) DO UPDATE
@@ -587,6 +772,37 @@ BEGIN
 END;
 $$;
 
+-- The check at COMMIT of the offsets a member committed through commit_batch or
+-- commit_offsets (the deferred constraint trigger consumer_offsets_session_check,
+-- migration 0016): the member must still be registered at that epoch with a live
+-- session at clock_timestamp(), the moment of the COMMIT, else SD108 and the
+-- transaction rolls back, the handler's writes with it. A CommitTx transaction kept
+-- open while its member was expired or left (a frozen process, a lost connection) is
+-- refused when it wakes, not committed behind the back of the group that gave the
+-- member up. G1 does not depend on it: the fence's lock already keeps the partition
+-- from moving until the transaction ends. Only transactions in which a commit
+-- function ran are checked (they set streamd.cg_check_at_commit, transaction-local):
+-- offsets written otherwise (a reset, SQL clients that write consumer_offsets
+-- themselves, as seed 003's do) are not. The check reads and locks nothing that a
+-- heartbeat or expiry waits for.
+CREATE OR REPLACE FUNCTION streamd.cg_offsets_check_session() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(current_setting('streamd.cg_check_at_commit', true), '') <> 'on' THEN
+        RETURN NULL;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
+                    WHERE cr.stream_name = NEW.stream_name AND cr.group_id = NEW.group_id
+                      AND cr.consumer_id = NEW.consumer_id AND cr.member_epoch = NEW.member_epoch
+                      AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= clock_timestamp()) THEN
+        PERFORM streamd.cg_raise_session_ended(NEW.stream_name, NEW.group_id, NEW.consumer_id, NEW.member_epoch,
+            format('its session expired or it left the group before the transaction that commits partition %s committed',
+                   NEW.partition));
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
 -- Seed 003: records a heartbeat for a member, without the epoch check of
 -- group_heartbeat (kept for the seed's callers; the Go client uses group_heartbeat).
 CREATE OR REPLACE FUNCTION streamd.update_consumer_heartbeat(p_stream_name text, p_group_id text, p_consumer_id text)
@@ -594,7 +810,7 @@ RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE streamd.consumer_registrations
-       SET last_heartbeat = now()
+       SET last_heartbeat = clock_timestamp()
      WHERE stream_name = p_stream_name
        AND group_id = p_group_id
        AND consumer_id = p_consumer_id;
@@ -602,7 +818,8 @@ END;
 $$;
 
 -- Seed 003: removes every member whose session expired (or that overstayed its
--- rebalance timeout), hands its partitions over, and returns how many were removed.
+-- rebalance timeout), hands its partitions over, moves the orphans whose in-flight
+-- commits ended (cg_move_orphans), and returns how many members were removed.
 -- streamd's reaper calls it periodically; heartbeats of live members do the same for
 -- their own group.
 CREATE OR REPLACE FUNCTION streamd.cleanup_stale_consumers()
@@ -611,25 +828,33 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_total integer := 0;
     v_n     integer;
+    v_now   timestamptz;
     g       record;
 BEGIN
     FOR g IN SELECT DISTINCT cr.stream_name, cr.group_id FROM streamd.consumer_registrations cr
-              WHERE cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now()
+              WHERE cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < clock_timestamp()
                  OR EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
                              WHERE cp.stream_name = cr.stream_name AND cp.group_id = cr.group_id
                                AND cp.owner_id = cr.consumer_id AND cp.target_id IS NOT NULL
-                               AND cp.target_since + cr.rebalance_timeout_ms * interval '1 millisecond' < now())
+                               AND cp.target_since + cr.rebalance_timeout_ms * interval '1 millisecond' < clock_timestamp())
+             UNION
+             SELECT cp.stream_name, cp.group_id FROM streamd.consumer_partitions cp
+              WHERE cp.owner_id IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM streamd.consumer_registrations r
+                                 WHERE r.stream_name = cp.stream_name AND r.group_id = cp.group_id
+                                   AND r.consumer_id = cp.owner_id AND r.member_epoch = cp.owner_epoch)
               ORDER BY 1, 2 LOOP
         PERFORM 1 FROM streamd.consumer_groups cg
          WHERE cg.stream_name = g.stream_name AND cg.group_id = g.group_id FOR NO KEY UPDATE;
-        v_n := streamd.cg_expire(g.stream_name, g.group_id, now());
+        v_now := clock_timestamp(); -- after the lock (the clock rule)
+        v_n := streamd.cg_expire(g.stream_name, g.group_id, v_now);
         IF v_n > 0 THEN
-            UPDATE streamd.consumer_groups cg SET group_epoch = cg.group_epoch + 1, updated_at = now()
+            UPDATE streamd.consumer_groups cg SET group_epoch = cg.group_epoch + 1, updated_at = v_now
              WHERE cg.stream_name = g.stream_name AND cg.group_id = g.group_id;
-            PERFORM streamd.cg_assign(g.stream_name, g.group_id, now());
             PERFORM pg_notify(streamd.cg_channel(g.stream_name, g.group_id), 'expire');
             v_total := v_total + v_n;
         END IF;
+        PERFORM streamd.cg_assign(g.stream_name, g.group_id, v_now);
     END LOOP;
     RETURN v_total;
 END;

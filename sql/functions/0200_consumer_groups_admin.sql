@@ -31,7 +31,7 @@ CREATE OR REPLACE FUNCTION streamd.reset_group_offsets(
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_now  timestamptz := coalesce(p_now, now());
+    v_now  timestamptz;
     v_bad  integer;
     v_new  bigint;
     r      record;
@@ -50,6 +50,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD105', MESSAGE = format('reset offsets: offset %s is negative', p_value);
     END IF;
     PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, false);
+    v_now := coalesce(p_now, clock_timestamp()); -- after the lock (the clock rule)
     IF cardinality(p_partitions) = 0 THEN
         RETURN; -- no partition to reset: nothing to expel the members for
     END IF;
@@ -70,7 +71,9 @@ BEGIN
     IF coalesce(p_force, false) THEN
         FOR r IN SELECT cr.consumer_id FROM streamd.consumer_registrations cr
                   WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id ORDER BY cr.consumer_id FOR UPDATE LOOP
-            PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, r.consumer_id, v_now);
+            -- Waiting (p_wait): the reset must not pass the members' in-flight
+            -- commits, whose offsets it overwrites.
+            PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, r.consumer_id, v_now, true);
         END LOOP;
         UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
          WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
@@ -115,7 +118,7 @@ CREATE OR REPLACE FUNCTION streamd.delete_group(p_stream_name text, p_group_id t
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
+    v_now timestamptz;
 BEGIN
     IF NOT streamd.cg_valid_group_id(p_group_id) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD103',
@@ -126,6 +129,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    v_now := coalesce(p_now, clock_timestamp()); -- after the lock (the clock rule)
     IF streamd.cg_has_live_members(p_stream_name, p_group_id, v_now) AND NOT coalesce(p_force, false) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD104',
             MESSAGE = format('group %L of stream %L has live members; stop them or force the delete', p_group_id, p_stream_name);
@@ -149,7 +153,7 @@ DECLARE
     v_bad integer;
 BEGIN
     PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, p_create);
-    PERFORM streamd.cg_assign(p_stream_name, p_group_id, now());
+    PERFORM streamd.cg_assign(p_stream_name, p_group_id, clock_timestamp());
     SELECT min(u.p) INTO v_bad FROM unnest(p_partitions) AS u(p)
      WHERE NOT EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
                         WHERE cp.stream_name = p_stream_name AND cp.group_id = p_group_id AND cp.partition = u.p);
@@ -180,7 +184,7 @@ CREATE OR REPLACE FUNCTION streamd.dead_letter_event(
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_id  bigint;
 BEGIN
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], v_now);

@@ -5,11 +5,15 @@
 --   SD201 queue not found      SD202 invalid queue name    SD203 payload too large
 --   SD204 invalid argument     SD205 queue in use
 --
--- Time: every function takes p_now so tests control the clock. NULL means
--- statement_timestamp(), the time of the call, not now(): now() is the start of the
--- caller's transaction, so in a long transaction (SendTx in an outbox transaction, a
--- receive or nack in the caller's own) a send's Delay, a lease or a nack's delay
--- counted from a moment long past, and a delayed message was visible at commit.
+-- Time (DESIGN.md, the clock rule): every function takes p_now so tests control the
+-- clock. NULL means clock_timestamp(), read after the locks the function waits for,
+-- not now(): now() is the start of the caller's transaction, so in a long transaction
+-- (SendTx in an outbox transaction, a receive or nack in the caller's own) a send's
+-- Delay, a lease or a nack's delay counted from a moment long past, and a delayed
+-- message was visible at commit. Nor the start of the call when the call then waits:
+-- a FIFO extension, nack or send waits for its group's row (an open SendTx to the
+-- group holds it), and its lease or delay counts from when it got the row. Receive
+-- waits for nothing (SKIP LOCKED). queue_stats only reads: statement_timestamp().
 --
 -- Every function that reads messages by queue sets enable_seqscan = off: migration
 -- 0008 tells the planner that a queue is the whole table (n_distinct = 1, for the hot
@@ -257,7 +261,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_send(
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_now  timestamptz := coalesce(p_now, statement_timestamp());
+    v_now  timestamptz := coalesce(p_now, clock_timestamp());
     v_q    streamd.queues;
     v_n    integer := coalesce(cardinality(p_data), 0);
     v_ids  text[];
@@ -268,6 +272,7 @@ DECLARE
     v_tenant text := nullif(current_setting('streamd.tenant_id', true), '');
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(1396986164, hashtext(p_queue)); -- see queue_lock_shared
+    v_now := coalesce(p_now, clock_timestamp()); -- after the lock (the clock rule)
     v_q := streamd.queue_get(p_queue);
     IF v_n = 0 THEN
         RETURN;
@@ -334,6 +339,7 @@ BEGIN
             FROM unnest(p_groups, p_deliver_at, p_delays_ms) WITH ORDINALITY u(g, da, dl, i) ORDER BY u.g, u.i) s
         ORDER BY s.k
         ON CONFLICT (stream_name, group_key, tenant_id) DO UPDATE SET visible_at = g.visible_at;
+        v_now := coalesce(p_now, clock_timestamp()); -- after the group locks (the clock rule)
     END IF;
 
     IF p_fresh_ids THEN
@@ -420,7 +426,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_dead_letter(
 ) RETURNS integer
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
-    v_now   timestamptz := coalesce(p_now, statement_timestamp());
+    v_now   timestamptz := coalesce(p_now, clock_timestamp());
     v_n     integer;
     v_force boolean := false;
 BEGIN
@@ -515,7 +521,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_groups_advance(p_queue text, p_groups t
 RETURNS void
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, statement_timestamp());
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
 BEGIN
     DELETE FROM streamd.message_groups g
     USING unnest(p_groups, p_tenants) k(key, ten)
@@ -554,7 +560,7 @@ RETURNS TABLE ("offset" bigint, message_id text, data jsonb, metadata jsonb, enq
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_now    timestamptz := coalesce(p_now, statement_timestamp());
+    v_now    timestamptz := coalesce(p_now, clock_timestamp());
     v_q      streamd.queues;
     v_vt     interval;
     v_offs   bigint[];
@@ -702,7 +708,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_nack(
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_now      timestamptz := coalesce(p_now, statement_timestamp());
+    v_now      timestamptz := coalesce(p_now, clock_timestamp());
     v_q        streamd.queues;
     v_groups   text[];
     v_tens     text[];
@@ -733,6 +739,7 @@ BEGIN
           WHERE m.stream_name = p_queue
           ORDER BY m."offset"
           FOR UPDATE OF m) c;
+    v_now := coalesce(p_now, clock_timestamp()); -- after the group and message locks (the clock rule)
     IF v_dead IS NOT NULL THEN
         PERFORM streamd.queue_dead_letter(p_queue, v_dead, v_dead_err, false, v_now);
     END IF;
@@ -753,6 +760,46 @@ BEGIN
 END;
 $$;
 
+-- Releases the messages named by (offset, token) without spending a delivery attempt:
+-- each becomes visible at once, in its old place (not_before is kept), with its lease
+-- cleared, its last error kept and its delivery_attempts taken back by the one its
+-- receive counted. It never dead-letters. For a consumer that stops cleanly: messages
+-- it received but never handed to a handler, or whose handler it interrupted, were
+-- not a failed delivery, and counting them dead-lettered good messages after enough
+-- restarts. Returns the receipts it settled (a missing one was stale).
+CREATE OR REPLACE FUNCTION streamd.queue_release(p_queue text, p_offsets bigint[], p_tokens uuid[], p_now timestamptz)
+RETURNS TABLE ("offset" bigint, lease_token uuid)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := coalesce(p_now, statement_timestamp());
+    v_q      streamd.queues;
+    v_groups text[];
+    v_tens   text[];
+BEGIN
+    v_q := streamd.queue_get(p_queue);
+    PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
+    IF v_q.fifo THEN
+        SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
+    END IF;
+    -- The same columns a receive changes: a HOT update, like the lease it undoes.
+    RETURN QUERY
+    WITH r AS (
+        SELECT m."offset" AS o, m.lease_token AS t FROM streamd.messages m
+        WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
+        ORDER BY m."offset"
+        FOR UPDATE OF m)
+    UPDATE streamd.messages m
+    SET visibility_timeout = v_now, lease_token = NULL, delivery_attempts = greatest(m.delivery_attempts - 1, 0)
+    FROM r
+    WHERE m.stream_name = p_queue AND m."offset" = r.o
+    RETURNING r.o, r.t;
+    IF v_q.fifo THEN
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
+    END IF;
+END;
+$$;
+
 -- Extends the leases named by (offset, token) to now + p_vt_ms and returns the offsets
 -- extended with their tokens and new visibility time.
 CREATE OR REPLACE FUNCTION streamd.queue_extend(p_queue text, p_offsets bigint[], p_tokens uuid[], p_vt_ms bigint, p_now timestamptz)
@@ -760,7 +807,7 @@ RETURNS TABLE ("offset" bigint, lease_token uuid, visibility_timeout timestamptz
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_now    timestamptz := coalesce(p_now, statement_timestamp());
+    v_now    timestamptz := coalesce(p_now, clock_timestamp());
     v_q      streamd.queues;
     v_groups text[];
     v_tens   text[];
@@ -773,6 +820,7 @@ BEGIN
     END IF;
     IF v_q.fifo THEN
         SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
+        v_now := coalesce(p_now, clock_timestamp()); -- after the group locks (the clock rule)
     END IF;
     -- not_before moves too (not a HOT update, unlike a receive's): a receive skips
     -- in-flight rows that messages_ready lists among the ready ones, one by one, and a
@@ -836,7 +884,7 @@ $$;
 CREATE OR REPLACE FUNCTION streamd.queue_redrive(p_dlq text, p_limit integer, p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
-    v_now   timestamptz := coalesce(p_now, statement_timestamp());
+    v_now   timestamptz := coalesce(p_now, clock_timestamp());
     v_offs  bigint[];
     v_n     integer;
     v_force boolean := false;
@@ -924,7 +972,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_discard(p_queue text, p_offsets bigint[
 RETURNS SETOF bigint
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
-    v_now    timestamptz := coalesce(p_now, statement_timestamp());
+    v_now    timestamptz := coalesce(p_now, clock_timestamp());
     v_q      streamd.queues;
     v_groups text[];
     v_tens   text[];
@@ -939,6 +987,7 @@ BEGIN
               AND (g.group_key, g.tenant_id) IN (SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.messages m
                                                  WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets))
             ORDER BY g.group_key, g.tenant_id FOR UPDATE OF g) l;
+        v_now := coalesce(p_now, clock_timestamp()); -- after the group locks (the clock rule)
     END IF;
     RETURN QUERY
     DELETE FROM streamd.messages m

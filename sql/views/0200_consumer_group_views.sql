@@ -4,7 +4,9 @@
 -- owner's heartbeat, and the reason a partition is not progressing (NULL when it is):
 --   paused            the group paused the partition
 --   unowned           no member owns it
---   owner_stale       its owner is gone or missed its session timeout
+--   owner_stale       its owner is gone or missed its session timeout (also while an
+--                     in-flight commit of an owner that is gone holds it: it moves
+--                     to pending_owner when that transaction ends)
 --   fenced            its owner's registration has another member epoch than the
 --                     ownership, so the owner's commits are refused (G1)
 --   behind_log_start  the committed offset is below the log start: retention deleted

@@ -121,40 +121,20 @@ func (s *Server) createQueue(r *Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := &messages.QueueConfig{MaxDeliveryAttempts: attempts, MaxPayloadBytes: payload,
-		VisibilityTimeout: time.Duration(vt) * time.Millisecond}
-	if req.DeadLetterQueue != nil {
-		cfg.DeadLetterQueue = *req.DeadLetterQueue
+	u := &messages.QueueUpdate{DeadLetterQueue: req.DeadLetterQueue, FIFO: req.FIFO}
+	if req.MaxDeliveryAttempts != nil {
+		u.MaxDeliveryAttempts = &attempts
 	}
-	if req.FIFO != nil {
-		cfg.FIFO = *req.FIFO
+	if req.MaxPayloadBytes != nil {
+		u.MaxPayloadBytes = &payload
+	}
+	if req.VisibilityTimeoutMs != nil {
+		d := time.Duration(vt) * time.Millisecond
+		u.VisibilityTimeout = &d
 	}
 	// An existing queue changes only the settings the request gives; the others keep
 	// their values (the defaults used to replace them, a dead-letter queue included).
-	if q, err := s.queues.GetQueue(r.Context(), req.Name); err == nil {
-		if req.DeadLetterQueue == nil {
-			cfg.DeadLetterQueue = q.DeadLetterQueue
-		}
-		if req.FIFO == nil {
-			cfg.FIFO = q.FIFO
-		}
-		if req.MaxDeliveryAttempts == nil {
-			cfg.MaxDeliveryAttempts = q.MaxDeliveryAttempts
-		}
-		if req.MaxPayloadBytes == nil {
-			cfg.MaxPayloadBytes = q.MaxPayloadBytes
-		}
-		if req.VisibilityTimeoutMs == nil {
-			cfg.VisibilityTimeout = q.VisibilityTimeout
-		}
-	} else if !errors.Is(err, messages.ErrQueueNotFound) && !errors.Is(err, messages.ErrInvalidName) {
-		return nil, err
-	}
-	err = s.queues.CreateQueue(r.Context(), req.Name, cfg)
-	if err != nil {
-		return nil, err
-	}
-	q, err := s.queues.GetQueue(r.Context(), req.Name)
+	q, err := s.queues.SetQueue(r.Context(), req.Name, u)
 	if err != nil {
 		return nil, err
 	}

@@ -2,11 +2,8 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/streamd/streamd/streamconfig"
 )
@@ -33,16 +30,12 @@ func (s *Server) authorize(ctx context.Context, principal, stream string, action
 	if stream == "" {
 		return fmt.Errorf("%w: principal %q may not do this: only %q may", ErrForbidden, principal, AdminPrincipal)
 	}
-	var raw []byte
-	err := s.pool.QueryRow(ctx, "SELECT access_control_config FROM streamd.stream_configurations WHERE stream_name = $1", stream).Scan(&raw)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("read access control of %s: %w", stream, err)
+	ac, err := s.configs.AccessControl(ctx, stream)
+	if errors.Is(err, streamconfig.ErrInvalidConfig) {
+		return fmt.Errorf("%w: stream %s has an access_control_config the API cannot read: %v", ErrForbidden, stream, err)
 	}
-	var ac streamconfig.AccessControl
-	if raw != nil {
-		if err := json.Unmarshal(raw, &ac); err != nil {
-			return fmt.Errorf("%w: stream %s has an access_control_config the API cannot read: %v", ErrForbidden, stream, err)
-		}
+	if err != nil {
+		return err
 	}
 	if !ac.Allows(principal, string(action)) {
 		return fmt.Errorf("%w: principal %q may not %s stream %s (access_control_config)", ErrForbidden, principal, action, stream)

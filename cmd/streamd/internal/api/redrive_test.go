@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/streamd/streamd/internal/coordinator"
+	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/messages"
 )
@@ -117,11 +117,14 @@ func TestRedriveTaskKeepsLowRates(t *testing.T) {
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() { done <- svc.Run(rctx) }()
-	time.Sleep(1500 * time.Millisecond)
+	// Wait until 3 moved (at 2 a second, about a second), then check how long it took.
+	var moved int
+	require.Eventually(t, func() bool {
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.messages WHERE stream_name = $1", q).Scan(&moved))
+		return moved >= 3
+	}, 20*time.Second, 20*time.Millisecond)
 	stop()
 	require.NoError(t, <-done)
-	var moved int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.messages WHERE stream_name = $1", q).Scan(&moved))
 	limit := int(2*time.Since(start).Seconds()) + 2 // the rate, plus a second's worth of credit
 	require.GreaterOrEqual(t, moved, 1)
 	require.LessOrEqual(t, moved, limit, "moved %d in %v at 2/s", moved, time.Since(start))
@@ -152,11 +155,13 @@ func TestRedriveTaskSurvivesAPassingError(t *testing.T) {
 	svcPool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer svcPool.Close()
-	svc := coordinator.Redrive(svcPool, nil, 20*time.Millisecond)
+	logs := testdb.NewLogs()
+	svc := coordinator.Redrive(svcPool, logs.Logger(), 20*time.Millisecond)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(rctx) }()
-	time.Sleep(500 * time.Millisecond) // steps time out behind the lock
+	// Steps time out behind the lock, and are tried again: two are observed.
+	logs.WaitFor(t, "redrive task step failed; trying again", 2)
 	require.NoError(t, blocker.Rollback(ctx))
 	status := func() string {
 		var s string

@@ -22,6 +22,7 @@ import (
 
 	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/messages"
+	"github.com/streamd/streamd/streamconfig"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -76,6 +77,7 @@ type Server struct {
 	streams *streams.Client
 	groups  *consumergroup.Admin
 	queues  *messages.Client
+	configs *streamconfig.Store
 	mux     *http.ServeMux
 }
 
@@ -90,7 +92,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{pool: pool, cfg: conf, streams: streams.NewClient(pool, nil), groups: consumergroup.NewAdmin(pool),
-		queues: queues, mux: http.NewServeMux()}
+		queues: queues, configs: streamconfig.NewStore(pool), mux: http.NewServeMux()}
 	s.routes()
 	s.groupRoutes()
 	s.queueRoutes()

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/streamd/streamd/internal/coordinator"
+	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/internal/testdb"
 )
 
@@ -253,13 +253,15 @@ func TestSlotStartFailureIsRetriedInTheSlot(t *testing.T) {
 	require.NoError(t, err)
 	defer jobsPool.Close()
 	var calls atomic.Int64
-	jobs, err := coordinator.NewJobs(jobsPool, nil, nil, []coordinator.Job{{
+	logs := testdb.NewLogs()
+	jobs, err := coordinator.NewJobs(jobsPool, logs.Logger(), nil, []coordinator.Job{{
 		Name: jobName, Interval: interval, Run: func(context.Context) error { calls.Add(1); return nil },
 	}}, nil)
 	require.NoError(t, err)
 	start(t, lease, jobs.Lead)
 
-	time.Sleep(1500 * time.Millisecond) // the leader's first tries time out
+	// The leader's first try times out, and so does the next: a retry is observed.
+	logs.WaitFor(t, "start coordinator run failed; trying again", 2)
 	require.Zero(t, calls.Load())
 	require.NoError(t, blocker.Rollback(ctx))
 	require.Eventually(t, func() bool { return calls.Load() == 1 }, 20*time.Second, 20*time.Millisecond,

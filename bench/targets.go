@@ -1,0 +1,213 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+)
+
+// A target is one goal of the project, measured at the one configuration it names
+// and compared with a baseline measured back to back with it in the same scenario.
+// The headline ("Targets" in the report) states every target this way, with the
+// median and the spread of the repeats; the best case of the same scenario and
+// system may be shown beside it, labelled as such, never in its place.
+type target struct {
+	// Goal says what is promised, in words.
+	Goal string
+	// Case is the measured case, named exactly as the scenario names it.
+	Case string
+	// Baseline is the case it is compared with (throughput targets), measured in
+	// the same scenario run; empty for an absolute timing target.
+	Baseline string
+	// Min is the lowest acceptable ratio Case/Baseline (records/s over records/s).
+	Min float64
+	// MaxP50Ms and MaxP99Ms bound a timing-only case's p50 and p99 (0: no bound).
+	MaxP50Ms, MaxP99Ms float64
+	// Scenario and System select the cases that may be shown as the best case.
+	Scenario, System string
+}
+
+// targets lists every goal, in the order the report states them. Cases that the
+// suite did not measure are reported as such.
+func targets() []target {
+	var ts []target
+	for _, size := range []string{"100B", "1KiB"} {
+		ts = append(ts, target{
+			Goal:     "produce " + size + ": `Client.Produce`, 4 connections, batches of 1000, 4 partitions ≥ 0.7× COPY of the same rows at the same shape",
+			Case:     "produce streamd " + size + " b=1000 c=4 p=4",
+			Baseline: "produce copy " + size + " b=1000 c=4 p=4",
+			Min:      produceTarget, Scenario: "produce", System: "streamd",
+		})
+	}
+	for _, size := range []string{"100B", "1KiB"} {
+		ts = append(ts, target{
+			Goal:     "producer " + size + ": the batching `Producer` with its defaults, 256 goroutines blocking on `Produce`, keyed over 4 partitions ≥ 0.7× the COPY reference measured in the same scenario",
+			Case:     "producer streamd-producer " + size + " c=256 p=4 sync",
+			Baseline: "producer copy-ref " + size + " b=1000 c=4 p=4",
+			Min:      produceTarget, Scenario: "producer", System: "streamd-producer",
+		})
+	}
+	for _, size := range []string{"100B", "1KiB"} {
+		ts = append(ts, target{
+			Goal:     "fetch " + size + ": `Client.Fetch` of 500 records from one partition ≥ 0.7× the raw primary-key range read",
+			Case:     "fetch streamd " + size + " b=500 c=1 p=1",
+			Baseline: "fetch raw-select " + size + " b=500 c=1 p=1",
+			Min:      fetchTarget, Scenario: "fetch", System: "streamd",
+		})
+	}
+	ts = append(ts,
+		target{
+			Goal:     "consumer group, 1 group: one `Consumer` reading 4 partitions (commit after every batch) ≥ 0.8× 4 raw range readers",
+			Case:     "consume consume-group 100B b=500 c=4 p=4 auto-commit",
+			Baseline: "consume raw-select 100B b=500 c=4 p=4",
+			Min:      consumeTarget, Scenario: "consume", System: "consume-group",
+		},
+		target{
+			Goal:     "consumer groups, 5 groups: five `Consumer`s reading the stream at once ≥ 0.8× five sets of raw readers",
+			Case:     "consume consume-5-groups 100B b=500 c=20 p=4 auto-commit",
+			Baseline: "consume raw-select-5x 100B b=500 c=20 p=4",
+			Min:      consumeTarget, Scenario: "consume", System: "consume-5-groups",
+		})
+	for _, w := range []int{1, 4, 16} {
+		ts = append(ts, target{
+			Goal:     fmt.Sprintf("queue, %d worker(s): send, then `Receive` (100) + `Ack` ≥ 0.5× the raw SKIP LOCKED drain", w),
+			Case:     fmt.Sprintf("queue streamd b=100 w=%d", w),
+			Baseline: fmt.Sprintf("queue raw-skip-locked b=100 w=%d", w),
+			Min:      queueTarget, Scenario: "queue", System: "streamd",
+		})
+	}
+	for _, w := range []int{1, 4, 16} {
+		ts = append(ts, target{
+			Goal:     fmt.Sprintf("queue against pgmq, %d worker(s): send, then `Receive` (100) + `Ack` ≥ 1.0× the pgmq-style batched loop", w),
+			Case:     fmt.Sprintf("queue streamd b=100 w=%d", w),
+			Baseline: fmt.Sprintf("queue pgmq-batched b=100 w=%d", w),
+			Min:      1.0, Scenario: "queue", System: "streamd",
+		})
+	}
+	ts = append(ts,
+		target{
+			Goal:     "latency, commit → consumer-group handler, tailer wake-ups, 1,000 events/s, fsync on: p50 ≤ 1 ms, p99 ≤ 5 ms",
+			Case:     fmt.Sprintf("latency group-tailer %d/s", latencyRate),
+			MaxP50Ms: 1, MaxP99Ms: 5, Scenario: "latency", System: "group-tailer",
+		},
+		target{
+			Goal:     "rebalance: a member joining a group of one settles (every partition owned, balanced) in well under a second: p50 ≤ 1000 ms",
+			Case:     fmt.Sprintf("rebalance join 1→2 p=%d", rebalancePartitions),
+			MaxP50Ms: 1000, Scenario: "rebalance", System: "streamd",
+		},
+		target{
+			Goal:     "rebalance: a killed member's partitions are owned again within a second of its session timeout: p50 ≤ 1000 ms past it",
+			Case:     fmt.Sprintf("rebalance kill 3→2 p=%d", rebalancePartitions),
+			MaxP50Ms: 1000, Scenario: "rebalance", System: "streamd",
+		})
+	return ts
+}
+
+// consumeTarget is issue 21's goal for consumer groups: 0.8× the raw range read.
+const consumeTarget = 0.8
+
+// pairedRatios returns the ratio of c to base for each repeat, pairing the repeats
+// in run order (both were measured in the same scenario run each time). Results
+// without per-repeat rates (reports written before repeats existed) give their one
+// ratio of rates.
+func pairedRatios(c, base Result) []float64 {
+	if len(c.RateSamples) > 0 && len(c.RateSamples) == len(base.RateSamples) {
+		out := make([]float64, len(c.RateSamples))
+		for i := range out {
+			out[i] = ratio(c.RateSamples[i], base.RateSamples[i])
+		}
+		return out
+	}
+	if r := ratio(c.RecordsPerSec, base.RecordsPerSec); r > 0 {
+		return []float64{r}
+	}
+	return nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
+}
+
+// headlines states every target: measured at its configuration, or not measured in
+// this run.
+func (r *Report) headlines() []string {
+	var out []string
+	for _, t := range targets() {
+		out = append(out, r.headline(t))
+	}
+	return out
+}
+
+func (r *Report) headline(t target) string {
+	c := find(r.Results, t.Case)
+	if c.Case == "" {
+		return fmt.Sprintf("%s — **not measured in this run** (no case `%s`)", t.Goal, t.Case)
+	}
+	if t.Baseline == "" {
+		tm := c.Timing
+		if tm == nil && c.Latency != nil {
+			tm = &Timing{P50: c.Latency.P50, P99: c.Latency.P99, Count: c.Latency.Count}
+		}
+		if tm == nil {
+			return fmt.Sprintf("%s — `%s` has no timing", t.Goal, t.Case)
+		}
+		ok := (t.MaxP50Ms == 0 || tm.P50 <= t.MaxP50Ms) && (t.MaxP99Ms == 0 || tm.P99 <= t.MaxP99Ms)
+		return fmt.Sprintf("%s — `%s`: p50 %s ms, p99 %s ms over %d sample(s)%s: **%s**",
+			t.Goal, t.Case, msText(tm.P50), msText(tm.P99), tm.Count, repeatsText(c), verdict(ok))
+	}
+	base := find(r.Results, t.Baseline)
+	if base.Case == "" {
+		return fmt.Sprintf("%s — `%s` measured, but not its baseline `%s`", t.Goal, t.Case, t.Baseline)
+	}
+	rs := pairedRatios(c, base)
+	if len(rs) == 0 {
+		return fmt.Sprintf("%s — no ratio (`%s` or `%s` moved nothing)", t.Goal, t.Case, t.Baseline)
+	}
+	m := median(rs)
+	lo, hi := spread(rs)
+	line := fmt.Sprintf("%s — `%s` %.0f records/s = **%.2f×** `%s`", t.Goal, t.Case, c.RecordsPerSec, m, t.Baseline)
+	if len(rs) > 1 {
+		line += fmt.Sprintf(" (median of %d repeats, spread %.2f–%.2f)", len(rs), lo, hi)
+	}
+	line += fmt.Sprintf(": **%s**", verdict(m >= t.Min))
+	if b := r.bestCase(t); b.Case != "" && b.Case != t.Case && b.Ratio > m {
+		line += fmt.Sprintf("; best case, another configuration, for comparison only: `%s` %.2f× `%s`", b.Case, b.Ratio, b.RatioTo)
+	}
+	return line
+}
+
+// bestCase is the result of t's scenario and system with the highest ratio.
+func (r *Report) bestCase(t target) Result {
+	var best Result
+	for _, res := range r.Results {
+		if res.Scenario == t.Scenario && res.System == t.System && res.Ratio > best.Ratio && res.Timing == nil {
+			best = res
+		}
+	}
+	return best
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "meets"
+	}
+	return "below"
+}
+
+func repeatsText(r Result) string {
+	if r.Repeats > 1 {
+		return fmt.Sprintf(", median of %d repeats", r.Repeats)
+	}
+	return ""
+}
+
+// ratioSpreadText is a result's ratio with the spread of its repeats.
+func ratioSpreadText(r Result) string {
+	t := ratioText(r)
+	if t == "-" || len(r.RatioSamples) < 2 {
+		return t
+	}
+	lo, hi := spread(r.RatioSamples)
+	return t + fmt.Sprintf(" [%.2f–%.2f]", lo, hi)
+}
