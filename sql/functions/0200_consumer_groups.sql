@@ -342,7 +342,7 @@ BEGIN
     -- A group id with live Kafka classic members is a classic group (0220_kafka_groups.sql).
     IF EXISTS (SELECT 1 FROM streamd.kafka_group_members km
                 WHERE km.group_id = p_group_id
-                  AND km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' >= v_now) THEN
+                  AND km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' >= coalesce(p_now, clock_timestamp())) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD151',
             MESSAGE = format('group %L is a Kafka classic group with live members; a streamd member cannot join it', p_group_id);
     END IF;
