@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -153,6 +154,27 @@ func produceTopic(t *testing.T, pool *pgxpool.Pool, topic string, partitions int
 	require.NoError(t, err)
 }
 
+// logGroupState logs a classic group's members and who processed how much, for a
+// test that timed out waiting.
+func logGroupState(t *testing.T, pool *pgxpool.Pool, group, table string) {
+	for _, q := range []string{
+		`SELECT g.state, g.generation, m.member_id, m.joined, m.generation, m.last_heartbeat, now()
+		   FROM streamd.kafka_groups g LEFT JOIN streamd.kafka_group_members m USING (group_id) WHERE g.group_id = $1`,
+		`SELECT member, count(*) FROM ` + pgx.Identifier{table}.Sanitize() + ` WHERE $1::text IS NOT NULL GROUP BY 1`,
+	} {
+		rows, err := pool.Query(context.Background(), q, group)
+		if err != nil {
+			t.Log(err)
+			continue
+		}
+		for rows.Next() {
+			v, _ := rows.Values()
+			t.Log(v...)
+		}
+		rows.Close()
+	}
+}
+
 // requireAllProcessed checks that every record of the topic was recorded at least once.
 func requireAllProcessed(t *testing.T, pool *pgxpool.Pool, topic, table string) {
 	t.Helper()
@@ -225,7 +247,10 @@ func TestKill9ChildGroupConsumers(t *testing.T) {
 			}
 			waitFor := func(what string, cond func() bool) {
 				t.Helper()
-				require.Eventually(t, cond, 60*time.Second, 20*time.Millisecond, what)
+				if !assert.Eventually(t, cond, 60*time.Second, 20*time.Millisecond, what) {
+					logGroupState(t, pool, group, table)
+					t.FailNow()
+				}
 			}
 
 			produceTopic(t, pool, topic, partitions, 100)
