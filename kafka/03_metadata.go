@@ -12,8 +12,9 @@ import (
 	"github.com/streamd/streamd/streams"
 )
 
-// Metadata up to v12: v13 only adds a top-level error code. Topic ids are all zero
-// (streams have none), which is why Fetch stops below v13 (topics by id).
+// Metadata up to v12: v13 only adds a top-level error code. Topic ids are derived
+// from the stream name (topic_ids.go; KIP-848 assignments name topics by id); Fetch
+// still stops below v13 (topics by id).
 var metadataHandler = handler{key: 3, min: 0, max: 12, fn: handleMetadata}
 
 func handleMetadata(ctx context.Context, r *request) (kmsg.Response, error) {
