@@ -9,15 +9,16 @@ TEST_TIMEOUT ?= 20m
 STREAMD   := $(GO) run ./cmd/streamd
 
 # (test-prometheus installs Debian's prometheus package when missing.)
-.PHONY: run test test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-latency bench-peers bench-queue soak soak-groups soak-queue
+.PHONY: run test test-kcat test-kafka-franz-go fuzz-kafka test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-latency bench-peers bench-queue soak soak-groups soak-queue
 
 # Local development: without STREAMD_AUTH_TOKEN or STREAMD_AUTH_TOKEN_FILE the API
 # runs with authentication disabled (it listens on 127.0.0.1 unless
-# STREAMD_HTTP_ADDR says otherwise).
+# STREAMD_HTTP_ADDR says otherwise). Kafka clients connect to 127.0.0.1:9092
+# (STREAMD_KAFKA_ADDR).
 # The built binary, not `go run`: Ctrl-C reaches streamd itself, which stops cleanly
 # and exits 0 (go run exited 1, and a SIGINT to it alone left the server running).
 run: build
-	exec ./bin/streamd serve $(if $(STREAMD_AUTH_TOKEN)$(STREAMD_AUTH_TOKEN_FILE),,--auth-disabled)
+	exec ./bin/streamd serve $(if $(STREAMD_AUTH_TOKEN)$(STREAMD_AUTH_TOKEN_FILE),,--auth-disabled) --kafka-addr $${STREAMD_KAFKA_ADDR:-127.0.0.1:9092}
 
 build:
 	$(GO) build -o bin/streamd ./cmd/streamd
@@ -75,6 +76,22 @@ soak-queue: db-start
 bench-queue: db-start
 	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkQueue(Throughput|LongPollLatency)' -benchtime 5x ./messages/
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkQueuePhases -benchtime 300x ./messages/
+
+# librdkafka (Debian's kcat, installed when missing and apt-get is usable) produces and
+# consumes through the Kafka listener. make test runs the same test when kcat is there.
+test-kcat: db-start
+	@command -v kcat >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends kcat >/dev/null; } || { echo "need Debian's kcat package"; exit 1; }
+	STREAMD_KCAT_TEST=1 $(GO) test -count=1 -run TestKcat -v ./kafka/
+
+# franz-go's own pkg/kgo integration suite against streamd serve (docs/kafka.md records
+# the results). Long: up to KGO_SUITE_TIMEOUT (20m).
+test-kafka-franz-go: db-start
+	./kafka/kgo-suite.sh
+
+# The Kafka frame and record-batch fuzzers (their seed corpora run in make test).
+fuzz-kafka:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $${FUZZTIME:-60s} ./kafka/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatch$$' -fuzztime $${FUZZTIME:-60s} ./kafka/
 
 # A real Prometheus scrapes streamd serve's /metrics (installs Debian's prometheus when
 # missing and apt-get is usable).

@@ -38,6 +38,9 @@
 //	listener.go  the LISTEN connection that wakes the session loop
 //	admin.go     Admin: list, describe, reset offsets, delete, pause, dead letters
 //	config.go    Config and its validation; metrics.go the Prometheus collectors
+//	classic.go   Classic: the coordinator of Kafka classic-protocol groups (package kafka)
+//	classic_admin.go  their listing, description, deletion and offset deletion
+//	kip848.go    Kafka KIP-848 members (ConsumerGroupHeartbeat) as native members
 //
 // # Goroutines
 //

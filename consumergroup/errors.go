@@ -26,7 +26,7 @@ var (
 	// which would take the partitions back and fence the other, forever, both handling
 	// them meanwhile. A restart after the old process died is not affected: it joins
 	// and takes over the instance.
-	ErrInstanceFenced = errors.New("instance id taken over by another member")
+	ErrInstanceFenced = sqlerr.ErrInstanceFenced
 	// ErrGroupNotFound: the group does not exist.
 	ErrGroupNotFound = sqlerr.ErrGroupNotFound
 	// ErrInvalidGroupID: a group id that is not 1 to 249 characters of [A-Za-z0-9._:-].

@@ -63,11 +63,14 @@ func (c *Client) Pool() *pgxpool.Pool { return c.pool }
 
 // StreamInfo describes a stream.
 type StreamInfo struct {
-	Name            string          `json:"name"`
-	Partitions      int32           `json:"partitions"`
-	MaxPayloadBytes int32           `json:"max_payload_bytes"`
-	CreatedAt       time.Time       `json:"created_at"`
-	PartitionInfo   []PartitionInfo `json:"partition_info,omitempty"`
+	Name            string `json:"name"`
+	Partitions      int32  `json:"partitions"`
+	MaxPayloadBytes int32  `json:"max_payload_bytes"`
+	// ValueFormat is "any" (JSON or bytes, as each writer chose) or "json" (Kafka
+	// producers' values must be JSON, stored as data). See SetValueFormat.
+	ValueFormat   string          `json:"value_format"`
+	CreatedAt     time.Time       `json:"created_at"`
+	PartitionInfo []PartitionInfo `json:"partition_info,omitempty"`
 }
 
 // PartitionInfo describes one partition from its head row.
@@ -119,14 +122,14 @@ func (c *Client) DeleteStream(ctx context.Context, name string) error {
 
 // ListStreams returns every stream, by name.
 func (c *Client) ListStreams(ctx context.Context) ([]StreamInfo, error) {
-	rows, err := c.pool.Query(ctx, `SELECT stream_name, partitions, max_payload_bytes, created_at
+	rows, err := c.pool.Query(ctx, `SELECT stream_name, partitions, max_payload_bytes, value_format, created_at
 		FROM streamd.streams ORDER BY stream_name`)
 	if err != nil {
 		return nil, fmt.Errorf("list streams: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StreamInfo, error) {
 		var s StreamInfo
-		err := r.Scan(&s.Name, &s.Partitions, &s.MaxPayloadBytes, &s.CreatedAt)
+		err := r.Scan(&s.Name, &s.Partitions, &s.MaxPayloadBytes, &s.ValueFormat, &s.CreatedAt)
 		return s, err
 	})
 	if err != nil {
@@ -143,8 +146,8 @@ func (c *Client) DescribeStream(ctx context.Context, name string) (*StreamInfo, 
 // DescribeStreamTx is DescribeStream on db.
 func DescribeStreamTx(ctx context.Context, db DBTX, name string) (*StreamInfo, error) {
 	var s StreamInfo
-	err := db.QueryRow(ctx, `SELECT stream_name, partitions, max_payload_bytes, created_at
-		FROM streamd.streams WHERE stream_name = $1`, name).Scan(&s.Name, &s.Partitions, &s.MaxPayloadBytes, &s.CreatedAt)
+	err := db.QueryRow(ctx, `SELECT stream_name, partitions, max_payload_bytes, value_format, created_at
+		FROM streamd.streams WHERE stream_name = $1`, name).Scan(&s.Name, &s.Partitions, &s.MaxPayloadBytes, &s.ValueFormat, &s.CreatedAt)
 	if err == pgx.ErrNoRows {
 		return nil, fmt.Errorf("describe stream %q: %w", name, ErrStreamNotFound)
 	}
@@ -293,8 +296,47 @@ func validateRecord(r *Record) error {
 			return invalid(ErrInvalidArgument, "stream %s: record header %q: %s", r.Stream, k, why)
 		}
 	}
+	if r.RawHeaders != nil {
+		return invalid(ErrInvalidArgument, "stream %s: RawHeaders are appended by AppendPartition only", r.Stream)
+	}
 	if r.Version < 0 {
 		return invalid(ErrInvalidArgument, "stream %s: version %d is negative", r.Stream, r.Version)
+	}
+	return nil
+}
+
+// SetValueFormat sets what stream's values are: "any" (the default) or "json" (a
+// Kafka producer's values must be JSON and are stored as data). Another value is
+// ErrInvalidArgument; an unknown stream ErrStreamNotFound.
+func (c *Client) SetValueFormat(ctx context.Context, stream, format string) error {
+	return SetValueFormatTx(ctx, c.pool, stream, format)
+}
+
+// SetValueFormatTx is SetValueFormat on db.
+func SetValueFormatTx(ctx context.Context, db DBTX, stream, format string) error {
+	if format != "any" && format != "json" {
+		return invalid(ErrInvalidArgument, "stream %s: value format %q is not any or json", stream, format)
+	}
+	return setStreamColumn(ctx, db, stream, "value_format", format)
+}
+
+// SetMaxPayloadBytesTx sets the largest payload (data or data_bytes) stream accepts,
+// on db. n must be positive (ErrInvalidArgument); an unknown stream is
+// ErrStreamNotFound. Stored events are not checked again.
+func SetMaxPayloadBytesTx(ctx context.Context, db DBTX, stream string, n int32) error {
+	if n < 1 {
+		return invalid(ErrInvalidArgument, "stream %s: max payload bytes %d must be positive", stream, n)
+	}
+	return setStreamColumn(ctx, db, stream, "max_payload_bytes", n)
+}
+
+func setStreamColumn(ctx context.Context, db DBTX, stream, column string, v any) error {
+	tag, err := db.Exec(ctx, "UPDATE streamd.streams SET "+pgx.Identifier{column}.Sanitize()+" = $2, updated_at = now() WHERE stream_name = $1", stream, v)
+	if err != nil {
+		return fmt.Errorf("set %s of %s: %w", column, stream, sqlerr.Wrap(err))
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("set %s of %s: %w", column, stream, ErrStreamNotFound)
 	}
 	return nil
 }

@@ -23,6 +23,9 @@ func TestSQLStateMapping(t *testing.T) {
 		"SD005": streams.ErrInvalidArgument,
 		"SD006": streams.ErrPartitionsDecrease,
 		"SD007": streams.ErrOffsetOutOfRange,
+		"SD008": streams.ErrOutOfOrderSequence,
+		"SD009": streams.ErrProducerFenced,
+		"SD010": streams.ErrDuplicateSequence,
 		"22P02": streams.ErrInvalidJSON,
 	} {
 		pgErr := &pgconn.PgError{Code: code, Message: "what was wrong"}

@@ -59,7 +59,7 @@ type FetchResult struct {
 // read; a running sum over the rows (a window) cost 15% of a 500-event fetch.
 const fetchSQL = `SELECT h.log_start_offset, h.next_offset,
        e."offset", e.event_id, e.event_type, e.key, e.data, e.data_bytes, e.metadata,
-       e."timestamp", e.correlation_id, e.causation_id, e.version
+       e."timestamp", e.correlation_id, e.causation_id, e.version, e.header_keys, e.header_values
   FROM streamd.stream_partitions h
   LEFT JOIN LATERAL (
         SELECT * FROM streamd.events e
@@ -157,9 +157,11 @@ func fetchOnce(ctx context.Context, db DBTX, stream string, partition int32, off
 			corr    *string
 			caus    *string
 			version *int32
+			hkeys   []string
+			hvals   [][]byte
 		)
 		if err := rows.Scan(&res.LogStartOffset, &res.HighWatermark, &off, &eventID, &typ, &key, &data, &bin, &meta,
-			&ts, &corr, &caus, &version); err != nil {
+			&ts, &corr, &caus, &version, &hkeys, &hvals); err != nil {
 			return nil, fmt.Errorf("fetch %s/%d: %w", stream, partition, err)
 		}
 		if off == nil {
@@ -185,6 +187,12 @@ func fetchOnce(ctx context.Context, db DBTX, stream string, partition int32, off
 			e.CausationID = *caus
 		}
 		e.Version = *version
+		if hkeys != nil && len(hkeys) == len(hvals) {
+			e.RawHeaders = make([]Header, len(hkeys))
+			for i := range hkeys {
+				e.RawHeaders[i] = Header{Key: hkeys[i], Value: hvals[i]}
+			}
+		}
 		if len(res.Events) > 0 && size+e.Size() > o.MaxBytes {
 			break
 		}

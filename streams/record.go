@@ -31,6 +31,10 @@ type Record struct {
 	Bytes []byte
 	// Headers are stored as a JSON object in the metadata column.
 	Headers map[string]string
+	// RawHeaders are headers kept exactly: in order, keys may repeat, values are
+	// bytes (stored in header_keys and header_values). Only AppendPartition takes
+	// them; Produce, ProduceTx and the Producer refuse them.
+	RawHeaders []Header
 	// CorrelationID and CausationID link related events.
 	CorrelationID string
 	CausationID   string
@@ -54,19 +58,21 @@ type Position struct {
 
 // Event is a stored record, as Fetch returns it.
 type Event struct {
-	Stream        string            `json:"stream"`
-	Partition     int32             `json:"partition"`
-	Offset        int64             `json:"offset"`
-	EventID       string            `json:"event_id"`
-	EventType     string            `json:"event_type"`
-	Key           string            `json:"key,omitempty"`
-	Data          json.RawMessage   `json:"data"`
-	Bytes         []byte            `json:"data_bytes,omitempty"`
-	Headers       map[string]string `json:"headers,omitempty"`
-	Timestamp     time.Time         `json:"timestamp"`
-	CorrelationID string            `json:"correlation_id,omitempty"`
-	CausationID   string            `json:"causation_id,omitempty"`
-	Version       int32             `json:"version"`
+	Stream    string            `json:"stream"`
+	Partition int32             `json:"partition"`
+	Offset    int64             `json:"offset"`
+	EventID   string            `json:"event_id"`
+	EventType string            `json:"event_type"`
+	Key       string            `json:"key,omitempty"`
+	Data      json.RawMessage   `json:"data"`
+	Bytes     []byte            `json:"data_bytes,omitempty"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	// RawHeaders are the headers appended as RawHeaders (Kafka's), exactly.
+	RawHeaders    []Header  `json:"raw_headers,omitempty"`
+	Timestamp     time.Time `json:"timestamp"`
+	CorrelationID string    `json:"correlation_id,omitempty"`
+	CausationID   string    `json:"causation_id,omitempty"`
+	Version       int32     `json:"version"`
 }
 
 // Size is the payload size that MaxBytes limits count: data plus key.

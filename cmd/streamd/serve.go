@@ -37,6 +37,7 @@ type serveConfig struct {
 	authTokenFile   string
 	coordinatorName string
 	httpAddr        string
+	kafka           kafkaConfig
 	leaseTTL        time.Duration
 	maxRequestBytes int64
 	metricsInterval time.Duration
@@ -99,6 +100,7 @@ help); flags win.`,
 	f.DurationVar(&c.retentionEvery, "retention-interval", c.envDuration("retention-interval", "STREAMD_RETENTION_INTERVAL", time.Minute), "how often the leader applies retention policies ($STREAMD_RETENTION_INTERVAL)")
 	f.StringSliceVar(&c.retentionOnly, "retention-streams", splitEnv("STREAMD_RETENTION_STREAMS"), "apply retention to these streams only (default: every stream with an enabled policy) ($STREAMD_RETENTION_STREAMS, comma-separated)")
 	f.BoolVar(&c.tailer, "tailer", c.envBool("tailer", "STREAMD_TAILER", true), "the leader tails the WAL and re-broadcasts wake-ups with pg_notify (falls back to polling by itself without wal_level=logical or replication rights) ($STREAMD_TAILER=false disables)")
+	c.kafkaFlags(f)
 	f.DurationVar(&c.shutdownTimeout, "shutdown-timeout", c.envDuration("shutdown-timeout", "STREAMD_SHUTDOWN_TIMEOUT", 15*time.Second), "bound on finishing in-flight requests at shutdown ($STREAMD_SHUTDOWN_TIMEOUT)")
 	return cmd
 }
@@ -199,7 +201,7 @@ func (c *serveConfig) validate(flags *pflag.FlagSet) error {
 	if c.shutdownTimeout <= 0 {
 		return fmt.Errorf("--shutdown-timeout %v must be positive", c.shutdownTimeout)
 	}
-	return nil
+	return c.validateKafka()
 }
 
 // tokens returns the token → principal map from --auth-token and --auth-token-file.
@@ -363,6 +365,12 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 			httpErr <- srv.Serve(ln)
 		}
 	}()
+	stopKafka, err := startKafka(ctx, g, c, pool, reg)
+	if err != nil {
+		srv.Close()
+		<-httpErr
+		return err
+	}
 	electorCtx, stopElector := context.WithCancel(ctx)
 	electorDone := make(chan error, 1)
 	go func() { electorDone <- elector.Run(electorCtx, jobs.Lead) }()
@@ -371,7 +379,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	case err = <-httpErr:
 		stopElector()
 		<-electorDone
-		return fmt.Errorf("http server: %w", err)
+		return errors.Join(fmt.Errorf("http server: %w", err), stopKafka())
 	case <-ctx.Done():
 	}
 	g.logger.Info("streamd stopping")
@@ -395,6 +403,9 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	stopElector()
 	if err := <-electorDone; err != nil {
 		g.logger.Warn("elector stopped with an error", "err", err)
+	}
+	if err := stopKafka(); err != nil {
+		g.logger.Warn("kafka server stopped with an error", "err", err)
 	}
 	if shutdownErr != nil && !errors.Is(shutdownErr, http.ErrServerClosed) {
 		return shutdownErr

@@ -13,6 +13,10 @@ const (
 	InvalidArgument   = "SD005"
 	PartitionDecrease = "SD006"
 	OffsetOutOfRange  = "SD007"
+	// Idempotent producers (sql/functions/0120_log_producers.sql).
+	OutOfOrderSequence = "SD008"
+	ProducerFenced     = "SD009"
+	DuplicateSequence  = "SD010"
 
 	// Consumer groups (sql/functions/0200_consumer_groups*.sql).
 	Fenced             = "SD101" // raised as one of FencedSession, FencedPartition, FencedEpoch
@@ -25,6 +29,13 @@ const (
 	FencedSession      = "SD108"
 	FencedPartition    = "SD109"
 	FencedEpoch        = "SD110"
+
+	// Kafka classic-protocol groups (sql/functions/0220_kafka_groups.sql).
+	UnknownMember            = "SD150"
+	InconsistentProtocol     = "SD151"
+	FencedInstance           = "SD152"
+	IllegalGeneration        = "SD153"
+	ClassicRebalanceUnderway = "SD154"
 
 	// Queues (sql/functions/0300_messages.sql).
 	QueueNotFound        = "SD201"
@@ -70,6 +81,9 @@ var (
 	ErrInvalidArgument    = errors.New("invalid argument")
 	ErrPartitionsDecrease = errors.New("partition count cannot decrease")
 	ErrOffsetOutOfRange   = errors.New("offset out of range")
+	ErrOutOfOrderSequence = errors.New("out of order sequence")
+	ErrProducerFenced     = errors.New("producer fenced")
+	ErrDuplicateSequence  = errors.New("duplicate sequence")
 
 	// Consumer groups (package consumergroup).
 	ErrFenced               = errors.New("fenced")
@@ -79,6 +93,13 @@ var (
 	ErrGroupInvalidArgument = errors.New("invalid argument")
 	ErrDeadLetterNotFound   = errors.New("dead letter not found")
 	ErrAlreadyCommitted     = errors.New("batch already committed")
+	ErrInstanceFenced       = errors.New("instance id taken over by another member")
+
+	// Kafka classic groups (package consumergroup, classic.go).
+	ErrUnknownMember             = errors.New("unknown member")
+	ErrIllegalGeneration         = errors.New("illegal generation")
+	ErrRebalanceInProgress       = errors.New("rebalance in progress")
+	ErrInconsistentGroupProtocol = errors.New("inconsistent group protocol")
 
 	// Queues (package messages).
 	ErrQueueNotFound        = errors.New("queue not found")
@@ -112,6 +133,10 @@ var sentinels = map[string]error{
 	OffsetOutOfRange:  ErrOffsetOutOfRange,
 	InvalidJSON:       ErrInvalidJSON,
 
+	OutOfOrderSequence: ErrOutOfOrderSequence,
+	ProducerFenced:     ErrProducerFenced,
+	DuplicateSequence:  ErrDuplicateSequence,
+
 	Fenced:             ErrFenced,
 	FencedSession:      ErrFenced,
 	FencedPartition:    ErrFenced,
@@ -122,6 +147,12 @@ var sentinels = map[string]error{
 	GroupInvalidArg:    ErrGroupInvalidArgument,
 	DeadLetterNotFound: ErrDeadLetterNotFound,
 	AlreadyCommitted:   ErrAlreadyCommitted,
+
+	UnknownMember:            ErrUnknownMember,
+	InconsistentProtocol:     ErrInconsistentGroupProtocol,
+	FencedInstance:           ErrInstanceFenced,
+	IllegalGeneration:        ErrIllegalGeneration,
+	ClassicRebalanceUnderway: ErrRebalanceInProgress,
 
 	QueueNotFound:        ErrQueueNotFound,
 	InvalidQueueName:     ErrInvalidQueueName,

@@ -338,6 +338,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD105',
             MESSAGE = format('session timeout %s ms and rebalance timeout %s ms must be positive', p_session_timeout_ms, p_rebalance_timeout_ms);
     END IF;
+    -- A group id with live Kafka classic members is a classic group (0220_kafka_groups.sql).
+    IF EXISTS (SELECT 1 FROM streamd.kafka_group_members km
+                WHERE km.group_id = p_group_id
+                  AND km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' >= coalesce(p_now, clock_timestamp())) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD151',
+            MESSAGE = format('group %L is a Kafka classic group with live members; a streamd member cannot join it', p_group_id);
+    END IF;
     PERFORM streamd.cg_lock_group(p_stream_name, p_group_id, true);
     -- After the lock (the clock rule): a join that waited for the group row must not
     -- register a session that began before it got in.

@@ -101,9 +101,14 @@ BEGIN
             SELECT co.group_id, co."offset" INTO v_group, v_min
               FROM streamd.consumer_offsets co
              WHERE co.stream_name = p_stream_name AND co.partition = h.partition
-               AND EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
-                            WHERE cr.stream_name = co.stream_name AND cr.group_id = co.group_id
-                              AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= least(v_now, now()))
+               AND (EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
+                             WHERE cr.stream_name = co.stream_name AND cr.group_id = co.group_id
+                               AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= least(v_now, now()))
+                    -- A Kafka classic group with a live member subscribed to the stream.
+                    OR EXISTS (SELECT 1 FROM streamd.kafka_group_members km
+                                WHERE km.group_id = co.group_id
+                                  AND (cardinality(km.topics) = 0 OR co.stream_name = ANY (km.topics))
+                                  AND km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' >= least(v_now, now())))
              ORDER BY co."offset", co.group_id
              LIMIT 1;
             IF FOUND AND v_min < v_target THEN

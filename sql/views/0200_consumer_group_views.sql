@@ -16,6 +16,8 @@
 -- assigned yet (the stream grew while no member was there to rebalance): its lag is
 -- the group's too, and it shows as unowned. is_stale is true when the owner missed its
 -- session timeout or is gone (no registration), false when there is no owner.
+-- A Kafka classic group's partitions show the member the leader's last SyncGroup gave
+-- them to (kafka_group_assignments) and its generation as the member epoch.
 -- From head rows and keys only: no scan of events. It reads as the caller
 -- (security_invoker): a tenant role sees its own groups only (migration 0063). Members that own no partition have
 -- a row of their own (below): readers of per-partition rows filter on partition IS NOT
@@ -24,25 +26,29 @@ CREATE OR REPLACE VIEW streamd.consumer_group_status WITH (security_invoker = tr
 SELECT g.stream_name,
        g.group_id,
        h.partition,
-       cp.owner_id                                              AS consumer_id,
-       cp.owner_epoch                                           AS member_epoch,
+       coalesce(cp.owner_id, km.member_id)                      AS consumer_id,
+       coalesce(cp.owner_epoch, km.generation)                  AS member_epoch,
        cp.target_id                                             AS pending_owner,
        coalesce(cp.paused, false)                               AS paused,
        co."offset"                                              AS current_offset,
        h.log_start_offset,
        h.next_offset                                            AS stream_head,
        h.next_offset - greatest(coalesce(co."offset", h.log_start_offset), h.log_start_offset) AS lag,
-       cr.last_heartbeat,
+       coalesce(cr.last_heartbeat, km.last_heartbeat)           AS last_heartbeat,
        CASE
+           WHEN cp.owner_id IS NULL AND km.member_id IS NOT NULL
+             THEN km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' < now()
            WHEN cp.owner_id IS NULL THEN false
            WHEN cr.consumer_id IS NULL THEN true
            ELSE cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now()
        END                                                      AS is_stale,
        CASE
            WHEN cp.paused THEN 'paused'
-           WHEN cp.owner_id IS NULL THEN 'unowned'
-           WHEN cr.consumer_id IS NULL
-             OR cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now() THEN 'owner_stale'
+           WHEN cp.owner_id IS NULL AND km.member_id IS NOT NULL
+            AND km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' < now() THEN 'owner_stale'
+           WHEN cp.owner_id IS NULL AND km.member_id IS NULL THEN 'unowned'
+           WHEN cp.owner_id IS NOT NULL AND (cr.consumer_id IS NULL
+             OR cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < now()) THEN 'owner_stale'
            WHEN cr.member_epoch <> cp.owner_epoch THEN 'fenced'
            WHEN co."offset" < h.log_start_offset THEN 'behind_log_start'
        END                                                      AS reason
@@ -54,6 +60,10 @@ SELECT g.stream_name,
     ON co.stream_name = g.stream_name AND co.group_id = g.group_id AND co.partition = h.partition
   LEFT JOIN streamd.consumer_registrations cr
     ON cr.stream_name = cp.stream_name AND cr.group_id = cp.group_id AND cr.consumer_id = cp.owner_id
+  LEFT JOIN streamd.kafka_group_assignments ka
+    ON ka.stream_name = g.stream_name AND ka.group_id = g.group_id AND ka.partition = h.partition
+  LEFT JOIN streamd.kafka_group_members km
+    ON km.group_id = ka.group_id AND km.member_id = ka.member_id
 UNION ALL
 -- Seed 003's rows are per registration: a member that owns no partition (more members
 -- than partitions, or one waiting for a partition to be handed over) has a row too,

@@ -1,0 +1,78 @@
+package brokers_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/brokers"
+	"github.com/streamd/streamd/internal/testdb"
+)
+
+func nodeIDs(t *testing.T, ctx context.Context, listener string) []int32 {
+	t.Helper()
+	pool := testdb.Pool(t)
+	live, err := brokers.Live(ctx, pool, listener)
+	require.NoError(t, err)
+	var out []int32
+	for _, b := range live {
+		out = append(out, b.NodeID)
+	}
+	return out
+}
+
+// A registration is listed, keeps its node id across a restart at the same address,
+// leaves the list when its TTL passes without heartbeats, and at once when Run ends.
+func TestRegistrationLifecycle(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ctx := context.Background()
+	listener := testdb.Name("lifecycle")
+	cfg := &brokers.Config{Listener: listener, TTL: time.Minute}
+
+	a, err := brokers.Register(ctx, pool, "127.0.0.1", 19092, cfg)
+	require.NoError(t, err)
+	b, err := brokers.Register(ctx, pool, "127.0.0.1", 19093, cfg)
+	require.NoError(t, err)
+	require.NotEqual(t, a.NodeID(), b.NodeID())
+	require.ElementsMatch(t, []int32{a.NodeID(), b.NodeID()}, nodeIDs(t, ctx, listener))
+	require.Empty(t, nodeIDs(t, ctx, testdb.Name("other")), "another listener sees none of them")
+
+	// A restarted instance at a's address takes a's node id.
+	a2, err := brokers.Register(ctx, pool, "127.0.0.1", 19092, cfg)
+	require.NoError(t, err)
+	require.Equal(t, a.NodeID(), a2.NodeID())
+
+	// One that stops heartbeating expires.
+	c, err := brokers.Register(ctx, pool, "127.0.0.1", 19094, &brokers.Config{Listener: listener, TTL: 200 * time.Millisecond})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		ids := nodeIDs(t, ctx, listener)
+		return len(ids) == 2 && !slices.Contains(ids, c.NodeID())
+	}, 20*time.Second, 20*time.Millisecond)
+
+	// Run ends: the row goes at once, long before its TTL.
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a2.Run(runCtx) }()
+	stop()
+	require.NoError(t, <-done)
+	require.Equal(t, []int32{b.NodeID()}, nodeIDs(t, ctx, listener), "a stopped registration is removed at once")
+}
+
+func TestRegisterRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ctx := context.Background()
+	listener := testdb.Name("bad")
+	_, err := brokers.Register(ctx, pool, "", 9092, &brokers.Config{Listener: listener})
+	require.ErrorContains(t, err, "host")
+	_, err = brokers.Register(ctx, pool, "h", 0, &brokers.Config{Listener: listener})
+	require.ErrorContains(t, err, "port")
+	_, err = brokers.Register(ctx, pool, "h", 9092, &brokers.Config{Listener: listener, TTL: time.Millisecond})
+	require.ErrorContains(t, err, "TTL")
+	require.Empty(t, nodeIDs(t, ctx, listener), "nothing was written")
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/streamd/streamd/kafka"
+	"github.com/streamd/streamd/wakeup"
+)
+
+// kafkaConfig is streamd serve's Kafka front door (kafka.Server), off unless
+// --kafka-addr is set.
+type kafkaConfig struct {
+	addr           string
+	advertisedAddr string
+	autoCreate     bool
+}
+
+func (c *serveConfig) kafkaFlags(f *pflag.FlagSet) {
+	f.StringVar(&c.kafka.addr, "kafka-addr", envOr("STREAMD_KAFKA_ADDR", ""), "serve the Kafka protocol on this address, e.g. 127.0.0.1:9092 (off when empty; loopback only: the Kafka listener has no authentication yet) ($STREAMD_KAFKA_ADDR)")
+	f.StringVar(&c.kafka.advertisedAddr, "kafka-advertised-addr", envOr("STREAMD_KAFKA_ADVERTISED_ADDR", ""), "host:port Kafka clients are told to connect to (default: the listener's address) ($STREAMD_KAFKA_ADVERTISED_ADDR)")
+	f.BoolVar(&c.kafka.autoCreate, "kafka-auto-create-topics", c.envBool("kafka-auto-create-topics", "STREAMD_KAFKA_AUTO_CREATE_TOPICS", false), "create a topic (one partition) when a Kafka client produces to or asks for a missing one ($STREAMD_KAFKA_AUTO_CREATE_TOPICS)")
+}
+
+func (c *serveConfig) validateKafka() error {
+	if c.kafka.addr == "" {
+		if c.kafka.advertisedAddr != "" || c.kafka.autoCreate {
+			return errors.New("--kafka-advertised-addr and --kafka-auto-create-topics need --kafka-addr")
+		}
+		return nil
+	}
+	host, _, err := net.SplitHostPort(c.kafka.addr)
+	if err != nil {
+		return fmt.Errorf("--kafka-addr %q: %v", c.kafka.addr, err)
+	}
+	if !loopback(host) {
+		return fmt.Errorf("--kafka-addr %q is not a loopback address: the Kafka listener has no authentication yet, so it listens on 127.0.0.1 or ::1 only", c.kafka.addr)
+	}
+	return nil
+}
+
+// loopback reports whether host names a loopback interface only (an empty host
+// or 0.0.0.0 listens on every interface).
+func loopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// startKafka starts the Kafka server and the wake-up listener its long polls wait
+// on (goroutines owned by serve: both end when ctx ends or stop is called). stop
+// ends them and waits for both. Nothing runs when --kafka-addr is empty.
+func startKafka(ctx context.Context, g *globals, c *serveConfig, pool *pgxpool.Pool, reg prometheus.Registerer) (stop func() error, err error) {
+	if c.kafka.addr == "" {
+		return func() error { return nil }, nil
+	}
+	url, err := g.url(ctx)
+	if err != nil {
+		return nil, err
+	}
+	listener, err := wakeup.NewListener(&wakeup.ListenerConfig{ConnString: url, Logger: g.logger})
+	if err != nil {
+		return nil, err
+	}
+	srv, err := kafka.New(pool, &kafka.Config{
+		AdvertisedAddr:   c.kafka.advertisedAddr,
+		Addr:             c.kafka.addr,
+		AutoCreateTopics: c.kafka.autoCreate,
+		Logger:           g.logger,
+		Registerer:       reg,
+		ShutdownTimeout:  c.shutdownTimeout,
+		Wakeups:          listener.Hub,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", c.kafka.addr)
+	if err != nil {
+		return nil, fmt.Errorf("--kafka-addr %s: %w", c.kafka.addr, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	listenerDone := make(chan error, 1)
+	go func() { listenerDone <- listener.Run(ctx) }()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- srv.Serve(ctx, ln) }()
+	return func() error {
+		cancel()
+		return errors.Join(<-serveDone, <-listenerDone)
+	}, nil
+}

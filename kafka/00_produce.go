@@ -1,0 +1,129 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/streams"
+)
+
+// Produce v3 (record batches v2) to v11: v12 is for transactions (KIP-890), v13
+// names topics by id.
+var produceHandler = handler{key: 0, min: 3, max: 11, fn: handleProduce}
+
+// produceParallelism bounds the partitions of one Produce appended at once.
+const produceParallelism = 8
+
+func handleProduce(ctx context.Context, r *request) (kmsg.Response, error) {
+	req := r.kreq.(*kmsg.ProduceRequest)
+	resp := req.ResponseKind().(*kmsg.ProduceResponse)
+	s := r.s
+
+	acksOK := req.Acks == 0 || req.Acks == 1 || req.Acks == -1
+	txn := req.TransactionID != nil
+	if req.TimeoutMillis > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMillis)*time.Millisecond)
+		defer cancel()
+	}
+
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, produceParallelism)
+	for _, t := range req.Topics {
+		rt := kmsg.NewProduceResponseTopic()
+		rt.Topic = t.Topic
+		rt.Partitions = make([]kmsg.ProduceResponseTopicPartition, len(t.Partitions))
+		for i, p := range t.Partitions {
+			rp := &rt.Partitions[i]
+			*rp = kmsg.NewProduceResponseTopicPartition()
+			rp.Partition = p.Partition
+			rp.BaseOffset, rp.LogAppendTime, rp.LogStartOffset = -1, -1, -1
+			switch {
+			case !acksOK:
+				rp.ErrorCode = kerr.InvalidRequiredAcks.Code
+				continue
+			case txn:
+				rp.ErrorCode = kerr.TransactionalIDAuthorizationFailed.Code
+				setMessage(rp, "transactions are not supported by streamd")
+				continue
+			}
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() { // owner: handleProduce, which waits for it below
+				defer func() { <-sem; wg.Done() }()
+				s.producePartition(ctx, t.Topic, p.Partition, p.Records, rp)
+			}()
+		}
+		resp.Topics = append(resp.Topics, rt)
+	}
+	wg.Wait()
+	if req.Acks == 0 {
+		return nil, nil // Kafka sends no response to acks=0
+	}
+	return resp, nil
+}
+
+// producePartition appends one partition's batch, all or nothing, and fills rp.
+func (s *Server) producePartition(ctx context.Context, topic string, partition int32, raw []byte, rp *kmsg.ProduceResponseTopicPartition) {
+	fail := func(code int16, err error) {
+		rp.ErrorCode = code
+		setMessage(rp, err.Error())
+	}
+	batch, recs, err := decodeBatch(raw, max(64<<20, int(s.cfg.MaxRequestBytes)))
+	if err != nil {
+		if errors.Is(err, errCorrupt) {
+			fail(kerr.CorruptMessage.Code, err)
+		} else {
+			fail(kerr.InvalidRecord.Code, err)
+		}
+		return
+	}
+	records, err := toStreamRecords(recs)
+	if err != nil {
+		fail(kerr.InvalidRecord.Code, err)
+		return
+	}
+	var opts *streams.AppendPartitionOpts
+	if batch.ProducerID >= 0 {
+		opts = &streams.AppendPartitionOpts{Producer: &streams.ProducerSequence{
+			ProducerID: batch.ProducerID, Epoch: batch.ProducerEpoch, FirstSequence: batch.FirstSequence}}
+	}
+	pos, err := s.streams.AppendPartition(ctx, topic, partition, records, opts)
+	if errors.Is(err, streams.ErrStreamNotFound) && s.cfg.AutoCreateTopics {
+		if _, cerr := s.autoCreate(ctx, topic); cerr == nil {
+			pos, err = s.streams.AppendPartition(ctx, topic, partition, records, opts)
+		}
+	}
+	if err != nil {
+		fail(produceErrorCode(err), err)
+		return
+	}
+	rp.BaseOffset = pos.BaseOffset
+	rp.LogAppendTime = pos.Timestamp.UnixMilli()
+}
+
+// produceErrorCode is errorCode with Produce's reading of bad records.
+func produceErrorCode(err error) int16 {
+	switch {
+	case errors.Is(err, streams.ErrOutOfOrderSequence):
+		return kerr.OutOfOrderSequenceNumber.Code
+	case errors.Is(err, streams.ErrDuplicateSequence):
+		return kerr.DuplicateSequenceNumber.Code
+	case errors.Is(err, streams.ErrProducerFenced):
+		return kerr.InvalidProducerEpoch.Code
+	case errors.Is(err, streams.ErrInvalidArgument), errors.Is(err, streams.ErrInvalidJSON):
+		return kerr.InvalidRecord.Code
+	case errors.Is(err, context.DeadlineExceeded):
+		return kerr.RequestTimedOut.Code
+	}
+	return errorCode(err)
+}
+
+func setMessage(rp *kmsg.ProduceResponseTopicPartition, msg string) {
+	rp.ErrorMessage = &msg
+}

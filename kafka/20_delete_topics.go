@@ -1,0 +1,43 @@
+package kafka
+
+import (
+	"context"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// DeleteTopics v0 to v6 (by name; v6's topic ids are unknown: streams have none).
+// Deleting a topic deletes the stream and its events.
+var deleteTopicsHandler = handler{key: 20, min: 0, max: 6, fn: handleDeleteTopics}
+
+func handleDeleteTopics(ctx context.Context, r *request) (kmsg.Response, error) {
+	req := r.kreq.(*kmsg.DeleteTopicsRequest)
+	resp := req.ResponseKind().(*kmsg.DeleteTopicsResponse)
+	type target struct {
+		name *string
+		id   [16]byte
+	}
+	var targets []target
+	for i := range req.TopicNames {
+		targets = append(targets, target{name: &req.TopicNames[i]})
+	}
+	for _, t := range req.Topics {
+		targets = append(targets, target{name: t.Topic, id: t.TopicID})
+	}
+	for _, t := range targets {
+		rt := kmsg.NewDeleteTopicsResponseTopic()
+		rt.Topic, rt.TopicID = t.name, t.id
+		if t.name == nil {
+			rt.ErrorCode = kerr.UnknownTopicID.Code
+		} else if err := r.s.streams.DeleteStream(ctx, *t.name); err != nil {
+			rt.ErrorCode = errorCode(err)
+			msg := err.Error()
+			rt.ErrorMessage = &msg
+		} else {
+			r.s.logger.Info("kafka topic deleted", "stream", *t.name)
+		}
+		resp.Topics = append(resp.Topics, rt)
+	}
+	return resp, nil
+}

@@ -1,0 +1,22 @@
+package kafka
+
+import (
+	"context"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// DeleteGroups: a group id everywhere (its classic state, its groups on every stream
+// and their committed offsets); NON_EMPTY_GROUP while it has live members.
+var deleteGroupsHandler = handler{key: 42, min: 0, max: 2, fn: handleDeleteGroups}
+
+func handleDeleteGroups(ctx context.Context, r *request) (kmsg.Response, error) {
+	req := r.kreq.(*kmsg.DeleteGroupsRequest)
+	resp := req.ResponseKind().(*kmsg.DeleteGroupsResponse)
+	for _, id := range req.Groups {
+		rg := kmsg.NewDeleteGroupsResponseGroup()
+		rg.Group, rg.ErrorCode = id, errorCode(r.s.groups.DeleteKafkaGroup(ctx, id))
+		resp.Groups = append(resp.Groups, rg)
+	}
+	return resp, nil
+}

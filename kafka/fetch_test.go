@@ -1,0 +1,179 @@
+package kafka
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+	"github.com/streamd/streamd/wakeup"
+)
+
+func fetchReq(topic string, partition int32, offset int64, maxWait time.Duration, minBytes int32) *kmsg.FetchRequest {
+	req := kmsg.NewPtrFetchRequest()
+	req.MaxWaitMillis, req.MinBytes, req.MaxBytes = int32(maxWait/time.Millisecond), minBytes, 1<<20
+	req.SessionEpoch = -1
+	rt := kmsg.NewFetchRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewFetchRequestTopicPartition()
+	rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = partition, offset, 1<<20
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	return req
+}
+
+// A long poll returns as soon as a record is appended (woken by the hub), carries
+// the watermarks, and an offset past the log end is OFFSET_OUT_OF_RANGE.
+func TestFetchLongPollAndOffsetOutOfRange(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	topic := testdb.Name("poll")
+	require.NoError(t, sc.CreateStream(ctx, topic, 1))
+	cl := newClient(t, []string{ts.addr})
+
+	type result struct {
+		resp *kmsg.FetchResponse
+		err  error
+		took time.Duration
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		resp, err := fetchReq(topic, 0, 0, 20*time.Second, 1).RequestWith(ctx, cl)
+		done <- result{resp, err, time.Since(start)}
+	}()
+	// Append once the fetch waits: its request is counted when it returns, so wait
+	// for the server to hold a connection that is inside Fetch instead.
+	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > 0 }, 10*time.Second, time.Millisecond)
+	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("hello")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 0)
+	res := <-done
+	require.NoError(t, res.err)
+	require.Less(t, res.took, 15*time.Second, "the wait ended before max.wait.ms")
+	p := res.resp.Topics[0].Partitions[0]
+	require.Zero(t, p.ErrorCode)
+	require.Equal(t, int64(1), p.HighWatermark)
+	require.Equal(t, int64(0), p.LogStartOffset)
+	require.NotEmpty(t, p.RecordBatches)
+
+	// Nothing new: the poll waits max.wait.ms, then answers empty.
+	start = time.Now()
+	resp, err := fetchReq(topic, 0, 1, 300*time.Millisecond, 1).RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+	require.Empty(t, resp.Topics[0].Partitions[0].RecordBatches)
+
+	resp, err = fetchReq(topic, 0, 5, 0, 1).RequestWith(ctx, cl)
+	require.NoError(t, err)
+	p = resp.Topics[0].Partitions[0]
+	require.Equal(t, kerr.OffsetOutOfRange.Code, p.ErrorCode)
+	require.Equal(t, int64(1), p.HighWatermark)
+	resp, err = fetchReq("no-such-topic-y", 0, 0, 0, 1).RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Equal(t, kerr.UnknownTopicOrPartition.Code, resp.Topics[0].Partitions[0].ErrorCode)
+}
+
+// Shutdown ends a long poll at once (answered, not cut): long before its max wait
+// (60s) and the server's ShutdownTimeout (30s), after which it would be cut.
+func TestShutdownEndsLongPolls(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, &Config{ShutdownTimeout: 30 * time.Second})
+	ctx := testCtx(t)
+	topic := testdb.Name("shut")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, topic, 1))
+	cl := newClient(t, []string{ts.addr}, kgo.RequestRetries(0))
+	done := make(chan error, 1)
+	go func() {
+		resp, err := fetchReq(topic, 0, 0, 60*time.Second, 1).RequestWith(ctx, cl)
+		if err == nil && resp.Topics[0].Partitions[0].ErrorCode != 0 {
+			err = kerr.ErrorForCode(resp.Topics[0].Partitions[0].ErrorCode)
+		}
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > 0 }, 10*time.Second, time.Millisecond)
+	start := time.Now()
+	ts.stop()
+	require.NoError(t, <-done, "the long poll was answered")
+	require.Less(t, time.Since(start), 20*time.Second)
+}
+
+// ListOffsets: earliest, latest, by time (offset_for_time), max timestamp.
+func TestListOffsets(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, nil)
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	topic := testdb.Name("lo")
+	require.NoError(t, sc.CreateStream(ctx, topic, 1))
+	var times []time.Time
+	for range 3 {
+		pos, err := sc.AppendPartition(ctx, topic, 0, make([]streams.Record, 2), nil)
+		require.NoError(t, err)
+		times = append(times, pos.Timestamp)
+	}
+	_, err := sc.DeleteBefore(ctx, topic, 0, 1)
+	require.NoError(t, err)
+	adm := newAdmin(t, ts.addr)
+	lookup := func(l kadm.ListedOffsets, err error) kadm.ListedOffset {
+		require.NoError(t, err)
+		o, ok := l.Lookup(topic, 0)
+		require.True(t, ok)
+		require.NoError(t, o.Err)
+		return o
+	}
+	require.Equal(t, int64(1), lookup(adm.ListStartOffsets(ctx, topic)).Offset)
+	require.Equal(t, int64(6), lookup(adm.ListEndOffsets(ctx, topic)).Offset)
+	// Log times are at millisecond precision in Kafka; a batch later in the same
+	// millisecond shares it.
+	at := lookup(adm.ListOffsetsAfterMilli(ctx, times[2].UnixMilli(), topic))
+	require.LessOrEqual(t, at.Offset, int64(4))
+	require.Equal(t, times[2].UnixMilli(), at.Timestamp)
+	after := lookup(adm.ListOffsetsAfterMilli(ctx, times[2].UnixMilli()+1000, topic))
+	require.Equal(t, int64(6), after.Offset, "no record that recent: kadm reads Kafka's -1 as the end")
+	maxTS := lookup(adm.ListMaxTimestampOffsets(ctx, topic))
+	require.Equal(t, int64(5), maxTS.Offset)
+}
+
+// An event appended by SQL (and by the Go client) reaches a Kafka consumer with
+// the same bytes: JSON data as its JSON text, string headers as headers.
+func TestSQLInsertReadByKafkaConsumer(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, nil)
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	topic := testdb.Name("interop")
+	require.NoError(t, sc.CreateStream(ctx, topic, 1))
+	_, err := pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, key, data_bytes, metadata)
+		VALUES ($1, 0, 'sql-key', '\x00ff10'::bytea, '{"h":"v"}')`, topic)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data) VALUES ($1, 0, '{"a": [1, 2]}')`, topic)
+	require.NoError(t, err)
+	_, err = sc.Produce(ctx, streams.Record{Stream: topic, Partition: streams.PartitionOf(0), Key: "go", Data: json.RawMessage(`{"b":true}`)})
+	require.NoError(t, err)
+
+	got := consumeN(t, ctx, ts.addr, topic, 3)
+	require.Equal(t, []byte{0, 0xff, 0x10}, got[0].Value)
+	require.Equal(t, "sql-key", string(got[0].Key))
+	require.Equal(t, []kgo.RecordHeader{{Key: "h", Value: []byte("v")}}, got[0].Headers)
+	var stored string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT data::text FROM streamd.events WHERE stream_name = $1 AND "offset" = 1`, topic).Scan(&stored))
+	require.Equal(t, stored, string(got[1].Value), "JSON data is served as its JSON text")
+	require.Nil(t, got[1].Key)
+	require.JSONEq(t, `{"b":true}`, string(got[2].Value))
+	require.Equal(t, int64(2), got[2].Offset)
+}

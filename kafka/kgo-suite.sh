@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# franz-go's own pkg/kgo test suite against streamd serve's Kafka listener
+# (make test-kafka-franz-go). Starts a streamd serve of its own on loopback, runs the
+# suite with KGO_SEEDS pointing at it (replication factor 1), prints the pass, fail
+# and skip counts and every failing test with the first lines it logged, and stops
+# serve. Transaction tests are skipped: streamd has no transactions (docs/kafka.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+port=${STREAMD_KGO_PORT:-19192}
+http=${STREAMD_KGO_HTTP_PORT:-19193}
+records=${KGO_TEST_RECORDS:-5000}
+state=${STREAMD_STATE_DIR:-.state}
+mkdir -p "$state" bin
+$GO build -o bin/streamd ./cmd/streamd
+bin/streamd serve --auth-disabled --http-addr "127.0.0.1:$http" --kafka-addr "127.0.0.1:$port" \
+	--retention-streams none >"$state/kgo-suite-serve.log" 2>&1 &
+serve=$!
+trap 'kill "$serve" 2>/dev/null; wait "$serve" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+	(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+	sleep 0.2
+done
+out="$state/kgo-suite.json"
+KGO_SEEDS="127.0.0.1:$port" KGO_TEST_RF=1 KGO_TEST_RECORDS=$records KGO_LOG_LEVEL=none \
+	$GO test -count=1 -timeout "${KGO_SUITE_TIMEOUT:-20m}" -json -skip 'Txn|Transact' \
+	github.com/twmb/franz-go/pkg/kgo >"$out" 2>&1 || true
+$GO run ./kafka/internal/kgosummary <"$out" | tee "$state/kgo-suite.txt"

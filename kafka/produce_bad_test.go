@@ -1,0 +1,107 @@
+package kafka
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// rawBatch is an uncompressed record batch v2 of the given records (CRC computed).
+func rawBatch(recs ...kmsg.Record) []byte {
+	var body []byte
+	for i := range recs {
+		recs[i].OffsetDelta = int32(i)
+		body = appendRecord(body, &recs[i])
+	}
+	b := kmsg.RecordBatch{Magic: 2, PartitionLeaderEpoch: -1, LastOffsetDelta: int32(len(recs) - 1),
+		ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(len(recs)), Records: body}
+	b.Length = int32(batchHeaderLen - 12 + len(body))
+	out := b.AppendTo(nil)
+	binary.BigEndian.PutUint32(out[17:], crc32.Checksum(out[21:], crc32c))
+	return out
+}
+
+// A batch that cannot be stored gets its Kafka error code and writes nothing, while
+// a good batch of another partition in the same request is stored.
+func TestBadBatchesWriteNothing(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, nil)
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	topic := testdb.Name("bad")
+	require.NoError(t, sc.CreateStream(ctx, topic, 2))
+	jsonTopic := testdb.Name("json")
+	require.NoError(t, sc.CreateStream(ctx, jsonTopic, 1))
+	require.NoError(t, sc.SetValueFormat(ctx, jsonTopic, "json"))
+	cl := newClient(t, []string{ts.addr})
+
+	good := rawBatch(kmsg.Record{Value: []byte(`{"ok":1}`)})
+	corrupt := rawBatch(kmsg.Record{Value: []byte("x")}, kmsg.Record{Value: []byte("y")})
+	corrupt[len(corrupt)-1] ^= 0xff
+	cases := []struct {
+		name  string
+		topic string
+		acks  int16
+		batch []byte
+		want  *kerr.Error
+	}{
+		{"CRC mismatch", topic, -1, corrupt, kerr.CorruptMessage},
+		{"not JSON on a JSON stream", jsonTopic, -1, rawBatch(kmsg.Record{Value: []byte(`{"a":1}`)}, kmsg.Record{Value: []byte("not json")}), kerr.InvalidRecord},
+		{"over max.message.bytes", topic, -1, rawBatch(kmsg.Record{Value: []byte("a")}, kmsg.Record{Value: make([]byte, 1<<20+1)}), kerr.MessageTooLarge},
+		{"two batches", topic, -1, append(rawBatch(kmsg.Record{Value: []byte("a")}), rawBatch(kmsg.Record{Value: []byte("b")})...), kerr.InvalidRecord},
+		{"a key that is not text", topic, -1, rawBatch(kmsg.Record{Key: []byte{0xff, 0xfe}, Value: []byte("a")}), kerr.InvalidRecord},
+		{"a short batch", topic, -1, good[:40], kerr.CorruptMessage},
+	}
+	for _, tc := range cases {
+		req := kmsg.NewPtrProduceRequest()
+		req.Acks = tc.acks
+		req.TimeoutMillis = 10000
+		rt := kmsg.NewProduceRequestTopic()
+		rt.Topic = tc.topic
+		bad := kmsg.NewProduceRequestTopicPartition()
+		bad.Partition, bad.Records = 0, tc.batch
+		goodP := kmsg.NewProduceRequestTopicPartition()
+		goodP.Partition, goodP.Records = 1, rawBatch(kmsg.Record{Value: []byte(`{"ok":1}`)})
+		rt.Partitions = append(rt.Partitions, bad)
+		if tc.topic == topic {
+			rt.Partitions = append(rt.Partitions, goodP)
+		}
+		req.Topics = append(req.Topics, rt)
+		kresp, err := req.RequestWith(ctx, cl)
+		require.NoError(t, err, tc.name)
+		parts := kresp.Topics[0].Partitions
+		require.Equal(t, tc.want.Code, parts[0].ErrorCode, "%s: got %v", tc.name, kerr.ErrorForCode(parts[0].ErrorCode))
+		if len(parts) > 1 {
+			require.Zero(t, parts[1].ErrorCode, tc.name)
+		}
+	}
+	for _, name := range []string{topic, jsonTopic} {
+		info, err := sc.DescribeStream(ctx, name)
+		require.NoError(t, err)
+		require.Equal(t, int64(0), info.PartitionInfo[0].NextOffset, "%s: the bad batches wrote nothing", name)
+	}
+
+	// A JSON stream stores good values as data, where SQL can query them.
+	req := kmsg.NewPtrProduceRequest()
+	req.Acks, req.TimeoutMillis = -1, 10000
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = jsonTopic
+	p := kmsg.NewProduceRequestTopicPartition()
+	p.Records = good
+	rt.Partitions = append(rt.Partitions, p)
+	req.Topics = append(req.Topics, rt)
+	kresp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Zero(t, kresp.Topics[0].Partitions[0].ErrorCode)
+	var ok int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (data->>'ok')::int FROM streamd.events WHERE stream_name = $1`, jsonTopic).Scan(&ok))
+	require.Equal(t, 1, ok)
+}

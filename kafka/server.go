@@ -1,0 +1,312 @@
+// Package kafka is streamd's Kafka front door: a broker that speaks the Kafka wire
+// protocol over the streamd log and consumer groups. Topics are streams, partitions
+// are partitions, Kafka offsets are streamd offsets (gapless, so they mean what
+// Kafka's mean). Every request and response is decoded and encoded by franz-go's
+// kmsg; this package translates and calls library methods (streams, brokers,
+// consumergroup, streamconfig) and holds no SQL.
+//
+// One file per API family (00_produce.go, 01_fetch.go, ...), each declaring a
+// handler value; the table in handlers.go lists them, and ApiVersions answers from
+// it. docs/kafka.md lists the supported APIs and versions.
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/brokers"
+	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/streams"
+	"github.com/streamd/streamd/wakeup"
+)
+
+// Config configures a Server. A nil *Config means the defaults. Fields are
+// alphabetical.
+type Config struct {
+	// AdvertisedAddr is the host:port Metadata gives clients for this instance.
+	// Defaults to the listener's address.
+	AdvertisedAddr string
+	// Addr is the address Run listens on. Defaults to 127.0.0.1:9092.
+	Addr string
+	// AutoCreateTopics makes Metadata (when the client allows it) and Produce create
+	// a missing topic with DefaultPartitions partitions. Defaults to false: a missing
+	// topic is UNKNOWN_TOPIC_OR_PARTITION.
+	AutoCreateTopics bool
+	// BrokerTTL is how long this instance stays listed in Metadata after its last
+	// heartbeat. Defaults to 10s.
+	BrokerTTL time.Duration
+	// ConsumerGroupHeartbeatInterval is how often KIP-848 group members are told to
+	// heartbeat. Defaults to 5s, at most a third of ConsumerGroupSessionTimeout.
+	ConsumerGroupHeartbeatInterval time.Duration
+	// ConsumerGroupSessionTimeout is the session timeout of KIP-848 group members
+	// (Kafka's group.consumer.session.timeout.ms). Defaults to 45s.
+	ConsumerGroupSessionTimeout time.Duration
+	// DefaultPartitions is the partition count of auto-created topics and of
+	// CreateTopics requests that ask for the broker's default (-1). Defaults to 1.
+	DefaultPartitions int32
+	// Listener is the Kafka listener name this server advertises under: Metadata
+	// lists the live brokers of the same listener. Defaults to "PLAINTEXT".
+	Listener string
+	// Logger receives the server's log lines. Defaults to slog.Default().
+	Logger *slog.Logger
+	// MaxRequestBytes bounds one request frame; a larger one closes the connection
+	// without reading it (Kafka's socket.request.max.bytes). Defaults to 100 MiB.
+	MaxRequestBytes int32
+	// Rack is the rack Metadata reports for this instance. Defaults to none.
+	Rack string
+	// Registerer receives the server's metrics. Defaults to nil: no metrics.
+	Registerer prometheus.Registerer
+	// Wakeups, when set, ends Fetch long polls as soon as something may have been
+	// committed to a stream they read (the process's wakeup.Listener's Hub, fed by
+	// the tailer). Polling (5ms doubling up to 100ms; 1s with Wakeups) stays on as
+	// the safety net. Defaults to nil: poll only.
+	Wakeups *wakeup.Hub
+	// ShutdownTimeout bounds how long Serve waits, once ctx ended, for the requests in
+	// flight to finish before closing their connections. Long polls (Fetch waits)
+	// end at once. Defaults to 10s.
+	ShutdownTimeout time.Duration
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Addr == "" {
+		out.Addr = "127.0.0.1:9092"
+	}
+	if _, _, err := net.SplitHostPort(out.Addr); err != nil {
+		return out, fmt.Errorf("kafka: Config.Addr %q: %v", out.Addr, err)
+	}
+	if out.AdvertisedAddr != "" {
+		if _, err := splitAddr(out.AdvertisedAddr); err != nil {
+			return out, fmt.Errorf("kafka: Config.AdvertisedAddr: %v", err)
+		}
+	}
+	if out.DefaultPartitions == 0 {
+		out.DefaultPartitions = 1
+	}
+	if out.DefaultPartitions < 1 || out.DefaultPartitions > 10000 {
+		return out, fmt.Errorf("kafka: Config.DefaultPartitions %d must be between 1 and 10000", out.DefaultPartitions)
+	}
+	if out.MaxRequestBytes == 0 {
+		out.MaxRequestBytes = 100 << 20
+	}
+	if out.MaxRequestBytes < 1024 {
+		return out, fmt.Errorf("kafka: Config.MaxRequestBytes %d must be at least 1024", out.MaxRequestBytes)
+	}
+	if out.ShutdownTimeout == 0 {
+		out.ShutdownTimeout = 10 * time.Second
+	}
+	if out.ShutdownTimeout < 0 {
+		return out, fmt.Errorf("kafka: Config.ShutdownTimeout %v must be positive", out.ShutdownTimeout)
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out, nil
+}
+
+type hostPort struct {
+	host string
+	port int32
+}
+
+func splitAddr(addr string) (hostPort, error) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return hostPort{}, fmt.Errorf("%q: %v", addr, err)
+	}
+	port, err := strconv.ParseUint(p, 10, 16)
+	if err != nil || port == 0 {
+		return hostPort{}, fmt.Errorf("%q: port %q must be between 1 and 65535", addr, p)
+	}
+	if h == "" {
+		return hostPort{}, fmt.Errorf("%q: a host is needed (clients connect to it)", addr)
+	}
+	return hostPort{host: h, port: int32(port)}, nil
+}
+
+// Server is a Kafka broker over one streamd database. Several Servers (in one or
+// many processes) may serve the same database: each is a broker, any of them can
+// lead any partition. Create it with New; Run or Serve it once.
+type Server struct {
+	pool    *pgxpool.Pool
+	cfg     Config
+	logger  *slog.Logger
+	streams *streams.Client
+	groups  *consumergroup.Classic
+	metrics *metrics
+	table   map[int16]*handler
+
+	// reg is this instance's broker row, set by Serve before it accepts.
+	reg *brokers.Registration
+
+	// fetchesWaiting counts the Fetch long polls waiting (tests wait on it).
+	fetchesWaiting atomic.Int64
+
+	mu    sync.Mutex
+	conns map[*conn]struct{}
+}
+
+// New returns a Server on pool. It fails when cfg has a bad field (the error names
+// it).
+func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	groups, err := consumergroup.NewClassic(pool, &consumergroup.ClassicConfig{
+		ConsumerHeartbeatInterval: c.ConsumerGroupHeartbeatInterval, ConsumerSessionTimeout: c.ConsumerGroupSessionTimeout})
+	if err != nil {
+		return nil, err
+	}
+	return &Server{
+		pool:    pool,
+		groups:  groups,
+		cfg:     c,
+		logger:  c.Logger,
+		streams: streams.NewClient(pool, &streams.ClientConfig{Logger: c.Logger}),
+		metrics: m,
+		table:   handlerTable(),
+		conns:   map[*conn]struct{}{},
+	}, nil
+}
+
+// Run listens on Config.Addr and serves until ctx ends; see Serve.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("kafka listen %s: %w", s.cfg.Addr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve registers this instance as a broker (advertising Config.AdvertisedAddr, or
+// ln's address), accepts connections on ln and serves each on its own goroutine
+// until ctx ends. Then it stops accepting, ends long polls, waits up to
+// ShutdownTimeout for the requests in flight, closes every connection, deregisters
+// the broker and returns nil. It closes ln. An error registering or accepting is
+// returned after the same shutdown.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	defer ln.Close()
+	adv := s.cfg.AdvertisedAddr
+	if adv == "" {
+		adv = ln.Addr().String()
+	}
+	hp, err := splitAddr(adv)
+	if err != nil {
+		return fmt.Errorf("kafka advertised address: %w", err)
+	}
+	reg, err := brokers.Register(ctx, s.pool, hp.host, hp.port, &brokers.Config{
+		Listener: s.cfg.Listener, Logger: s.logger, Rack: s.cfg.Rack, TTL: s.cfg.BrokerTTL})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.reg = reg
+	s.mu.Unlock()
+
+	// Goroutines: the broker heartbeat and the accept loop, both owned by Serve;
+	// each connection's goroutines are owned by its conn (see conn.go).
+	regCtx, stopReg := context.WithCancel(context.WithoutCancel(ctx))
+	regDone := make(chan struct{})
+	go func() {
+		defer close(regDone)
+		_ = reg.Run(regCtx)
+	}()
+	// draining ends when shutdown starts: long polls watch it and answer at once.
+	draining, stopDraining := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopDraining()
+	acceptErr := make(chan error, 1)
+	var wg sync.WaitGroup
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			c := s.newConn(nc, draining)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.serve()
+			}()
+		}
+	}()
+	s.logger.Info("kafka listening", "kafka_addr", ln.Addr().String(), "advertised", adv, "node_id", reg.NodeID())
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case err := <-acceptErr:
+		serveErr = fmt.Errorf("kafka accept: %w", err)
+	}
+	ln.Close()
+	stopDraining()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.stopReading()
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.cfg.ShutdownTimeout):
+		s.mu.Lock()
+		for c := range s.conns {
+			c.close()
+		}
+		s.mu.Unlock()
+		<-done
+	}
+	stopReg()
+	<-regDone
+	s.logger.Info("kafka stopped", "node_id", reg.NodeID())
+	if serveErr != nil && ctx.Err() == nil {
+		return serveErr
+	}
+	return nil
+}
+
+// self is this instance as a broker. Valid once Serve registered it.
+func (s *Server) self() brokers.Broker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reg.Self()
+}
+
+// liveBrokers lists the live brokers; this instance is always among them, even when
+// its row expired (a stalled heartbeat), so that a client is never told there is no
+// broker by the broker it talks to.
+func (s *Server) liveBrokers(ctx context.Context) ([]brokers.Broker, error) {
+	s.mu.Lock()
+	listener := s.reg.Listener()
+	s.mu.Unlock()
+	live, err := brokers.Live(ctx, s.pool, listener)
+	if err != nil {
+		return nil, err
+	}
+	me := s.self()
+	for _, b := range live {
+		if b.NodeID == me.NodeID {
+			return live, nil
+		}
+	}
+	return append(live, me), nil
+}
