@@ -3,10 +3,15 @@ package consumergroup_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/streamd/streamd/consumergroup"
@@ -96,4 +101,45 @@ func Example_wakeups() {
 		log.Fatal(err)
 	}
 	_, _ = consumer, queues
+}
+
+// Stopping cleanly: on SIGTERM, Run's ctx ends; the batches in flight keep their own
+// ctx, finish and commit (up to DrainTimeout), OnRevoked runs and the member leaves,
+// so the other members take its partitions at once. OnLost is the other case: the
+// partitions went without a clean handover (session expired, fenced), another member
+// may own them already, and their uncommitted work will be done again there. Both
+// name the membership, as Batch.MemberID and Batch.MemberEpoch do.
+func Example_stopping() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, testdb.MustURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	consumer, err := consumergroup.New(pool, consumergroup.Config{
+		Stream:       "orders",
+		Group:        "billing",
+		DrainTimeout: 20 * time.Second,
+		OnRevoked: func(ctx context.Context, m consumergroup.Membership, partitions []int32) {
+			log.Printf("%s (epoch %d) handed over %v: committed, nothing to redo", m.MemberID, m.MemberEpoch, partitions)
+		},
+		OnLost: func(ctx context.Context, m consumergroup.Membership, partitions []int32) {
+			log.Printf("%s (epoch %d) lost %v: drop their state, do not commit", m.MemberID, m.MemberEpoch, partitions)
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = consumer.Run(ctx, func(ctx context.Context, b *consumergroup.Batch) error {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			// ... the batch's writes, in tx ...
+			return b.CommitTx(ctx, tx)
+		})
+		var fenced *consumergroup.FencedError
+		if errors.As(err, &fenced) {
+			log.Printf("batch of partition %d refused: %s", b.Partition, fenced.Reason)
+		}
+		return err
+	})
 }

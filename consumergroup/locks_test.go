@@ -58,8 +58,9 @@ func TestOpenCommitTxDoesNotStallTheGroup(t *testing.T) {
 
 	tx := openCommitTx(t, pool, a, held, 0)
 
-	// b joins with a short session; it will die.
-	b, err := memberJoin(within(t, 3*time.Second), pool, stream, group, "b", "", 300*time.Millisecond, time.Minute, nil)
+	// b joins with a short session; it will die. (A second, not less: on a loaded
+	// machine a shorter one expired before a's heartbeat below saw the promise.)
+	b, err := memberJoin(within(t, 3*time.Second), pool, stream, group, "b", "", time.Second, time.Minute, nil)
 	require.NoError(t, err, "a join that gives the held partition a pending target does not wait")
 	asg, err := a.heartbeat(within(t, time.Second), pool, nil)
 	require.NoError(t, err)

@@ -357,7 +357,7 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 	// The frozen member's COMMIT is refused, typed; the partition moves on.
 	waitFor(t, 10*time.Second, "a's frozen COMMIT answered", func() bool { _, ok := a.line("commit "); return ok })
 	commitLine, _ := a.line("commit ")
-	require.Equal(t, "commit true "+sqlerr.Fenced, commitLine, "a's COMMIT was refused with ErrFenced")
+	require.Equal(t, "commit true "+sqlerr.FencedSession, commitLine, "a's COMMIT was refused with ErrFenced")
 	waitFor(t, 10*time.Second, "a reports the partition lost", func() bool {
 		l, ok := a.line("lost ")
 		return ok && l == fmt.Sprintf("lost [%d]", frozen)

@@ -3,6 +3,7 @@ package messages_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,4 +104,56 @@ func TestWorkCleanStopDrains(t *testing.T) {
 			require.Equal(t, 1, m[0].DeliveryAttempts, "the interrupted delivery did not count")
 		})
 	}
+}
+
+// TestWorkReleasesWhatItReceivedWhileStopping: messages that a receive returns after
+// Work's ctx ended (a receive statement already sent runs to its end) are never handed
+// to a handler: Work releases them, their attempt not spent. The receive is held here
+// by the exclusive lock of its dead-letter queue, which it needs for an exhausted
+// message it found first.
+func TestWorkReleasesWhatItReceivedWhileStopping(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	dlq := newQueue(t, pool, nil)
+	q := newQueue(t, pool, &messages.QueueConfig{DeadLetterQueue: dlq, MaxDeliveryAttempts: 1})
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("poison"), MessageID: "poison"})
+	require.NoError(t, err)
+	m, err := c.Receive(ctx, q, &messages.ReceiveOpts{VisibilityTimeout: time.Millisecond})
+	require.NoError(t, err)
+	require.Len(t, m, 1) // its one attempt spent; the next receive dead-letters it
+	_, err = c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), MessageID: "a"}, messages.OutgoingMessage{Data: data(2), MessageID: "b"})
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT pg_advisory_xact_lock(1396986164, hashtext($1))", dlq) // queue_lock_shared's lock
+	require.NoError(t, err)
+
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var handled atomic.Int32
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Work(wctx, q, &messages.WorkerConfig{Concurrency: 3, PollWait: 50 * time.Millisecond},
+			func(context.Context, *messages.Message) error {
+				handled.Add(1)
+				return nil
+			})
+	}()
+	testdb.WaitForLockWait(t, pool, tx, "queue_receive")
+	stop()
+	require.NoError(t, tx.Rollback(ctx)) // the receive goes on: poison dead-lettered, a and b leased
+	require.NoError(t, awaitWork(t, done, 10*time.Second, "after its ctx ended"))
+
+	require.Zero(t, handled.Load(), "a stopping Work handed messages to its handler")
+	got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+	require.NoError(t, err)
+	require.Len(t, got, 2, "released: visible again at once")
+	for _, m := range got {
+		require.Equal(t, 1, m.DeliveryAttempts, "%s: the receive Work did not hand over counted an attempt", m.MessageID)
+	}
+	require.Equal(t, 1, count(t, pool, dlq), "only the exhausted message was dead-lettered")
 }

@@ -28,8 +28,8 @@ func awaitWork(t *testing.T, done <-chan error, d time.Duration, why string) err
 }
 
 // TestWorkStopsItsHandlersWhenItsQueueGoes guards the Handler contract ("ctx is
-// cancelled when Work stops or the message's lease is lost") when the queue is deleted
-// under a running handler, both ways Work can learn it:
+// cancelled ... when Work stops on an error, and when the message's lease is lost")
+// when the queue is deleted under a running handler, both ways Work can learn it:
 //   - a receive fails (a slot is free, so Work receives while the handler runs): the
 //     running handlers' ctx is cancelled and Work returns the error; it used to wait
 //     for handlers whose ctx nothing would cancel;

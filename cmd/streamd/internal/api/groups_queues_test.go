@@ -111,6 +111,25 @@ func TestQueueEndpoints(t *testing.T) {
 		"SELECT extract(epoch FROM not_before - now()) FROM streamd.messages WHERE stream_name = $1", q).Scan(&wait))
 	require.InDelta(t, 3600, wait, 60, "visible again in base_ms")
 
+	// A release gives a message back at once, its attempt not spent.
+	code, body = c.do("POST", "/v1/queues/"+q+"/messages", adminToken, `{"messages":[{"data":{"n":3},"message_id":"m3"}]}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	code, body = c.do("POST", "/v1/queues/"+q+"/receive", adminToken, `{"max":10}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	released := body["messages"].([]any)[0].(map[string]any)
+	require.Equal(t, "m3", released["message_id"])
+	release, _ := json.Marshal(map[string]any{"receipts": []any{released["receipt"]}})
+	code, body = c.do("POST", "/v1/queues/"+q+"/release", adminToken, string(release))
+	require.Equal(t, http.StatusNoContent, code, "%v", body)
+	code, body = c.do("POST", "/v1/queues/"+q+"/release", adminToken, string(release))
+	require.Equal(t, http.StatusConflict, code, "a released receipt cannot settle again: %v", body)
+	var attempts int
+	require.NoError(t, sc.Pool().QueryRow(context.Background(),
+		"SELECT delivery_attempts FROM streamd.messages WHERE stream_name = $1 AND message_id = 'm3'", q).Scan(&attempts))
+	require.Zero(t, attempts, "the released delivery did not count")
+	code, body = c.do("POST", "/v1/queues/"+q+"/discard", adminToken, `{"offsets":[`+fmt.Sprint(released["offset"])+`]}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+
 	code, body = c.do("GET", "/v1/queues/"+q, adminToken, "")
 	require.Equal(t, http.StatusOK, code, "%v", body)
 

@@ -43,6 +43,7 @@ func (s *Server) queueRoutes() {
 	s.Handle("POST /v1/queues/{queue}/receive", s.adminOnly(s.receiveMessages))
 	s.Handle("POST /v1/queues/{queue}/ack", s.adminOnly(s.ackMessages))
 	s.Handle("POST /v1/queues/{queue}/nack", s.adminOnly(s.nackMessages))
+	s.Handle("POST /v1/queues/{queue}/release", s.adminOnly(s.releaseMessages))
 	s.Handle("POST /v1/queues/{queue}/redrive", s.adminOnly(s.redrive))
 	s.Handle("POST /v1/queues/{queue}/discard", s.adminOnly(s.discardMessages))
 }
@@ -331,6 +332,19 @@ func (s *Server) nackMessages(r *Request) (any, error) {
 	}
 	err = s.queues.Nack(r.Context(), opts, req.Receipts...)
 	if err != nil {
+		return nil, err
+	}
+	return &Status{Code: http.StatusNoContent}, nil
+}
+
+// releaseMessages gives messages back without spending their delivery attempt (a
+// consumer that stops before handling them).
+func (s *Server) releaseMessages(r *Request) (any, error) {
+	req, err := s.settleRequest(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.queues.Release(r.Context(), req.Receipts...); err != nil {
 		return nil, err
 	}
 	return &Status{Code: http.StatusNoContent}, nil
