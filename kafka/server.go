@@ -239,6 +239,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	var serveErr error
 	select {
 	case <-ctx.Done():
+		ln.Close()
+		<-acceptErr // the accept loop has returned: no connection is added from here on
 	case err := <-acceptErr:
 		serveErr = fmt.Errorf("kafka accept: %w", err)
 	}
