@@ -1,6 +1,7 @@
 # streamd. The two commands a fresh machine needs: `make run` and `make test`.
-# With no STREAMD_DATABASE_URL, both start (or reuse) a private PostgreSQL cluster in
-# .state/pg (internal/localpg); `make db-stop` stops it.
+# With no STREAMD_DATABASE_URL, both start (or reuse) the user's private PostgreSQL
+# cluster (internal/localpg; STREAMD_STATE_DIR and STREAMD_PG_PORT choose another);
+# `make db-stop` stops it.
 
 GO        ?= go
 GOFLAGS   ?=
@@ -14,8 +15,10 @@ STREAMD   := $(GO) run ./cmd/streamd
 # runs with authentication disabled (it listens on 127.0.0.1 unless
 # STREAMD_HTTP_ADDR says otherwise). Kafka clients connect to 127.0.0.1:9092
 # (STREAMD_KAFKA_ADDR).
-run:
-	$(STREAMD) serve $(if $(STREAMD_AUTH_TOKEN)$(STREAMD_AUTH_TOKEN_FILE),,--auth-disabled) --kafka-addr $${STREAMD_KAFKA_ADDR:-127.0.0.1:9092}
+# The built binary, not `go run`: Ctrl-C reaches streamd itself, which stops cleanly
+# and exits 0 (go run exited 1, and a SIGINT to it alone left the server running).
+run: build
+	exec ./bin/streamd serve $(if $(STREAMD_AUTH_TOKEN)$(STREAMD_AUTH_TOKEN_FILE),,--auth-disabled) --kafka-addr $${STREAMD_KAFKA_ADDR:-127.0.0.1:9092}
 
 build:
 	$(GO) build -o bin/streamd ./cmd/streamd

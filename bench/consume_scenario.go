@@ -178,7 +178,7 @@ func groupsRead(ctx context.Context, env *Env, stream, prefix string, groups int
 			return loadResult{}, nil, err
 		}
 		defer pool.Close()
-		c, err := consumergroup.New(pool, consumergroup.Config{
+		c, err := consumergroup.New(pool, &consumergroup.Config{
 			Stream: stream, Group: fmt.Sprintf("bench-%s-%d-%s", prefix, i, env.RunID),
 			ConsumerID: fmt.Sprintf("bench-%d", i), Logger: quietLogger,
 		})

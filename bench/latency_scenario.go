@@ -348,7 +348,7 @@ func (latencyScenario) read(ctx context.Context, env *Env, hub *wakeup.Hub, stre
 		sub := hub.SubscribePartition(stream, ln.partition)
 		defer sub.Close()
 		var err error
-		if w, err = wakeup.NewWaiter(sub, &wakeup.WaiterOpts{MinInterval: 100 * time.Millisecond, MaxInterval: time.Second}); err != nil {
+		if w, err = wakeup.NewWaiter(sub, &wakeup.PollOpts{MinInterval: 100 * time.Millisecond, MaxInterval: time.Second}); err != nil {
 			return err
 		}
 	}
@@ -489,7 +489,7 @@ func (latencyScenario) startGroup(ctx context.Context, env *Env, hub *wakeup.Hub
 	if err != nil {
 		return err
 	}
-	c, err := consumergroup.New(pool, consumergroup.Config{
+	c, err := consumergroup.New(pool, &consumergroup.Config{
 		Stream: stream, Group: "bench-latency-" + env.RunID, ConsumerID: "latency",
 		Wakeups: hub, Logger: quietLogger,
 	})

@@ -113,7 +113,7 @@ func startMember(ctx context.Context, env *Env, stream, group, id string, sessio
 	for _, f := range tune {
 		f(&ccfg)
 	}
-	c, err := consumergroup.New(pool, ccfg)
+	c, err := consumergroup.New(pool, &ccfg)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -144,7 +144,7 @@ type groupState struct {
 func readGroupState(ctx context.Context, env *Env, stream, group string, partitions int) (groupState, error) {
 	st := groupState{owners: map[string]int{}}
 	rows, err := env.Pool.Query(ctx, `SELECT consumer_id, pending_owner IS NOT NULL FROM streamd.consumer_group_status
-		WHERE stream_name = $1 AND group_id = $2`, stream, group)
+		WHERE stream_name = $1 AND group_id = $2 AND partition IS NOT NULL`, stream, group)
 	if err != nil {
 		return st, err
 	}
@@ -213,7 +213,7 @@ func waitSettledOn(ctx context.Context, env *Env, stream, group string, partitio
 // ownership returns, per owner, the set of partitions it owns.
 func ownership(ctx context.Context, env *Env, stream, group string) (map[int32]string, error) {
 	rows, err := env.Pool.Query(ctx, `SELECT partition, coalesce(consumer_id, '') FROM streamd.consumer_group_status
-		WHERE stream_name = $1 AND group_id = $2`, stream, group)
+		WHERE stream_name = $1 AND group_id = $2 AND partition IS NOT NULL`, stream, group)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package consumergroup
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -102,7 +103,7 @@ func (a *Admin) DescribeGroup(ctx context.Context, stream, group string) (*Group
 	}
 	rows, err := a.pool.Query(ctx, `SELECT partition, current_offset, log_start_offset, stream_head, lag,
 		coalesce(consumer_id, ''), member_epoch, coalesce(pending_owner, ''), paused
-		FROM streamd.consumer_group_status WHERE stream_name = $1 AND group_id = $2 ORDER BY partition`, stream, group)
+		FROM streamd.consumer_group_status WHERE stream_name = $1 AND group_id = $2 AND partition IS NOT NULL ORDER BY partition`, stream, group)
 	if err != nil {
 		return nil, fmt.Errorf("describe group %s of %s: %w", group, stream, err)
 	}
@@ -146,6 +147,10 @@ const (
 
 // ResetOpts is what ResetOffsets does.
 type ResetOpts struct {
+	// DryRun computes the changes and returns them without making them (the reset
+	// runs in a transaction that is rolled back, so it reports what Force or a live
+	// member would do, too). Defaults to false: the reset is made.
+	DryRun bool
 	// Force resets a group that has live members: they are expelled (their commits
 	// are fenced) and start from the new offsets when they join again.
 	Force bool
@@ -169,7 +174,11 @@ type OffsetChange struct {
 	New       int64  `json:"new_offset"`
 }
 
-// ResetOffsets sets a group's committed offsets. ErrGroupNotEmpty while the group has
+// errDryRun rolls back a dry run's transaction.
+var errDryRun = errors.New("dry run")
+
+// ResetOffsets sets a group's committed offsets (or, with opts.DryRun, says how it
+// would set them). ErrGroupNotEmpty while the group has
 // live members unless opts.Force; ErrGroupNotFound, ErrInvalidArgument for bad input
 // (nothing is written then).
 func (a *Admin) ResetOffsets(ctx context.Context, stream, group string, opts ResetOpts) ([]OffsetChange, error) {
@@ -194,8 +203,14 @@ func (a *Admin) ResetOffsets(ctx context.Context, stream, group string, opts Res
 			err := r.Scan(&c.Partition, &c.Previous, &c.New)
 			return c, err
 		})
+		if err == nil && opts.DryRun {
+			return errDryRun // rolls back
+		}
 		return err
 	})
+	if errors.Is(err, errDryRun) {
+		return out, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reset offsets of group %s of %s: %w", group, stream, sqlerr.Wrap(err))
 	}

@@ -3,7 +3,6 @@ package consumergroup
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,17 +19,10 @@ func backendPID(t *testing.T, tx pgx.Tx) uint32 {
 	return pid
 }
 
-// waitBlockedBy waits until the backend pid waits for a lock that blocker holds: a
-// signal from the server that a statement is queued behind a transaction, instead of
-// a sleep.
+// waitBlockedBy is testdb.WaitBlockedBy.
 func waitBlockedBy(t *testing.T, pool *pgxpool.Pool, pid, blocker uint32, what string) {
 	t.Helper()
-	waitFor(t, 5*time.Second, what, func() bool {
-		var blocked bool
-		err := pool.QueryRow(context.Background(), "SELECT $2::int = ANY (pg_blocking_pids($1))", int(pid), int(blocker)).Scan(&blocked)
-		require.NoError(t, err)
-		return blocked
-	})
+	testdb.WaitBlockedBy(t, pool, pid, blocker, what)
 }
 
 // TestCommitBatchOnceWhenAttemptsOverlap (G4): two attempts of one batch whose

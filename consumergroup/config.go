@@ -121,7 +121,8 @@ type Config struct {
 	InstanceID string
 	// Logger receives the consumer's log lines. Defaults to slog.Default().
 	Logger *slog.Logger
-	// MaxBatchSize bounds the events per handler call. Defaults to 500.
+	// MaxBatchSize bounds the events per handler call. Defaults to the stream's
+	// performance_config.batchSize, else 500.
 	MaxBatchSize int
 	// MaxPollInterval bounds one handler call (Kafka's max.poll.interval.ms): when a
 	// handler runs longer, the member leaves the group so that others take its
@@ -132,7 +133,8 @@ type Config struct {
 	// MaxRetries is how many times a failed batch is retried (with exponential
 	// backoff) before OnHandlerError applies; negative (RetryForever) means forever,
 	// except NoRetries, which applies OnHandlerError at the first failure. Defaults to
-	// 5 (0 means the default).
+	// the stream's dead_letter_config.maxDeliveryAttempts - 1, else 5 (0 means the
+	// default).
 	MaxRetries int
 	// OnAssigned is called with partitions this member got, before their first batch.
 	// Contract for all hooks: they are called from one goroutine, never concurrently
@@ -146,7 +148,8 @@ type Config struct {
 	// SessionTimeout (as a stuck handler does). Defaults to nil (no call).
 	OnAssigned Hook
 	// OnHandlerError says what happens to a batch that still fails after MaxRetries.
-	// Defaults to ErrorBlock.
+	// Defaults to ErrorDeadLetter when the stream's dead_letter_config.enabled is true,
+	// else ErrorBlock.
 	OnHandlerError ErrorPolicy
 	// OnLost is called with partitions this member lost without a clean handover (its
 	// session expired, it was fenced, or its handlers overran MaxPollInterval): another
@@ -173,7 +176,7 @@ type Config struct {
 	// ResetTime is the start time for ResetByTime. Defaults to the zero time.
 	ResetTime time.Time
 	// RetryBackoff is the first wait before retrying a failed batch; it doubles up to
-	// RetryBackoffMax. Defaults to 100ms.
+	// RetryBackoffMax. Defaults to the stream's dead_letter_config.backoff, else 100ms.
 	RetryBackoff time.Duration
 	// RetryBackoffMax caps the retry wait. Defaults to 10s.
 	RetryBackoffMax time.Duration
@@ -187,6 +190,9 @@ type Config struct {
 	// streamd's tailer; or an in-process tailer's Hub). Polling stays on as the safety
 	// net. Defaults to nil: idle partitions poll with backoff up to FetchMaxWait.
 	Wakeups *wakeup.Hub
+
+	// hooks are a test's reach into the Consumer (see testHooks); nil in a program.
+	hooks *testHooks
 }
 
 func (c Config) withDefaults() Config {

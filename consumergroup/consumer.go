@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
@@ -48,6 +48,7 @@ type Consumer struct {
 	// same reason). Set by Run before the session starts; read by its goroutines.
 	sessionPool *pgxpool.Pool
 	cfg         Config
+	unset       unsetFields // the fields the stream's settings may fill (streamsettings.go)
 	log         *slog.Logger
 	metrics     *metrics
 
@@ -60,26 +61,36 @@ type Consumer struct {
 	member *member           // the current membership; nil between sessions
 	owned  map[int32]*worker // the partitions being processed now
 
-	// killed (tests only) makes Run return as if the process died: no leave, no hooks.
-	killed atomic.Bool
-	// beforeHeartbeat (tests only) runs before each heartbeat; a test freezes the
-	// member by blocking in it.
-	beforeHeartbeat func()
+	// hooks are a test's (Config.hooks); nil in a program.
+	hooks *testHooks
 }
 
-// New returns a Consumer of cfg.Stream in cfg.Group. It does no I/O; Run joins.
-func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
+// New returns a Consumer of cfg.Stream in cfg.Group. It does no I/O; Run joins. A nil
+// cfg is an empty Config (Stream and Group are required, so it fails). It fails with
+// ErrInvalidArgument naming the first bad field.
+func New(pool *pgxpool.Pool, c *Config) (*Consumer, error) {
+	var cfg Config
+	if c != nil {
+		cfg = *c
+	}
+	unset := unsetOf(cfg)
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
 		return nil, err
 	}
 	return &Consumer{
 		pool:    pool,
 		cfg:     cfg,
+		unset:   unset,
 		log:     cfg.Logger.With("stream", cfg.Stream, "group", cfg.Group),
-		metrics: newMetrics(cfg.Registerer),
+		metrics: m,
 		wake:    make(chan struct{}, 1),
 		owned:   map[int32]*worker{},
+		hooks:   cfg.hooks,
 	}, nil
 }
 
@@ -99,6 +110,7 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 		return fmt.Errorf("%w: consumergroup: Run is already running", ErrInvalidArgument)
 	}
 	defer c.running.Store(false)
+	c.applyStreamSettings(ctx)
 
 	scfg := c.pool.Config()
 	scfg.MaxConns, scfg.MinConns = 2, 0
@@ -119,7 +131,7 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 	defer wg.Wait()
 	defer stopListener()
 
-	backoff := newBackoff(100*time.Millisecond, 5*time.Second)
+	bo := backoff.NewJittered(100*time.Millisecond, 5*time.Second)
 	for {
 		m, err := c.join(ctx)
 		if ctx.Err() != nil {
@@ -128,17 +140,17 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 		if err != nil {
 			if sqlerr.Retriable(err) {
 				c.log.Warn("join failed; retrying", "error", err)
-				if !backoff.wait(ctx) {
+				if !bo.Wait(ctx) {
 					return nil
 				}
 				continue
 			}
 			return err
 		}
-		backoff.reset()
+		bo.Reset()
 		c.log.Info("joined group", "member_id", m.consumerID, "member_epoch", m.epoch)
 		err = c.session(ctx, m, h)
-		if ctx.Err() != nil || c.killed.Load() {
+		if ctx.Err() != nil || c.hooks.isKilled() {
 			return nil
 		}
 		if holder := c.instanceTakenOver(ctx, m, err); holder != "" {
@@ -252,7 +264,7 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 			}
 		}
 		setOwned()
-		if c.killed.Load() {
+		if c.hooks.isKilled() {
 			return
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -311,9 +323,7 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 			return fmt.Errorf("%w: poll interval exceeded", errRejoin)
 		}
 
-		if c.beforeHeartbeat != nil {
-			c.beforeHeartbeat()
-		}
+		c.hooks.heartbeat()
 		hctx, cancel := context.WithTimeout(ctx, c.cfg.SessionTimeout)
 		a, err := m.heartbeat(hctx, c.sessionPool, nil)
 		cancel()
@@ -404,7 +414,7 @@ func (c *Consumer) shutdown(ctx context.Context, m *member, finish func(clean bo
 	// At most MaxPollInterval: a handler that ignores its ctx (cancelled at
 	// DrainTimeout) longer than that must not keep the partitions from the others.
 	_, _ = c.whileHeartbeating(context.WithoutCancel(ctx), m, func() { finish(true) })
-	if c.killed.Load() || c.cfg.InstanceID != "" {
+	if c.hooks.isKilled() || c.cfg.InstanceID != "" {
 		return
 	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -440,9 +450,7 @@ func (c *Consumer) whileHeartbeating(ctx context.Context, m *member, fn func()) 
 			case <-hbCtx.Done():
 				return
 			case <-t.C:
-				if c.beforeHeartbeat != nil {
-					c.beforeHeartbeat()
-				}
+				c.hooks.heartbeat()
 				hctx, cancel := context.WithTimeout(hbCtx, c.cfg.SessionTimeout)
 				_, err := m.heartbeat(hctx, c.sessionPool, nil)
 				cancel()
@@ -517,7 +525,7 @@ func (c *Consumer) Commit(ctx context.Context, offsets ...PartitionOffset) error
 // commitRetry commits, retrying connection failures with backoff until ctx ends; a
 // retried commit carries the same epoch, so it stays fenced.
 func (c *Consumer) commitRetry(ctx context.Context, m *member, offsets []PartitionOffset) error {
-	b := newBackoff(50*time.Millisecond, time.Second)
+	b := backoff.NewJittered(50*time.Millisecond, time.Second)
 	for {
 		err := m.commit(ctx, c.pool, offsets, nil)
 		if err == nil {
@@ -527,7 +535,7 @@ func (c *Consumer) commitRetry(ctx context.Context, m *member, offsets []Partiti
 			c.metrics.fencedCommits.WithLabelValues(c.cfg.Stream, c.cfg.Group).Inc()
 			return err
 		}
-		if !sqlerr.Retriable(err) || !b.wait(ctx) {
+		if !sqlerr.Retriable(err) || !b.Wait(ctx) {
 			return err
 		}
 	}
@@ -562,31 +570,4 @@ func maps(m map[int32]*worker) map[int32]*worker {
 		out[k] = v
 	}
 	return out
-}
-
-// backoff is an exponential wait with jitter.
-type backoff struct {
-	first, max, cur time.Duration
-}
-
-func newBackoff(first, max time.Duration) *backoff {
-	return &backoff{first: first, max: max, cur: first}
-}
-
-func (b *backoff) reset() { b.cur = b.first }
-
-// wait sleeps the current interval (or until ctx ends, returning false) and doubles it.
-func (b *backoff) wait(ctx context.Context) bool {
-	d := b.cur/2 + time.Duration(mrand.Int64N(int64(b.cur/2)+1))
-	if b.cur *= 2; b.cur > b.max {
-		b.cur = b.max
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -27,8 +27,8 @@ func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func testConfig(stream, group string) Config {
-	return Config{
+func testConfig(stream, group string) *Config {
+	return &Config{
 		Stream: stream, Group: group, SessionTimeout: 1500 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond,
 		FetchMaxWait: 100 * time.Millisecond, RetryBackoff: 10 * time.Millisecond, RetryBackoffMax: 50 * time.Millisecond,
 		Logger: quietLogger(), MaxBatchSize: 20,
@@ -48,16 +48,10 @@ func produce(t *testing.T, pool *pgxpool.Pool, stream string, from, n int) []str
 	return pos
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor is testdb.WaitFor.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for a condition
-	}
+	testdb.WaitFor(t, d, what, cond)
 }
 
 // groupLag is the group's total lag from the consumer_group_status view.
@@ -166,10 +160,12 @@ func TestConsumerRejectsBadConfig(t *testing.T) {
 		"CommitMode":        {Stream: "s", Group: "g", CommitMode: 9},
 		"RetryBackoffMax":   {Stream: "s", Group: "g", RetryBackoff: time.Second, RetryBackoffMax: time.Millisecond},
 	} {
-		_, err := New(nil, cfg)
+		_, err := New(nil, &cfg)
 		require.ErrorIs(t, err, ErrInvalidArgument, field)
 		require.Contains(t, err.Error(), "Config."+field)
 	}
+	_, err := New(nil, nil)
+	require.ErrorIs(t, err, ErrInvalidArgument, "a nil Config is an empty one")
 }
 
 // TestConsumerRejectsTimeoutsPastInt32Milliseconds: SessionTimeout and
@@ -185,7 +181,7 @@ func TestConsumerRejectsTimeoutsPastInt32Milliseconds(t *testing.T) {
 		"RebalanceTimeout": {Stream: "s", Group: "g", RebalanceTimeout: tooLong},
 		"SessionTimeout":   {Stream: "s", Group: "g", SessionTimeout: tooLong},
 	} {
-		_, err := New(nil, cfg)
+		_, err := New(nil, &cfg)
 		require.ErrorIs(t, err, ErrInvalidArgument, field)
 		require.Contains(t, err.Error(), "Config."+field)
 	}
@@ -268,13 +264,13 @@ func TestFrozenMemberIsFencedAndRejoins(t *testing.T) {
 	cfgA := testConfig(stream, group)
 	cfgA.MaxBatchSize = 1
 	cfgA.OnLost = func(ctx context.Context, _ Membership, ps []int32) { lost.Add(int32(len(ps))) }
-	a, err := New(pool, cfgA)
-	require.NoError(t, err)
-	a.beforeHeartbeat = func() {
+	cfgA.hooks = &testHooks{beforeHeartbeat: func() {
 		if frozen.Load() {
 			<-thaw
 		}
-	}
+	}}
+	a, err := New(pool, cfgA)
+	require.NoError(t, err)
 	inFrozenBatch := make(chan struct{})
 	var once sync.Once
 	runConsumer(t, a, func(ctx context.Context, b *Batch) error {

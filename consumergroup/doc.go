@@ -2,7 +2,7 @@
 // assignment, offset commits with fencing, and the processing loop (G1-G5 in
 // DESIGN.md).
 //
-//	c, err := consumergroup.New(pool, consumergroup.Config{Stream: "orders", Group: "billing"})
+//	c, err := consumergroup.New(pool, &consumergroup.Config{Stream: "orders", Group: "billing"})
 //	err = c.Run(ctx, func(ctx context.Context, b *consumergroup.Batch) error { ...; return nil })
 //
 // # How it works

@@ -111,7 +111,7 @@ func TestDrainTimeoutCancelsTheHandler(t *testing.T) {
 	var hooks hookLog
 	cfg := testConfig(stream, group)
 	cfg.DrainTimeout = 300 * time.Millisecond
-	hooks.attach(&cfg)
+	hooks.attach(cfg)
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	inHandler := make(chan struct{})

@@ -17,7 +17,7 @@ var (
 	// whose Reason says which. The Consumer reacts by dropping its partitions (OnLost)
 	// and joining again, unless another live member now holds its InstanceID: then Run
 	// returns ErrInstanceFenced.
-	ErrFenced = errors.New("fenced")
+	ErrFenced = sqlerr.ErrFenced
 	// ErrInstanceFenced: Run returns it (wrapping the ErrFenced that ended the session)
 	// when this static member was fenced because another member joined with the same
 	// Config.InstanceID and holds it with a live session: two processes configured with
@@ -28,23 +28,23 @@ var (
 	// and takes over the instance.
 	ErrInstanceFenced = errors.New("instance id taken over by another member")
 	// ErrGroupNotFound: the group does not exist.
-	ErrGroupNotFound = errors.New("group not found")
+	ErrGroupNotFound = sqlerr.ErrGroupNotFound
 	// ErrInvalidGroupID: a group id that is not 1 to 249 characters of [A-Za-z0-9._:-].
-	ErrInvalidGroupID = errors.New("invalid group id")
+	ErrInvalidGroupID = sqlerr.ErrInvalidGroupID
 	// ErrGroupNotEmpty: an admin operation (offset reset, delete) refused because the
 	// group has live members; stop them or force it.
-	ErrGroupNotEmpty = errors.New("group has live members")
+	ErrGroupNotEmpty = sqlerr.ErrGroupNotEmpty
 	// ErrInvalidArgument: any other bad input (negative or past-the-end offset, unknown
 	// partition, bad reset mode, bad configuration).
-	ErrInvalidArgument = errors.New("invalid argument")
+	ErrInvalidArgument = sqlerr.ErrGroupInvalidArgument
 	// ErrDeadLetterNotFound: no pending dead letter with that id.
-	ErrDeadLetterNotFound = errors.New("dead letter not found")
+	ErrDeadLetterNotFound = sqlerr.ErrDeadLetterNotFound
 	// ErrNotOwned: a Consumer call named a partition this member does not own now.
 	ErrNotOwned = errors.New("partition not owned by this member")
 	// ErrAlreadyCommitted: Batch.CommitTx found the batch committed by an earlier
 	// attempt (whose acknowledgement was lost); the transaction must be rolled back and
 	// the handler may return the error: the worker counts the batch as done.
-	ErrAlreadyCommitted = errors.New("batch already committed")
+	ErrAlreadyCommitted = sqlerr.ErrAlreadyCommitted
 )
 
 // FenceReason says why a member's call was fenced.
@@ -125,17 +125,4 @@ func fenced(err error, m *member, partition int32) error {
 	}
 	return &FencedError{Reason: reason, Stream: m.stream, Group: m.group, MemberID: m.consumerID,
 		MemberEpoch: m.epoch, Partition: partition, err: sqlerr.Wrap(err)}
-}
-
-func init() {
-	sqlerr.Register(sqlerr.Fenced, ErrFenced)
-	sqlerr.Register(sqlerr.FencedSession, ErrFenced)
-	sqlerr.Register(sqlerr.FencedPartition, ErrFenced)
-	sqlerr.Register(sqlerr.FencedEpoch, ErrFenced)
-	sqlerr.Register(sqlerr.GroupNotFound, ErrGroupNotFound)
-	sqlerr.Register(sqlerr.InvalidGroupID, ErrInvalidGroupID)
-	sqlerr.Register(sqlerr.GroupNotEmpty, ErrGroupNotEmpty)
-	sqlerr.Register(sqlerr.GroupInvalidArg, ErrInvalidArgument)
-	sqlerr.Register(sqlerr.DeadLetterNotFound, ErrDeadLetterNotFound)
-	sqlerr.Register(sqlerr.AlreadyCommitted, ErrAlreadyCommitted)
 }

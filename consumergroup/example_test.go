@@ -43,7 +43,7 @@ func Example() {
 		}
 	}
 
-	consumer, err := consumergroup.New(pool, consumergroup.Config{
+	consumer, err := consumergroup.New(pool, &consumergroup.Config{
 		Stream:         stream,
 		Group:          "billing",
 		SessionTimeout: 10 * time.Second,
@@ -75,7 +75,7 @@ func Example() {
 // Polling stays on as the safety net, so nothing depends on it for correctness.
 func Example_wakeups() {
 	ctx := context.Background()
-	databaseURL := testdb.MustURL()
+	databaseURL := os.Getenv("STREAMD_DATABASE_URL")
 	pool, err := pgxpool.New(ctx, databaseURL)
 	if err != nil {
 		log.Fatal(err)
@@ -88,7 +88,7 @@ func Example_wakeups() {
 	}
 	go listener.Run(ctx) // returns when ctx ends
 
-	consumer, err := consumergroup.New(pool, consumergroup.Config{
+	consumer, err := consumergroup.New(pool, &consumergroup.Config{
 		Stream:  "orders",
 		Group:   "billing",
 		Wakeups: listener.Hub,
@@ -96,7 +96,7 @@ func Example_wakeups() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	queues, err := messages.NewClient(pool, &messages.ClientConfig{Wakeups: listener.Queues()})
+	queues, err := messages.NewClient(pool, &messages.ClientConfig{Wakeups: listener.Hub})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func Example_stopping() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	consumer, err := consumergroup.New(pool, consumergroup.Config{
+	consumer, err := consumergroup.New(pool, &consumergroup.Config{
 		Stream:       "orders",
 		Group:        "billing",
 		DrainTimeout: 20 * time.Second,

@@ -19,7 +19,7 @@ type PartitionLag struct {
 // Lags returns the lag of every partition of every group (the consumer_group_status
 // view), by stream, group and partition.
 func (a *Admin) Lags(ctx context.Context) ([]PartitionLag, error) {
-	rows, err := a.pool.Query(ctx, `SELECT stream_name, group_id, partition, lag FROM streamd.consumer_group_status
+	rows, err := a.pool.Query(ctx, `SELECT stream_name, group_id, partition, lag FROM streamd.consumer_group_status WHERE partition IS NOT NULL
 		ORDER BY stream_name, group_id, partition`)
 	if err != nil {
 		return nil, fmt.Errorf("read group lags: %w", err)

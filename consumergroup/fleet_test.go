@@ -51,3 +51,37 @@ func TestLagsAndExpireStaleMembers(t *testing.T) {
 	require.Len(t, d.MemberStatus, 1)
 	require.Equal(t, "live", d.MemberStatus[0].ConsumerID)
 }
+
+// TestResetOffsetsDryRun: a dry run returns the changes a reset would make and makes
+// none; the same reset then makes exactly those.
+func TestResetOffsetsDryRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	produce(t, pool, stream, 0, 10)
+	admin := NewAdmin(pool)
+	m := join(t, pool, stream, group, "a")
+	_, err := m.heartbeat(ctx, pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, m.commit(ctx, pool, []PartitionOffset{{Partition: 0, Offset: 5}}, nil))
+	_, err = m.leave(ctx, pool, nil)
+	require.NoError(t, err)
+
+	preview, err := admin.ResetOffsets(ctx, stream, group, ResetOpts{Mode: ResetToOffset, Value: 2, DryRun: true})
+	require.NoError(t, err)
+	require.Len(t, preview, 1)
+	require.EqualValues(t, 5, *preview[0].Previous)
+	require.EqualValues(t, 2, preview[0].New)
+	off, _, err := committedOffset(ctx, pool, stream, group, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 5, off, "a dry run changes nothing")
+
+	done, err := admin.ResetOffsets(ctx, stream, group, ResetOpts{Mode: ResetToOffset, Value: 2})
+	require.NoError(t, err)
+	require.Equal(t, preview, done)
+	off, _, err = committedOffset(ctx, pool, stream, group, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, off)
+}

@@ -116,7 +116,7 @@ func TestGroupInvariants(t *testing.T) {
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
-			rows, err := pool.Query(ctx, `SELECT partition, "offset", coalesce(consumer_id, '') FROM streamd.consumer_offsets
+			rows, err := pool.Query(ctx, `SELECT partition, "offset", coalesce(committed_by, '') FROM streamd.consumer_offsets
 				WHERE stream_name = $1 AND group_id = $2`, stream, group)
 			if err != nil {
 				t.Errorf("watch offsets: %v", err)
@@ -147,6 +147,7 @@ func TestGroupInvariants(t *testing.T) {
 		cfg := testConfig(stream, group)
 		cfg.SessionTimeout = time.Second
 		cfg.MaxBatchSize = 1 + rng.IntN(30)
+		cfg.hooks = &testHooks{} // killed below
 		c, err := New(pool, cfg)
 		require.NoError(t, err)
 		members = append(members, live{c, runConsumer(t, c, handler)})
@@ -166,7 +167,7 @@ func TestGroupInvariants(t *testing.T) {
 			leaves++
 		default:
 			i := rng.IntN(len(members))
-			members[i].c.killed.Store(true)
+			members[i].c.hooks.killed.Store(true)
 			require.NoError(t, members[i].stop())
 			members = slices.Delete(members, i, i+1)
 			kills++

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/streamd/streamd/internal/backoff"
 )
 
 // listen holds a dedicated connection LISTENing on the group's channel and wakes the
@@ -14,14 +16,14 @@ import (
 // Run; returns when ctx ends.
 func (c *Consumer) listen(ctx context.Context) {
 	channel := pgx.Identifier{groupChannel(c.cfg.Stream, c.cfg.Group)}.Sanitize()
-	b := newBackoff(100*time.Millisecond, 5*time.Second)
+	b := backoff.NewJittered(100*time.Millisecond, 5*time.Second)
 	for ctx.Err() == nil {
 		conn, err := pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
 		if err == nil {
 			_, err = conn.Exec(ctx, "LISTEN "+channel)
 		}
 		if err == nil {
-			b.reset()
+			b.Reset()
 			c.signal()
 			for err == nil {
 				_, err = conn.WaitForNotification(ctx)
@@ -39,6 +41,6 @@ func (c *Consumer) listen(ctx context.Context) {
 			return
 		}
 		c.log.Debug("group listener reconnecting", "error", err)
-		b.wait(ctx)
+		b.Wait(ctx)
 	}
 }

@@ -63,7 +63,7 @@ func TestStuckHandlerGivesUpPartitions(t *testing.T) {
 	)
 	cfg := testConfig(s, "g")
 	cfg.MaxPollInterval = 700 * time.Millisecond
-	hooks.attach(&cfg)
+	hooks.attach(cfg)
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	cancel := runConsumer(t, c, func(ctx context.Context, b *Batch) error {
@@ -152,7 +152,7 @@ func TestRevokeStopsRetries(t *testing.T) {
 	cfg := testConfig(s, "g")
 	cfg.MaxRetries = -1
 	cfg.RebalanceTimeout = 4 * time.Second
-	hooks.attach(&cfg)
+	hooks.attach(cfg)
 	a, err := New(pool, cfg)
 	require.NoError(t, err)
 	stopA := runConsumer(t, a, func(context.Context, *Batch) error { return errors.New("always fails") })
@@ -192,7 +192,7 @@ func TestFencedWhileBlockedIsLost(t *testing.T) {
 	cfg := testConfig(s, "g")
 	cfg.MaxRetries = 1
 	cfg.OnHandlerError = ErrorBlock
-	hooks.attach(&cfg)
+	hooks.attach(cfg)
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	stop := runConsumer(t, c, func(context.Context, *Batch) error {
@@ -283,7 +283,7 @@ func TestShutdownHeartbeatsWhileBatchesFinish(t *testing.T) {
 
 	var hooks hookLog
 	cfg := testConfig(s, "g") // SessionTimeout 1.5s
-	hooks.attach(&cfg)
+	hooks.attach(cfg)
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	inHandler := make(chan struct{})
@@ -325,7 +325,7 @@ func TestHeartbeatsWithTheHandlerPoolExhausted(t *testing.T) {
 		done  atomic.Int32
 	)
 	cfg := testConfig(s, "g") // SessionTimeout 1.5s
-	hooks.attach(&cfg)
+	hooks.attach(cfg)
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	stop := runConsumer(t, c, func(ctx context.Context, b *Batch) error {

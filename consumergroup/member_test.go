@@ -204,10 +204,11 @@ func TestHandoverWaitsForRelease(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok)
 
-	// The seed's query by consumer still answers: "last committed by".
+	// committed_by names the member that committed last (consumer_id is the seed's
+	// consumer name, migration 0060).
 	var byB int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT "offset" FROM streamd.consumer_offsets
-		WHERE stream_name = $1 AND group_id = $2 AND consumer_id = $3`, stream, group, "b").Scan(&byB))
+		WHERE stream_name = $1 AND group_id = $2 AND committed_by = $3`, stream, group, "b").Scan(&byB))
 	require.EqualValues(t, 1, byB)
 }
 

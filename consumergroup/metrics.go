@@ -2,8 +2,11 @@ package consumergroup
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/internal/promreg"
 )
 
 // metrics are the consumer's Prometheus collectors. Labels are bounded: stream, group,
@@ -19,7 +22,7 @@ type metrics struct {
 	rebalances    *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		batchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "streamd_consumergroup_batch_duration_seconds", Help: "Time from a batch's handler call to its offset commit.",
@@ -44,30 +47,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "streamd_consumergroup_rebalances_total", Help: "Assignment changes seen by this member, by reason (assigned, revoked, lost, fenced, poll_timeout).",
 		}, []string{"stream", "group", "reason"}),
 	}
-	if reg == nil {
-		return m
+	// Several Consumers in one process share one registry: a second registration
+	// shares the collectors.
+	if err := errors.Join(promreg.Register(reg, &m.batchDuration), promreg.Register(reg, &m.deadLettered),
+		promreg.Register(reg, &m.fencedCommits), promreg.Register(reg, &m.handlerErrors),
+		promreg.Register(reg, &m.lag), promreg.Register(reg, &m.offsetResets),
+		promreg.Register(reg, &m.rebalances)); err != nil {
+		return nil, fmt.Errorf("consumergroup: %w", err)
 	}
-	m.batchDuration = register(reg, m.batchDuration)
-	m.deadLettered = register(reg, m.deadLettered)
-	m.fencedCommits = register(reg, m.fencedCommits)
-	m.handlerErrors = register(reg, m.handlerErrors)
-	m.lag = register(reg, m.lag)
-	m.offsetResets = register(reg, m.offsetResets)
-	m.rebalances = register(reg, m.rebalances)
-	return m
-}
-
-// register registers c, or returns the collector already registered under its name
-// (several Consumers in one process share one registry).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		panic(err)
-	}
-	return c
+	return m, nil
 }

@@ -152,7 +152,7 @@ func (c *stallChild) line(prefix string) (string, bool) {
 // partition. One is stopped (SIGSTOP) inside its CommitTx transaction, after the
 // commit and before COMMIT, for four session timeouts. The group expires it without
 // waiting for its transaction: the two healthy members never lose their partitions,
-// never rejoin, and their partitions never stop progressing for a session timeout
+// never rejoin, and their partitions never stop progressing for two session timeouts
 // (before the fix the expiring heartbeat waited for the frozen transaction holding the
 // group row; every heartbeat queued, and the healthy members were expelled). The
 // frozen partition stays the frozen member's while its transaction is open (G1). When
@@ -195,8 +195,7 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 		}()
 		go func() { <-read; _ = cmd.Wait(); close(ch.done) }()
 		t.Cleanup(func() {
-			_ = cmd.Process.Signal(syscall.SIGCONT) // a stopped process does not die of SIGKILL until continued on some systems
-			_ = cmd.Process.Kill()
+			_ = cmd.Process.Kill() // also ends a process a failed test left stopped
 			<-ch.done
 			if t.Failed() {
 				ch.mu.Lock()
@@ -380,8 +379,13 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 		require.True(t, registered(t, pool, stream, group, m), "healthy member %s (partition %d) never rejoined", m, p)
 	}
 
-	// Their partitions kept progressing while a was stopped: no gap between two
-	// recorded batches (or the window's ends) of a session timeout.
+	// Their partitions kept progressing while a was stopped. Unloaded, the longest gap
+	// between two recorded batches (or the window's ends) is about a heartbeat interval
+	// (FetchMaxWait plus a batch); at a load average near 50 it reached 0.97 s. The
+	// bound is generous for a loaded machine, and still half of the freeze: a member
+	// that waited for the frozen transaction (a heartbeat, a commit) would stall until
+	// it ended, four session timeouts.
+	const maxGapAllowed = 2 * stallSession
 	for p := range healthy {
 		rows, err := pool.Query(ctx, "SELECT at FROM "+pgx.Identifier{table}.Sanitize()+
 			` WHERE partition = $1 AND at BETWEEN $2 AND $3 ORDER BY "offset"`, p, stoppedAt, continuedAt)
@@ -395,7 +399,7 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 		require.NoError(t, rows.Err())
 		maxGap = max(maxGap, continuedAt.Sub(prev))
 		t.Logf("partition %d (healthy): %d events while a was stopped, longest gap %v", p, n, maxGap)
-		require.Less(t, maxGap, stallSession, "partition %d stopped progressing while a was stopped", p)
+		require.Less(t, maxGap, maxGapAllowed, "partition %d stopped progressing while a was stopped", p)
 	}
 
 	// Exactly once: every produced event recorded once; the offsets agree with it.

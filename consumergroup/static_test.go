@@ -12,10 +12,11 @@ import (
 )
 
 // staticConsumer returns a Consumer of the group with instance id "host-a".
-func staticConsumer(t *testing.T, stream, group string, lost *atomic.Int32) *Consumer {
+func staticConsumer(t *testing.T, stream, group string, lost *atomic.Int32, hooks *testHooks) *Consumer {
 	t.Helper()
 	cfg := testConfig(stream, group)
 	cfg.InstanceID = "host-a"
+	cfg.hooks = hooks
 	if lost != nil {
 		cfg.OnLost = func(_ context.Context, _ Membership, ps []int32) { lost.Add(int32(len(ps))) }
 	}
@@ -45,7 +46,7 @@ func TestDuplicateInstanceIDStopsTheFencedConsumer(t *testing.T) {
 	stream := newStream(t, pool, 2)
 	group := testdb.Name("g")
 	var lostA atomic.Int32
-	a := staticConsumer(t, stream, group, &lostA)
+	a := staticConsumer(t, stream, group, &lostA, nil)
 	h := func(context.Context, *Batch) error { return nil }
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -53,7 +54,7 @@ func TestDuplicateInstanceIDStopsTheFencedConsumer(t *testing.T) {
 	go func() { errA <- a.Run(ctx, h) }()
 	waitFor(t, 5*time.Second, "a owns both", func() bool { return len(a.Assignment()) == 2 })
 
-	b := staticConsumer(t, stream, group, nil)
+	b := staticConsumer(t, stream, group, nil, nil)
 	runConsumer(t, b, h)
 	select {
 	case err := <-errA:
@@ -82,20 +83,19 @@ func TestStaticMemberRestarts(t *testing.T) {
 	group := testdb.Name("g")
 	h := func(context.Context, *Batch) error { return nil }
 
-	first := staticConsumer(t, stream, group, nil)
+	first := staticConsumer(t, stream, group, nil, nil)
 	stop := runConsumer(t, first, h)
 	waitFor(t, 5*time.Second, "the first process owns both", func() bool { return len(first.Assignment()) == 2 })
 	require.NoError(t, stop())
 
 	var lost atomic.Int32
-	restarted := staticConsumer(t, stream, group, &lost)
 	thaw := make(chan struct{})
 	var frozen atomic.Bool
-	restarted.beforeHeartbeat = func() {
+	restarted := staticConsumer(t, stream, group, &lost, &testHooks{beforeHeartbeat: func() {
 		if frozen.Load() {
 			<-thaw
 		}
-	}
+	}})
 	stopRestarted := runConsumer(t, restarted, h)
 	waitFor(t, 5*time.Second, "the restart owns both", func() bool { return len(restarted.Assignment()) == 2 })
 

@@ -215,9 +215,9 @@ func TestSIGTERMAndKill9ChildConsumers(t *testing.T) {
 	// a has a session timeout longer than the test: only its leave can hand its
 	// partitions over in time.
 	a := spawnChild(t, "a", append(env, "STREAMD_CG_SESSION=20s")...)
-	b := spawnChild(t, "b", append(env, "STREAMD_CG_SESSION=2s")...)
-	c := spawnChild(t, "c", append(env, "STREAMD_CG_SESSION=5s")...)
-	waitFor(t, 30*time.Second, "three members recording", func() bool { return recorders() == 3 })
+	b := spawnChild(t, "b", append(env, "STREAMD_CG_SESSION=5s")...)
+	c := spawnChild(t, "c", append(env, "STREAMD_CG_SESSION=10s")...)
+	waitFor(t, 60*time.Second, "three members recording", func() bool { return recorders() == 3 })
 
 	p, first := inFlight("a")
 	a.term(t)

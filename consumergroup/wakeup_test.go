@@ -25,7 +25,7 @@ func TestConsumerWithWakeups(t *testing.T) {
 	sc := streams.NewClient(pool, nil)
 	require.NoError(t, sc.CreateStream(ctx, s, 2))
 	hub := wakeup.NewHub()
-	c, err := consumergroup.New(pool, consumergroup.Config{Stream: s, Group: "g", SessionTimeout: 5 * time.Second,
+	c, err := consumergroup.New(pool, &consumergroup.Config{Stream: s, Group: "g", SessionTimeout: 5 * time.Second,
 		FetchMaxWait: 10 * time.Second, Wakeups: hub})
 	require.NoError(t, err)
 	got := make(chan streams.Event, 10)

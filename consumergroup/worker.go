@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/streams"
 )
@@ -129,7 +130,7 @@ func (w *worker) run() {
 			return
 		}
 		w.c.log.Warn("read start position failed; retrying", "partition", w.partition, "error", err)
-		if !newBackoff(200*time.Millisecond, time.Second).wait(fetchCtx) {
+		if !backoff.NewJittered(200*time.Millisecond, time.Second).Wait(fetchCtx) {
 			return
 		}
 		pos, reset, err = w.startPosition(ctx)
@@ -144,15 +145,10 @@ func (w *worker) run() {
 			return
 		}
 	}
-	fetchBackoff := newBackoff(50*time.Millisecond, 2*time.Second)
-	opts := &streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait}
-	if hub := w.c.cfg.Wakeups; hub != nil {
-		// Subscribed for the worker's life, before its first fetch, so that no commit
-		// between a fetch that found nothing and the wait goes unnoticed.
-		sub := hub.SubscribePartition(w.c.cfg.Stream, w.partition)
-		defer sub.Close()
-		opts.Wakeup = sub
-	}
+	fetchBackoff := backoff.NewJittered(50*time.Millisecond, 2*time.Second)
+	// With Wakeups, each fetch subscribes to the partition before its first read, so
+	// no commit between a read that found nothing and the wait goes unnoticed.
+	opts := &streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait, Wakeups: w.c.cfg.Wakeups}
 	for !w.stopping() {
 		if w.isPaused() {
 			select {
@@ -172,10 +168,10 @@ func (w *worker) run() {
 				continue
 			}
 			w.c.log.Warn("fetch failed; retrying", "partition", w.partition, "offset", pos, "error", err)
-			fetchBackoff.wait(fetchCtx)
+			fetchBackoff.Wait(fetchCtx)
 			continue
 		}
-		fetchBackoff.reset()
+		fetchBackoff.Reset()
 		w.c.metrics.lag.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition))).
 			Set(float64(res.HighWatermark - pos))
 		if len(res.Events) == 0 || w.isPaused() {
@@ -269,7 +265,7 @@ func (w *worker) process(ctx context.Context, res *streams.FetchResult) (int64, 
 // the worker stops), with exponential backoff. It stops retrying once the worker is
 // told to stop (a revoke), returning the last error.
 func (w *worker) attempt(ctx context.Context, b *Batch, retries int) error {
-	bo := newBackoff(w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
+	bo := backoff.NewJittered(w.c.cfg.RetryBackoff, w.c.cfg.RetryBackoffMax)
 	sctx, cancel := w.untilStopped(ctx)
 	defer cancel()
 	for i := 0; ; i++ {
@@ -288,7 +284,7 @@ func (w *worker) attempt(ctx context.Context, b *Batch, retries int) error {
 		if retries >= 0 && i >= retries {
 			return err
 		}
-		if !bo.wait(sctx) {
+		if !bo.Wait(sctx) {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -330,8 +326,8 @@ func (w *worker) block(ctx context.Context, b *Batch) bool {
 	stopCtx, cancel := w.untilStopped(ctx)
 	defer cancel()
 	for {
-		bo := newBackoff(w.c.cfg.RetryBackoffMax, w.c.cfg.RetryBackoffMax)
-		if !bo.wait(stopCtx) {
+		bo := backoff.NewJittered(w.c.cfg.RetryBackoffMax, w.c.cfg.RetryBackoffMax)
+		if !bo.Wait(stopCtx) {
 			return false
 		}
 		if err := w.call(ctx, b); err == nil {
@@ -367,9 +363,9 @@ func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) b
 		var derr error
 		// A lost connection or a restarted server is retried, as a commit is;
 		// giving up would hand a healthy partition back for a blip.
-		for bo := newBackoff(50*time.Millisecond, time.Second); ; {
+		for bo := backoff.NewJittered(50*time.Millisecond, time.Second); ; {
 			_, derr = w.m.deadLetter(dctx, w.c.pool, w.partition, e.Offset, err.Error(), w.c.cfg.retries()+1, first)
-			if derr == nil || errors.Is(derr, ErrFenced) || !sqlerr.Retriable(derr) || !bo.wait(dctx) {
+			if derr == nil || errors.Is(derr, ErrFenced) || !sqlerr.Retriable(derr) || !bo.Wait(dctx) {
 				break
 			}
 		}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/internal/promreg"
 )
 
 // metrics are the store's counters; nil when Config.Registerer is nil.
@@ -23,10 +25,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		opens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "streamd_eventstore_session_opens_total",
 			Help: "Session opens by result: ok, timeout, error."}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.appends, m.opens} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("eventstore: register metrics: %w", err)
-		}
+	if err := errors.Join(promreg.Register(reg, &m.appends), promreg.Register(reg, &m.opens)); err != nil {
+		return nil, fmt.Errorf("eventstore: %w", err)
 	}
 	return m, nil
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/streams"
 )
@@ -81,27 +82,22 @@ func (s *Store) openSession(ctx context.Context, stream, key string, opts *OpenO
 	}
 	sess := &Session{store: s, stream: stream, key: key, id: o.SessionID, timeout: o.SessionTimeout}
 	deadline := time.Now().Add(o.OpenTimeout)
-	wait := 5 * time.Millisecond
+	bo := backoff.New(5*time.Millisecond, 200*time.Millisecond)
 	for {
 		err := sess.open(ctx, time.Until(deadline))
 		if err == nil {
 			return sess, nil
 		}
-		if !isHeld(err) && sqlerr.Code(err) != codeLockNotAvailable {
+		if !isHeld(err) && sqlerr.Code(err) != sqlerr.LockNotAvailable {
 			return nil, err
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return nil, fmt.Errorf("open %s/%s within %s: %w (%w)", stream, key, o.OpenTimeout, ErrOpenTimeout, err)
 		}
-		t := time.NewTimer(min(wait, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, min(bo.Next(), left)) {
 			return nil, fmt.Errorf("open %s/%s: %w", stream, key, ctx.Err())
-		case <-t.C:
 		}
-		wait = min(2*wait, 200*time.Millisecond)
 	}
 }
 

@@ -20,11 +20,13 @@ func TestConfigValidation(t *testing.T) {
 		"Config.ConfirmTimeout": {AMQPURL: url, Stream: "s", Queue: "q", ConfirmTimeout: -1},
 	}
 	for field, cfg := range cases {
-		_, err := forward.New(nil, cfg)
+		_, err := forward.New(nil, &cfg)
 		require.ErrorContains(t, err, field)
 	}
-	_, err := forward.New(nil, forward.Config{AMQPURL: "http://x", Stream: "s", Queue: "q"})
+	_, err := forward.New(nil, &forward.Config{AMQPURL: "http://x", Stream: "s", Queue: "q"})
 	require.ErrorContains(t, err, "Config.AMQPURL")
-	_, err = forward.New(nil, forward.Config{AMQPURL: url, Stream: "s", Queue: "q"})
+	_, err = forward.New(nil, &forward.Config{AMQPURL: url, Stream: "s", Queue: "q"})
 	require.NoError(t, err)
+	_, err = forward.New(nil, nil)
+	require.ErrorContains(t, err, "Config.AMQPURL", "a nil Config is an empty one")
 }

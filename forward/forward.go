@@ -28,6 +28,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/internal/promreg"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -161,34 +162,49 @@ func (r *returns) sync(ctx context.Context) error {
 	}
 }
 
-// New returns a Forwarder. It fails when cfg is invalid, naming the field.
-func New(pool *pgxpool.Pool, cfg Config) (*Forwarder, error) {
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	if cfg.ConfirmTimeout == 0 {
-		cfg.ConfirmTimeout = 30 * time.Second
-	}
-	if cfg.Group == "" {
-		cfg.Group = "streamd-forward-" + cfg.Stream
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.MaxBatchSize == 0 {
-		cfg.MaxBatchSize = 500
-	}
-	if cfg.RoutingKey == "" {
-		cfg.RoutingKey = cfg.Queue
-	}
-	if cfg.SessionTimeout == 0 {
-		cfg.SessionTimeout = 30 * time.Second
-	}
-	m, err := newMetrics(cfg.Registerer)
+// New returns a Forwarder. A nil cfg is an empty Config (AMQPURL and Stream are
+// required, so it fails). It fails when cfg is invalid, naming the field.
+func New(pool *pgxpool.Pool, cfg *Config) (*Forwarder, error) {
+	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	return &Forwarder{pool: pool, cfg: cfg, metrics: m}, nil
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Forwarder{pool: pool, cfg: c, metrics: m}, nil
+}
+
+// withDefaults returns a copy of c (nil: an empty Config) with the defaults filled
+// in, or the error of validate.
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if err := out.validate(); err != nil {
+		return out, err
+	}
+	if out.ConfirmTimeout == 0 {
+		out.ConfirmTimeout = 30 * time.Second
+	}
+	if out.Group == "" {
+		out.Group = "streamd-forward-" + out.Stream
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.MaxBatchSize == 0 {
+		out.MaxBatchSize = 500
+	}
+	if out.RoutingKey == "" {
+		out.RoutingKey = out.Queue
+	}
+	if out.SessionTimeout == 0 {
+		out.SessionTimeout = 30 * time.Second
+	}
+	return out, nil
 }
 
 // Run forwards until ctx is cancelled (then it returns nil) or the consumer group
@@ -196,7 +212,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Forwarder, error) {
 // order, on a new connection.
 func (f *Forwarder) Run(ctx context.Context) error {
 	defer f.closeConn()
-	c, err := consumergroup.New(f.pool, consumergroup.Config{
+	c, err := consumergroup.New(f.pool, &consumergroup.Config{
 		Group:           f.cfg.Group,
 		Logger:          f.cfg.Logger,
 		MaxBatchSize:    f.cfg.MaxBatchSize,
@@ -377,13 +393,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "streamd_forward_connects_total",
 			Help: "Connection attempts to the broker, by result (ok, error)."}, []string{"result"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.records, m.nacks, m.confirm, m.connects} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("forward: register metrics: %w", err)
-		}
+	if err := errors.Join(promreg.Register(reg, &m.records), promreg.Register(reg, &m.nacks),
+		promreg.Register(reg, &m.confirm), promreg.Register(reg, &m.connects)); err != nil {
+		return nil, fmt.Errorf("forward: %w", err)
 	}
 	return m, nil
 }

@@ -36,7 +36,7 @@ func amqpURL(t *testing.T) string {
 }
 
 func newForwarder(pool *pgxpool.Pool, url, stream, queue string) (*forward.Forwarder, error) {
-	return forward.New(pool, forward.Config{AMQPURL: url, Stream: stream, Queue: queue,
+	return forward.New(pool, &forward.Config{AMQPURL: url, Stream: stream, Queue: queue,
 		MaxBatchSize: 7, SessionTimeout: 2 * time.Second})
 }
 
@@ -178,7 +178,7 @@ func TestUnroutableIsNeverCommitted(t *testing.T) {
 	}
 	_, err := streams.NewClient(pool, nil).Produce(ctx, recs...)
 	require.NoError(t, err)
-	f, err := forward.New(pool, forward.Config{AMQPURL: amqpURL(t), Stream: stream,
+	f, err := forward.New(pool, &forward.Config{AMQPURL: amqpURL(t), Stream: stream,
 		RoutingKey: testdb.Name("nowhere"), MaxBatchSize: 1, SessionTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	rctx, cancel := context.WithCancel(ctx)

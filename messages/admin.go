@@ -106,7 +106,7 @@ func (c *Client) Peek(ctx context.Context, queue string, opts *PeekOpts) ([]*Mes
 	}
 	rows, err := c.pool.Query(ctx, `SELECT "offset", message_id, data, metadata, enqueued_at, visibility_timeout,
 			delivery_attempts, max_delivery_attempts, lease_token, group_key, last_error,
-			origin_stream, origin_offset, origin_attempts, dead_lettered_at
+			origin_stream, origin_offset, origin_attempts, dead_lettered_at, data_bytes
 		FROM streamd.messages WHERE stream_name = $1 AND "offset" > $2 ORDER BY "offset" LIMIT $3`, queue, o.AfterOffset, o.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("peek queue %s: %w", queue, err)
@@ -151,6 +151,9 @@ type RedriveOpts struct {
 	// holds when Redrive starts (a message that fails again and comes back meanwhile
 	// waits for the next redrive, so a poison message cannot keep Redrive going).
 	Limit int
+	// Progress, when set, is called after each batch with the messages moved so far
+	// and the most Redrive will move, in Redrive's goroutine. Defaults to nil.
+	Progress func(moved, limit int)
 	// Rate bounds the messages moved per second. Defaults to 0: unbounded.
 	Rate float64
 }
@@ -201,6 +204,9 @@ func (c *Client) Redrive(ctx context.Context, dlq string, opts *RedriveOpts) (in
 			return moved, fmt.Errorf("redrive %s: %w", dlq, sqlerr.Wrap(err))
 		}
 		moved += n
+		if o.Progress != nil {
+			o.Progress(moved, o.Limit)
+		}
 		if n < batch {
 			break
 		}

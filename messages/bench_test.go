@@ -278,7 +278,7 @@ func BenchmarkQueueLongPollLatency(b *testing.B) {
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
-				receiver, err = messages.NewClient(pool, &messages.ClientConfig{Wakeups: l.Queues()})
+				receiver, err = messages.NewClient(pool, &messages.ClientConfig{Wakeups: l.Hub})
 				require.NoError(b, err)
 			}
 			q := testdb.Name("lat")

@@ -28,31 +28,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/wakeup"
 )
-
-// DBTX is what the package needs from a connection, pool or transaction.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// WakeupSource tells long polls that messages may have become visible in a queue, so
-// they retry at once instead of at their next backoff step. wakeup.Listener's Queues
-// (the tailer's wake-ups, fanned out by pg_notify) implements it; the Client also wakes its own receivers after its own Sends,
-// for free. Wake-ups are hints: a receiver always re-reads through SQL.
-type WakeupSource interface {
-	// Subscribe returns a channel that receives a value after messages may have
-	// become visible in queue, and a function that ends the subscription. The source
-	// must never block on the channel (buffer it and drop when full). Subscribe and
-	// the returned function may be called from many goroutines.
-	Subscribe(queue string) (wake <-chan struct{}, cancel func())
-}
 
 // ClientConfig configures a Client. A nil *ClientConfig means the defaults.
 type ClientConfig struct {
@@ -72,9 +53,13 @@ type ClientConfig struct {
 	// Registerer receives the queue metrics (streamd_queue_*). Defaults to nil: no
 	// metrics.
 	Registerer prometheus.Registerer
-	// Wakeups, when set, wakes long polls early. Defaults to nil: polling with
-	// backoff, plus wake-ups from this Client's own Sends.
-	Wakeups WakeupSource
+	// Wakeups, when set, wakes long polls early: a wakeup.Listener's Hub (the
+	// tailer's wake-ups, fanned out by pg_notify) or one an in-process Broadcaster
+	// feeds. The Client's own Sends notify it too, so they also wake the other readers
+	// in the process that share it. Wake-ups are hints: a receiver always re-reads
+	// through SQL. Defaults to nil: a Hub of the Client's own, so long polls are woken
+	// by this Client's Sends and otherwise poll with backoff.
+	Wakeups *wakeup.Hub
 }
 
 func (c *ClientConfig) validate() error {
@@ -93,14 +78,12 @@ func (c *ClientConfig) validate() error {
 // Client sends, receives and settles messages and administers queues. It is safe for
 // concurrent use.
 type Client struct {
-	pool       *pgxpool.Pool
-	logger     *slog.Logger
-	now        func() time.Time
-	backoffMin time.Duration
-	backoffMax time.Duration
-	metrics    *metrics
-	local      *hub
-	wakeups    WakeupSource
+	pool    *pgxpool.Pool
+	logger  *slog.Logger
+	now     func() time.Time
+	poll    wakeup.PollOpts // the long polls' backoff
+	metrics *metrics
+	hub     *wakeup.Hub
 }
 
 // NewClient returns a Client on pool. It fails when cfg is invalid or its metrics
@@ -113,25 +96,26 @@ func NewClient(pool *pgxpool.Pool, cfg *ClientConfig) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		pool:       pool,
-		logger:     cfg.Logger,
-		now:        cfg.Now,
-		backoffMin: cfg.PollBackoffMin,
-		backoffMax: cfg.PollBackoffMax,
-		local:      newHub(),
-		wakeups:    cfg.Wakeups,
+		pool:   pool,
+		logger: cfg.Logger,
+		now:    cfg.Now,
+		poll:   wakeup.PollOpts{MinInterval: cfg.PollBackoffMin, MaxInterval: cfg.PollBackoffMax},
+		hub:    cfg.Wakeups,
+	}
+	if c.hub == nil {
+		c.hub = wakeup.NewHub()
 	}
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
-	if c.backoffMin == 0 {
-		c.backoffMin = 5 * time.Millisecond
+	if c.poll.MinInterval == 0 {
+		c.poll.MinInterval = 5 * time.Millisecond
 	}
-	if c.backoffMax == 0 {
-		c.backoffMax = 500 * time.Millisecond
+	if c.poll.MaxInterval == 0 {
+		c.poll.MaxInterval = 500 * time.Millisecond
 	}
-	if c.backoffMin > c.backoffMax {
-		c.backoffMin = c.backoffMax
+	if c.poll.MinInterval > c.poll.MaxInterval {
+		c.poll.MinInterval = c.poll.MaxInterval
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {

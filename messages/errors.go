@@ -12,33 +12,25 @@ import (
 // to the *pgconn.PgError PostgreSQL returned.
 var (
 	// ErrQueueNotFound: the queue (or a named dead-letter queue) does not exist.
-	ErrQueueNotFound = errors.New("queue not found")
+	ErrQueueNotFound = sqlerr.ErrQueueNotFound
 	// ErrInvalidName: a queue name that is not 1 to 249 characters of [A-Za-z0-9._-].
-	ErrInvalidName = errors.New("invalid queue name")
+	ErrInvalidName = sqlerr.ErrInvalidQueueName
 	// ErrPayloadTooLarge: a message whose data and headers exceed the queue's
 	// MaxPayloadBytes.
-	ErrPayloadTooLarge = errors.New("payload too large")
+	ErrPayloadTooLarge = sqlerr.ErrQueuePayloadTooLarge
 	// ErrInvalidJSON: message data that is not valid JSON.
 	ErrInvalidJSON = errors.New("invalid JSON")
 	// ErrInvalidArgument: any other bad input (negative delay or timeout, a FIFO
 	// message without a group key, a group key on a standard queue, ...).
-	ErrInvalidArgument = errors.New("invalid argument")
+	ErrInvalidArgument = sqlerr.ErrQueueInvalidArgument
 	// ErrQueueInUse: DeleteQueue of a queue that another queue uses as its
 	// dead-letter queue.
-	ErrQueueInUse = errors.New("queue in use")
+	ErrQueueInUse = sqlerr.ErrQueueInUse
 	// ErrLeaseLost: a settlement (Ack, Nack, Extend, Term) whose receipt is stale: the
 	// message was received again since, settled already, purged or moved. Nothing
 	// changed. The error is a *LeaseLostError when it names the receipts.
 	ErrLeaseLost = errors.New("lease lost")
 )
-
-func init() {
-	sqlerr.Register(sqlerr.QueueNotFound, ErrQueueNotFound)
-	sqlerr.Register(sqlerr.InvalidQueueName, ErrInvalidName)
-	sqlerr.Register(sqlerr.QueuePayloadTooLarge, ErrPayloadTooLarge)
-	sqlerr.Register(sqlerr.QueueInvalidArgument, ErrInvalidArgument)
-	sqlerr.Register(sqlerr.QueueInUse, ErrQueueInUse)
-}
 
 // LeaseLostError lists the receipts of a batch settlement that no longer held their
 // lease; the others were settled. It matches ErrLeaseLost.

@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/internal/promreg"
 )
 
 // metrics are the queue's Prometheus collectors; the only label is the queue name.
@@ -35,34 +37,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Time Work's handler took per message.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 		}, []string{"queue"}),
 	}
-	if reg == nil {
-		return m, nil // collectors that nobody scrapes: cheaper than nil checks everywhere
-	}
-	var err error
-	for _, v := range []**prometheus.CounterVec{&m.sent, &m.received, &m.acked, &m.nacked, &m.released, &m.deadLettered, &m.leaseLost} {
-		if *v, err = register(reg, *v); err != nil {
-			return nil, err
-		}
-	}
-	if m.handlerTime, err = register(reg, m.handlerTime); err != nil {
+	// A second Client on reg shares the collectors.
+	if err := errors.Join(promreg.Register(reg, &m.sent), promreg.Register(reg, &m.received),
+		promreg.Register(reg, &m.acked), promreg.Register(reg, &m.nacked), promreg.Register(reg, &m.released),
+		promreg.Register(reg, &m.deadLettered), promreg.Register(reg, &m.leaseLost),
+		promreg.Register(reg, &m.handlerTime)); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the equal collector already registered (a second
-// Client on the same registry shares the collectors).
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(T); ok {
-				return existing, nil
-			}
-		}
-		return c, err
-	}
-	return c, nil
 }
 
 // add adds n to v's queue counter. A count that is not positive adds nothing: a

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/wakeup"
 )
 
 // Receipt names one delivery of a message: the message and the lease token its
@@ -46,12 +47,15 @@ type Origin struct {
 
 // Message is a received (or peeked) message.
 type Message struct {
-	Queue     string            `json:"queue"`
-	Offset    int64             `json:"offset"`
-	MessageID string            `json:"message_id"`
-	Data      json.RawMessage   `json:"data"`
-	Headers   map[string]string `json:"headers,omitempty"`
-	GroupKey  string            `json:"group_key,omitempty"`
+	Queue     string          `json:"queue"`
+	Offset    int64           `json:"offset"`
+	MessageID string          `json:"message_id"`
+	Data      json.RawMessage `json:"data,omitempty"`
+	// Bytes is the payload of a binary message (OutgoingMessage.Bytes); Data is nil
+	// then.
+	Bytes    []byte            `json:"data_bytes,omitempty"`
+	Headers  map[string]string `json:"headers,omitempty"`
+	GroupKey string            `json:"group_key,omitempty"`
 	// EnqueuedAt is when the message was first sent (kept across dead-lettering).
 	EnqueuedAt time.Time `json:"enqueued_at"`
 	// VisibleAt is when the message is (again) visible: the lease's end for a
@@ -135,44 +139,25 @@ func (c *Client) Receive(ctx context.Context, queue string, opts *ReceiveOpts) (
 
 	// Subscribe before the first try, so that a wake-up between an empty try and the
 	// wait is not lost.
-	wake, cancel := c.local.Subscribe(queue)
-	defer cancel()
-	var ext <-chan struct{}
-	if c.wakeups != nil {
-		var cancelExt func()
-		ext, cancelExt = c.wakeups.Subscribe(queue)
-		defer cancelExt()
-	}
-	deadline := time.Now().Add(o.Wait)
-	backoff := c.backoffMin
-	var ackErr error // the first try's stale acks, if it found no message
-	for {
-		msgs, err := c.receiveOnce(ctx, queue, o)
-		if len(o.Ack) > 0 && errors.Is(err, ErrLeaseLost) {
-			ackErr, err = err, nil
+	sub := c.hub.Subscribe(wakeup.KindQueue, queue)
+	defer sub.Close()
+	var (
+		msgs   []*Message
+		tryErr error
+		ackErr error // the first try's stale acks, if it found no message
+	)
+	err := wakeup.Poll(ctx, sub, time.Now().Add(o.Wait), &c.poll, func() (bool, error) {
+		msgs, tryErr = c.receiveOnce(ctx, queue, o)
+		if len(o.Ack) > 0 && errors.Is(tryErr, ErrLeaseLost) {
+			ackErr, tryErr = tryErr, nil
 		}
 		o.Ack = nil
-		if err != nil || len(msgs) > 0 {
-			return msgs, cmp.Or(err, ackErr)
-		}
-		remaining := time.Until(deadline)
-		if remaining <= 0 {
-			return nil, ackErr
-		}
-		timer := time.NewTimer(min(backoff, remaining))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return nil, cmp.Or(ackErr, ctx.Err())
-		case <-wake:
-			backoff = c.backoffMin
-		case <-ext:
-			backoff = c.backoffMin
-		case <-timer.C:
-			backoff = min(2*backoff, c.backoffMax)
-		}
-		timer.Stop()
+		return tryErr != nil || len(msgs) > 0, nil
+	})
+	if tryErr != nil || len(msgs) > 0 {
+		return msgs, cmp.Or(tryErr, ackErr)
 	}
+	return nil, cmp.Or(ackErr, err) // err: ctx's, when it ended during the wait
 }
 
 // receiveStatementTimeout bounds a receive statement that runs on after its caller's
@@ -204,7 +189,7 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 	}
 	const receiveSQL = `SELECT "offset", message_id, data, metadata, enqueued_at, visibility_timeout,
 			delivery_attempts, max_delivery_attempts, lease_token, group_key, last_error,
-			origin_stream, origin_offset, origin_attempts, dead_lettered_at
+			origin_stream, origin_offset, origin_attempts, dead_lettered_at, data_bytes
 		FROM streamd.queue_receive($1, $2, $3, $4)`
 	var (
 		rows   pgx.Rows
@@ -284,11 +269,13 @@ func scanMessage(r scanner, queue string, leased bool) (*Message, error) {
 	// a receiving client's CPU in BenchmarkQueueThroughput).
 	var data []byte
 	err := r.Scan(&m.Offset, &m.MessageID, &data, &meta, &m.EnqueuedAt, &m.VisibleAt, &attempts, &maxAtt,
-		&token, &group, &lastErr, &originQ, &originOff, &originAtt, &deadAt)
+		&token, &group, &lastErr, &originQ, &originOff, &originAtt, &deadAt, &m.Bytes)
 	if err != nil {
 		return nil, err
 	}
-	m.Data = data
+	if data != nil {
+		m.Data = data
+	}
 	m.DeliveryAttempts, m.MaxDeliveryAttempts = int(attempts), int(maxAtt)
 	if len(meta) > 0 && string(meta) != "null" {
 		if err := json.Unmarshal(meta, &m.Headers); err != nil {

@@ -12,10 +12,14 @@ import (
 
 	"github.com/streamd/streamd/internal/pgtext"
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/streams"
 )
 
-// OutgoingMessage is a message to send. Only Data is required.
+// OutgoingMessage is a message to send. Only the payload is required: Data or Bytes.
 type OutgoingMessage struct {
+	// Bytes is an opaque binary payload (stored as data_bytes: protobuf, a Kafka
+	// record's value); set Data or Bytes, not both.
+	Bytes []byte
 	// Data is the payload: valid JSON.
 	Data json.RawMessage
 	// DeadLetterQueue overrides the queue's dead-letter queue for this message; it
@@ -62,14 +66,14 @@ func (c *Client) Send(ctx context.Context, queue string, msgs ...OutgoingMessage
 		return nil, err
 	}
 	c.countSent(queue, out)
-	c.local.notify(queue)
+	c.Notify(queue)
 	return out, nil
 }
 
 // SendTx stores msgs inside the caller's transaction tx: they become visible when, and
 // only if, tx commits. Call Notify(queue) after the commit to wake this Client's long
 // polls at once. Sends to one FIFO group wait for each other's transactions.
-func (c *Client) SendTx(ctx context.Context, tx DBTX, queue string, msgs ...OutgoingMessage) ([]SendResult, error) {
+func (c *Client) SendTx(ctx context.Context, tx streams.DBTX, queue string, msgs ...OutgoingMessage) ([]SendResult, error) {
 	out, err := c.send(ctx, tx, queue, msgs)
 	if err == nil {
 		c.countSent(queue, out)
@@ -87,7 +91,7 @@ func (c *Client) countSent(queue string, out []SendResult) {
 	c.metrics.add(c.metrics.sent, queue, n)
 }
 
-func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []OutgoingMessage) ([]SendResult, error) {
+func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs []OutgoingMessage) ([]SendResult, error) {
 	if err := checkName(queue); err != nil {
 		return nil, err
 	}
@@ -97,7 +101,9 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 	n := len(msgs)
 	var (
 		ids       = make([]*string, n)
-		data      = make([]string, n)
+		data      = make([]*string, n)
+		bytesData = make([][]byte, n)
+		anyBytes  bool
 		meta      = make([]*string, n)
 		delays    = make([]*int64, n)
 		deliverAt = make([]*time.Time, n)
@@ -108,13 +114,16 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 	)
 	for i := range msgs {
 		m := &msgs[i]
-		if len(m.Data) == 0 {
+		if m.Bytes != nil {
+			if m.Data != nil {
+				return nil, invalid(ErrInvalidArgument, "queue %s: message %d: set Data or Bytes, not both", queue, i+1)
+			}
+		} else if len(m.Data) == 0 {
 			return nil, invalid(ErrInvalidJSON, "queue %s: message %d has no data", queue, i+1)
-		}
-		if !json.Valid(m.Data) {
+		} else if !json.Valid(m.Data) {
 			return nil, invalid(ErrInvalidJSON, "queue %s: message %d: data is not valid JSON", queue, i+1)
 		}
-		if why := pgtext.JSONProblem(m.Data); why != "" {
+		if why := pgtext.JSONProblem(m.Data); m.Bytes == nil && why != "" {
 			return nil, invalid(ErrInvalidJSON, "queue %s: message %d: data: %s", queue, i+1, why)
 		}
 		if why := cmp.Or(pgtext.TextProblem(m.MessageID), pgtext.TextProblem(m.GroupKey)); why != "" {
@@ -143,7 +152,13 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 		if m.DeadLetterQueue != "" && !ValidName(m.DeadLetterQueue) {
 			return nil, invalid(ErrInvalidName, "queue %s: message %d: dead-letter queue %q is not a valid queue name", queue, i+1, m.DeadLetterQueue)
 		}
-		data[i] = string(m.Data)
+		if m.Bytes != nil {
+			bytesData[i] = m.Bytes
+			anyBytes = true
+		} else {
+			d := string(m.Data)
+			data[i] = &d
+		}
 		if m.MessageID != "" {
 			ids[i] = &m.MessageID
 			fresh = false
@@ -187,10 +202,14 @@ func (c *Client) send(ctx context.Context, db DBTX, queue string, msgs []Outgoin
 	}
 	// An option no message sets travels as one NULL instead of n: less to encode
 	// and decode, and queue_send skips what a NULL array does not need.
+	var binary [][]byte // NULL unless a message is binary
+	if anyBytes {
+		binary = bytesData
+	}
 	rows, err := db.Query(ctx, `SELECT ord, "offset", message_id, duplicate
-		FROM streamd.queue_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		FROM streamd.queue_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		queue, ids, data, nilIfAllNil(meta), nilIfAllNil(delays), nilIfAllNil(deliverAt), nilIfAllNil(groups),
-		nilIfAllNil(attempts), nilIfAllNil(dlqs), c.sqlNow(), fresh)
+		nilIfAllNil(attempts), nilIfAllNil(dlqs), c.sqlNow(), fresh, binary)
 	if err != nil {
 		return nil, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
 	}

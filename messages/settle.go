@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/streams"
 )
 
 // Settlement: every call names messages by Receipt and checks the lease token in SQL.
@@ -29,7 +30,7 @@ func (c *Client) Ack(ctx context.Context, receipts ...Receipt) error {
 // AckTx is Ack inside the caller's transaction tx, so that the handler's own writes
 // and the ack commit together (the message is then processed exactly once). The
 // message row stays locked until tx ends.
-func (c *Client) AckTx(ctx context.Context, tx DBTX, receipts ...Receipt) error {
+func (c *Client) AckTx(ctx context.Context, tx streams.DBTX, receipts ...Receipt) error {
 	return forEachQueue(receipts, func(queue string, rs []Receipt) error {
 		offs, toks := receiptArrays(rs)
 		rows, err := tx.Query(ctx, ackSQL, queue, offs, toks, c.sqlNow())
@@ -56,7 +57,7 @@ type NackOpts struct {
 	// Backoff, when set, is a schedule: each receipt's message waits
 	// Backoff(receipt.Attempt) (for example ExponentialBackoff(time.Second,
 	// time.Minute)), so the receipts of one call may wait differently. It replaces
-	// Delay.
+	// Delay. Defaults to nil: Delay.
 	Backoff func(attempt int) time.Duration
 	// Error is recorded as the message's last error (kept when it is dead-lettered).
 	// Defaults to "".

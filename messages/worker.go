@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
@@ -215,7 +216,7 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 		stopHandlers()
 		acks.close()
 	}()
-	retry := c.backoffMin
+	retry := backoff.New(c.poll.MinInterval, 5*time.Second)
 	for {
 		// Wait for a free slot, then take every free slot for one receive.
 		select {
@@ -245,18 +246,14 @@ func (c *Client) Work(ctx context.Context, queue string, cfg *WorkerConfig, hand
 				fatal = true
 				return fmt.Errorf("work on queue %s: %w", queue, err)
 			}
-			log.Warn("queue receive failed; retrying", slog.Any("error", err), slog.Duration("retry_in", retry))
-			t := time.NewTimer(retry)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			wait := retry.Next()
+			log.Warn("queue receive failed; retrying", slog.Any("error", err), slog.Duration("retry_in", wait))
+			if !backoff.Sleep(ctx, wait) {
 				return nil
-			case <-t.C:
 			}
-			retry = min(2*retry, 5*time.Second)
 			continue
 		}
-		retry = c.backoffMin
+		retry.Reset()
 		if ctx.Err() != nil && len(msgs) > 0 {
 			// A receive that ctx's end did not interrupt (see Receive): its messages were
 			// never handed to a handler, so they go back without spending an attempt.

@@ -10,15 +10,10 @@ import (
 // SQL also unwrap to the *pgconn.PgError, whose message names the bad value.
 var (
 	// ErrInvalidArgument: a negative or zero limit, batch size or offset.
-	ErrInvalidArgument = errors.New("invalid retention argument")
+	ErrInvalidArgument = sqlerr.ErrRetentionInvalidArgument
 	// ErrNoPolicy: the stream has no retention policy.
-	ErrNoPolicy = errors.New("no retention policy")
+	ErrNoPolicy = sqlerr.ErrNoRetentionPolicy
 	// ErrBusy: another runner (another streamd instance) is applying retention to the
 	// stream right now.
 	ErrBusy = errors.New("retention already running for the stream")
 )
-
-func init() {
-	sqlerr.Register(sqlerr.RetentionInvalidArgument, ErrInvalidArgument)
-	sqlerr.Register(sqlerr.RetentionPolicyNotFound, ErrNoPolicy)
-}

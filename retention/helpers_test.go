@@ -119,7 +119,7 @@ func (f *fixture) group(group string, p int32, offset int64, hb time.Time) {
 
 func (f *fixture) commit(group string, p int32, offset int64) {
 	f.t.Helper()
-	_, err := f.pool.Exec(f.ctx, `INSERT INTO streamd.consumer_offsets (stream_name, group_id, partition, "offset", consumer_id, member_epoch)
+	_, err := f.pool.Exec(f.ctx, `INSERT INTO streamd.consumer_offsets (stream_name, group_id, partition, "offset", committed_by, member_epoch)
 		VALUES ($1, $2, $3, $4, 'm1', 1) ON CONFLICT (stream_name, group_id, partition) DO UPDATE SET "offset" = EXCLUDED."offset"`,
 		f.stream, group, p, offset)
 	require.NoError(f.t, err)

@@ -1,9 +1,12 @@
 package retention
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/internal/promreg"
 )
 
 // metrics are the runner's Prometheus series; a nil *metrics records nothing.
@@ -32,10 +35,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.deleted, m.passes, m.duration} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("retention: register metrics: %w", err)
-		}
+	if err := errors.Join(promreg.Register(reg, &m.deleted), promreg.Register(reg, &m.passes),
+		promreg.Register(reg, &m.duration)); err != nil {
+		return nil, fmt.Errorf("retention: %w", err)
 	}
 	return m, nil
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/streamd/streamd/internal/sqlerr"
-	_ "github.com/streamd/streamd/streams" // registers the log's SQLSTATEs (unknown stream)
 )
 
 // lockClass is the first key of the per-stream advisory lock ("SDR3"); the second is
@@ -95,8 +94,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 // ApplyOpts are the knobs of one Apply. A nil *ApplyOpts means the defaults.
 type ApplyOpts struct {
 	// DryRun reports what would be deleted, per partition, and deletes nothing.
+	// Defaults to false.
 	DryRun bool
-	// Force ignores the policy's ProtectConsumers.
+	// Force ignores the policy's ProtectConsumers. Defaults to false.
 	Force bool
 	// Now is the time ages are measured from. Defaults to Config.Now, else the
 	// database's clock. Whether a consumer group is live (ProtectConsumers) is judged

@@ -92,6 +92,7 @@ WHERE is_stale = true`)
 	orders := ofOrders(status)[0]
 	require.EqualValues(t, 90*86400, orders["max_age_seconds"])
 	require.Nil(t, orders["max_event_count"])
+	require.Equal(t, "partition", orders["limits_per"], "the count limit is per partition, and the view says so")
 	require.Equal(t, true, orders["enabled"])
 	require.EqualValues(t, 1000, orders["current_event_count"])
 	require.EqualValues(t, int64(10737418240), orders["max_size_bytes"])

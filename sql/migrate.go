@@ -1,11 +1,3 @@
-// Package schema (directory sql/) holds every table, function and view of streamd as
-// .sql files embedded into the binary, and applies them.
-//
-// Migrate applies the versioned migrations in sql/migrations once each, in order, then
-// re-applies sql/functions and sql/views (CREATE OR REPLACE) whenever their text
-// changed. It runs under a session advisory lock, so two concurrent runs are safe: the
-// second waits for the first and then finds nothing to do. All objects live in the
-// PostgreSQL schema "streamd".
 package schema
 
 import (
@@ -50,8 +42,10 @@ type Result struct {
 }
 
 // Migrations returns the embedded migrations in version order.
-func Migrations() ([]Migration, error) {
-	entries, err := fs.ReadDir(files, "migrations")
+func Migrations() ([]Migration, error) { return migrationsIn(files) }
+
+func migrationsIn(fsys fs.FS) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, "migrations")
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +62,7 @@ func Migrations() ([]Migration, error) {
 			return nil, fmt.Errorf("schema: migrations %s and %s share version %d", prev, name, v)
 		}
 		seen[v] = name
-		b, err := files.ReadFile(path.Join("migrations", name))
+		b, err := fs.ReadFile(fsys, path.Join("migrations", name))
 		if err != nil {
 			return nil, err
 		}
@@ -78,13 +72,18 @@ func Migrations() ([]Migration, error) {
 	return out, nil
 }
 
+// objectFile is one file of the re-applied layer: its path under sql/ and its text.
+type objectFile struct {
+	path, text string
+}
+
 // objects returns the function files then the view files, each in name order, and a
 // hash of all of them.
-func objects() ([]string, string, error) {
-	var texts []string
+func objects(fsys fs.FS) ([]objectFile, string, error) {
+	var texts []objectFile
 	h := sha256.New()
 	for _, dir := range []string{"functions", "views"} {
-		entries, err := fs.ReadDir(files, dir)
+		entries, err := fs.ReadDir(fsys, dir)
 		if err != nil {
 			return nil, "", err
 		}
@@ -92,11 +91,11 @@ func objects() ([]string, string, error) {
 			if !strings.HasSuffix(e.Name(), ".sql") {
 				continue
 			}
-			b, err := files.ReadFile(path.Join(dir, e.Name()))
+			b, err := fs.ReadFile(fsys, path.Join(dir, e.Name()))
 			if err != nil {
 				return nil, "", err
 			}
-			texts = append(texts, string(b))
+			texts = append(texts, objectFile{path: dir + "/" + e.Name(), text: string(b)})
 			h.Write([]byte(dir + "/" + e.Name() + "\n"))
 			h.Write(b)
 		}
@@ -113,15 +112,16 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (Result, error) {
 		return res, fmt.Errorf("migrate: acquire connection: %w", err)
 	}
 	defer conn.Release()
-	return migrateConn(ctx, conn.Conn())
+	return migrateConn(ctx, conn.Conn(), files)
 }
 
 // MigrateConn is Migrate on a single connection.
 func MigrateConn(ctx context.Context, conn *pgx.Conn) (Result, error) {
-	return migrateConn(ctx, conn)
+	return migrateConn(ctx, conn, files)
 }
 
-func migrateConn(ctx context.Context, conn *pgx.Conn) (res Result, err error) {
+// migrateConn migrates with the files of fsys (the embedded ones but in tests).
+func migrateConn(ctx context.Context, conn *pgx.Conn, fsys fs.FS) (res Result, err error) {
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", advisoryLockKey); err != nil {
 		return res, fmt.Errorf("migrate: take advisory lock: %w", err)
 	}
@@ -159,7 +159,7 @@ func migrateConn(ctx context.Context, conn *pgx.Conn) (res Result, err error) {
 		return res, fmt.Errorf("migrate: create bookkeeping tables: %w", err)
 	}
 
-	migrations, err := Migrations()
+	migrations, err := migrationsIn(fsys)
 	if err != nil {
 		return res, err
 	}
@@ -183,7 +183,7 @@ func migrateConn(ctx context.Context, conn *pgx.Conn) (res Result, err error) {
 		}
 	}
 
-	texts, hash, err := objects()
+	texts, hash, err := objects(fsys)
 	if err != nil {
 		return res, err
 	}
@@ -214,7 +214,7 @@ func migrateConn(ctx context.Context, conn *pgx.Conn) (res Result, err error) {
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		for _, m := range applying {
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return fmt.Errorf("apply %s: %w", m.Name, err)
+				return fmt.Errorf("apply migrations/%s.sql: %w", m.Name, err)
 			}
 			if _, err := tx.Exec(ctx, "INSERT INTO streamd.schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
 				return fmt.Errorf("apply %s: %w", m.Name, err)
@@ -228,8 +228,8 @@ func migrateConn(ctx context.Context, conn *pgx.Conn) (res Result, err error) {
 			return err
 		}
 		for _, t := range texts {
-			if _, err := tx.Exec(ctx, t); err != nil {
-				return fmt.Errorf("apply functions and views: %w", err)
+			if _, err := tx.Exec(ctx, t.text); err != nil {
+				return fmt.Errorf("apply %s: %w", t.path, err)
 			}
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO streamd.schema_objects (hash) VALUES ($1)

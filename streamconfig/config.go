@@ -10,11 +10,12 @@
 package streamconfig
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
 	"time"
+
+	"github.com/streamd/streamd/internal/sqlerr"
 )
 
 // CleanupPolicy says what retention does to a stream's old records.
@@ -56,7 +57,8 @@ type Retention struct {
 	Enabled *bool `json:"enabled,omitempty"`
 	// MaxAge deletes records older than this (whole seconds, at least 1s). Defaults to no limit.
 	MaxAge *Duration `json:"maxAge,omitempty"`
-	// MaxEventCount keeps exactly this many newest records per partition. Defaults to no limit.
+	// MaxEventCount keeps exactly this many newest records per partition (not per
+	// stream, as seed 003's max_event_count was). Defaults to no limit.
 	MaxEventCount *int64 `json:"maxEventCount,omitempty"`
 	// MaxSizeBytes keeps the newest records whose stored payloads total at most this
 	// many bytes per partition. Defaults to no limit.
@@ -69,8 +71,11 @@ type Retention struct {
 	TombstoneRetention *Duration `json:"tombstoneRetention,omitempty"`
 }
 
-// DeadLetter is the dead_letter_config section.
+// DeadLetter is the dead_letter_config section (keys: docs/retention.md).
 type DeadLetter struct {
+	// Backoff is the wait between a failed attempt and the next, whole seconds.
+	// Defaults to none (the group's or queue's own).
+	Backoff *Duration `json:"backoff,omitempty"`
 	// Enabled turns dead-lettering on. Defaults to false.
 	Enabled bool `json:"enabled,omitempty"`
 	// MaxDeliveryAttempts before a record is dead-lettered (1 to 1000). Defaults to 0 (the group's setting).
@@ -79,17 +84,18 @@ type DeadLetter struct {
 	Stream string `json:"stream,omitempty"`
 }
 
-// Lifecycle is the lifecycle_config section.
+// Lifecycle is the lifecycle_config section (keys: docs/retention.md).
 type Lifecycle struct {
 	// ArchiveAfter is an idle time after which tooling may archive the stream. Defaults to never.
 	ArchiveAfter *Duration `json:"archiveAfter,omitempty"`
 	// DeleteAfter is an idle time after which tooling may delete the stream. Defaults to never.
 	DeleteAfter *Duration `json:"deleteAfter,omitempty"`
-	// ReadOnly marks a stream that should take no more appends. Defaults to false.
+	// ReadOnly makes the stream refuse appends (every path: the producer, streamd.append,
+	// the event store, a plain INSERT) with streams.ErrInvalidArgument. Defaults to false.
 	ReadOnly bool `json:"readOnly,omitempty"`
 }
 
-// Performance is the performance_config section (hints for clients).
+// Performance is the performance_config section (keys: docs/retention.md).
 type Performance struct {
 	// BatchSize is the preferred producer batch and fetch size (1 to 100000). Defaults to 0 (the client's).
 	BatchSize int `json:"batchSize,omitempty"`
@@ -131,7 +137,7 @@ func (a *AccessControl) Allows(principal, action string) bool {
 
 // ErrInvalidConfig: a configuration value that is not valid. The error is a
 // *FieldError naming the field.
-var ErrInvalidConfig = errors.New("invalid stream configuration")
+var ErrInvalidConfig = sqlerr.ErrInvalidStreamConfig
 
 // FieldError says which field of a configuration is wrong and why. It matches
 // ErrInvalidConfig.
@@ -178,6 +184,9 @@ func (c *Config) Validate() error {
 		durations = append(durations, field{"lifecycle_config.archiveAfter", l.ArchiveAfter},
 			field{"lifecycle_config.deleteAfter", l.DeleteAfter})
 	}
+	if d := c.DeadLetter; d != nil {
+		durations = append(durations, field{"dead_letter_config.backoff", d.Backoff})
+	}
 	for _, d := range durations {
 		if d.v != nil && time.Duration(*d.v)%time.Second != 0 {
 			return fieldErr(d.name, "%s must be a whole number of seconds", time.Duration(*d.v))
@@ -209,6 +218,9 @@ func (c *Config) Validate() error {
 	if d := c.DeadLetter; d != nil {
 		if d.MaxDeliveryAttempts < 0 || d.MaxDeliveryAttempts > 1000 {
 			return fieldErr("dead_letter_config.maxDeliveryAttempts", "%d must be between 1 and 1000", d.MaxDeliveryAttempts)
+		}
+		if d.Backoff != nil && (*d.Backoff < 0 || time.Duration(*d.Backoff)/time.Second > maxSeconds) {
+			return fieldErr("dead_letter_config.backoff", "%s must be between 0 and 68 years", time.Duration(*d.Backoff))
 		}
 		if d.Stream != "" && (!streamName.MatchString(d.Stream) || d.Stream == "." || d.Stream == "..") {
 			return fieldErr("dead_letter_config.stream", "%q is not a valid stream name", d.Stream)

@@ -6,23 +6,11 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/streams"
 )
-
-// DBTX is what the package needs from a connection, pool or transaction.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-func init() {
-	sqlerr.Register(sqlerr.InvalidStreamConfig, ErrInvalidConfig)
-}
 
 // Store reads and writes stream configurations. It is safe for concurrent use.
 type Store struct {
@@ -39,7 +27,7 @@ func (s *Store) Get(ctx context.Context, stream string) (*Config, error) {
 }
 
 // GetTx is Get in the caller's transaction.
-func GetTx(ctx context.Context, db DBTX, stream string) (*Config, error) {
+func GetTx(ctx context.Context, db streams.DBTX, stream string) (*Config, error) {
 	var (
 		exists bool
 		cols   [6][]byte
@@ -93,7 +81,7 @@ func (s *Store) Set(ctx context.Context, stream string, cfg *Config) error {
 }
 
 // SetTx is Set in the caller's transaction.
-func SetTx(ctx context.Context, db DBTX, stream string, cfg *Config) error {
+func SetTx(ctx context.Context, db streams.DBTX, stream string, cfg *Config) error {
 	if cfg == nil {
 		cfg = &Config{}
 	}

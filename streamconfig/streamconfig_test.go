@@ -381,12 +381,12 @@ func TestSQLConfigSectionsKeepTheirShape(t *testing.T) {
 	require.NoError(t, c.Pool().QueryRow(ctx, "SELECT count(*) FROM streamd.stream_configurations WHERE stream_name = $1", name).Scan(&n))
 	require.Zero(t, n, "nothing written")
 
-	_, err := c.Pool().Exec(ctx, `INSERT INTO streamd.stream_configurations (stream_name, tags, lifecycle_config)
-		VALUES ($1, '{"team": "x"}', '{"archiveAfter": true}')`, name)
+	_, err := c.Pool().Exec(ctx, `INSERT INTO streamd.stream_configurations (stream_name, tags, access_control_config)
+		VALUES ($1, '{"team": "x"}', '{"admins": "x"}')`, name)
 	require.NoError(t, err)
 	_, err = store.Get(ctx, name)
 	require.ErrorIs(t, err, streamconfig.ErrInvalidConfig)
 	var fe *streamconfig.FieldError
 	require.ErrorAs(t, err, &fe)
-	require.Equal(t, "lifecycle_config", fe.Field)
+	require.Equal(t, "access_control_config", fe.Field)
 }

@@ -28,7 +28,9 @@ import (
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
-// DBTX is what the package needs from a connection, pool or transaction.
+// DBTX is what streamd's libraries need from a connection, pool or transaction
+// (*pgxpool.Pool, *pgx.Conn and pgx.Tx implement it). It is declared once, here: the
+// ...Tx functions of messages, streamconfig and consumergroup take it too.
 type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -104,6 +106,10 @@ func CreateStreamTx(ctx context.Context, db DBTX, name string, partitions int32)
 // DeleteStream deletes a stream and all its events. It returns ErrStreamNotFound when
 // there is no such stream.
 func (c *Client) DeleteStream(ctx context.Context, name string) error {
+	// Its read indexes first: partial indexes on its name, which would outlive it.
+	if err := c.dropReadIndexes(ctx, name); err != nil {
+		return err
+	}
 	var existed bool
 	if err := c.pool.QueryRow(ctx, "SELECT streamd.delete_stream($1)", name).Scan(&existed); err != nil {
 		return fmt.Errorf("delete stream %s: %w", name, sqlerr.Wrap(err))

@@ -12,36 +12,25 @@ import (
 // unwrap to the *pgconn.PgError PostgreSQL returned.
 var (
 	// ErrStreamNotFound: the stream does not exist.
-	ErrStreamNotFound = errors.New("stream not found")
+	ErrStreamNotFound = sqlerr.ErrStreamNotFound
 	// ErrPartitionNotFound: the stream has no such partition (negative or too high).
-	ErrPartitionNotFound = errors.New("partition not found")
+	ErrPartitionNotFound = sqlerr.ErrPartitionNotFound
 	// ErrInvalidName: a stream name that is not 1 to 249 characters of [A-Za-z0-9._-].
-	ErrInvalidName = errors.New("invalid name")
+	ErrInvalidName = sqlerr.ErrInvalidName
 	// ErrPayloadTooLarge: a payload over the stream's max_payload_bytes.
-	ErrPayloadTooLarge = errors.New("payload too large")
+	ErrPayloadTooLarge = sqlerr.ErrPayloadTooLarge
 	// ErrInvalidJSON: Data that is not valid JSON.
-	ErrInvalidJSON = errors.New("invalid JSON")
+	ErrInvalidJSON = sqlerr.ErrInvalidJSON
 	// ErrInvalidArgument: any other bad input (negative offset, both payload kinds, ...).
-	ErrInvalidArgument = errors.New("invalid argument")
+	ErrInvalidArgument = sqlerr.ErrInvalidArgument
 	// ErrPartitionsDecrease: CreateStream asked for fewer partitions than the stream has.
-	ErrPartitionsDecrease = errors.New("partition count cannot decrease")
+	ErrPartitionsDecrease = sqlerr.ErrPartitionsDecrease
 	// ErrOffsetOutOfRange: a fetch below the log start (deleted by retention) or past
 	// the log end. The error is an *OffsetOutOfRangeError with the valid range.
-	ErrOffsetOutOfRange = errors.New("offset out of range")
+	ErrOffsetOutOfRange = sqlerr.ErrOffsetOutOfRange
 	// ErrProducerClosed: Produce after Close.
 	ErrProducerClosed = errors.New("producer closed")
 )
-
-func init() {
-	sqlerr.Register(sqlerr.StreamNotFound, ErrStreamNotFound)
-	sqlerr.Register(sqlerr.PartitionNotFound, ErrPartitionNotFound)
-	sqlerr.Register(sqlerr.InvalidName, ErrInvalidName)
-	sqlerr.Register(sqlerr.PayloadTooLarge, ErrPayloadTooLarge)
-	sqlerr.Register(sqlerr.InvalidArgument, ErrInvalidArgument)
-	sqlerr.Register(sqlerr.PartitionDecrease, ErrPartitionsDecrease)
-	sqlerr.Register(sqlerr.OffsetOutOfRange, ErrOffsetOutOfRange)
-	sqlerr.Register(sqlerr.InvalidJSON, ErrInvalidJSON)
-}
 
 // OffsetOutOfRangeError says which offsets a partition holds when a fetch asked for
 // one outside them. It matches ErrOffsetOutOfRange.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/wakeup"
 )
 
 // FetchOpts bounds a Fetch. A nil *FetchOpts means the defaults.
@@ -23,19 +24,14 @@ type FetchOpts struct {
 	// context.DeadlineExceeded) and no result.
 	MaxWait time.Duration
 	// PollInterval is the first interval between polls while waiting; it doubles up to
-	// 100ms, or up to 1s when Wakeup is set. Defaults to 5ms.
+	// 100ms, or up to 1s when Wakeups is set. Defaults to 5ms.
 	PollInterval time.Duration
-	// Wakeup, when set, ends a wait between polls as soon as it reports a wake-up
-	// (a *wakeup.Subscription for the partition: the tailer or a LISTEN connection saw
-	// a commit). Polling stays on as the safety net. Subscribe before the Fetch, so a
-	// commit between a poll and the wait is not missed. Defaults to nil: poll only.
-	Wakeup Waker
-}
-
-// Waker is what a Fetch waits on between polls: Wait returns true on a wake-up, false
-// when timeout passed or ctx ended. *wakeup.Subscription implements it.
-type Waker interface {
-	Wait(ctx context.Context, timeout time.Duration) bool
+	// Wakeups, when set, ends a wait between polls as soon as it reports a wake-up
+	// for the partition (a wakeup.Listener's Hub: the tailer or a LISTEN connection saw
+	// a commit). The Fetch subscribes before its first read, so a commit between a
+	// poll and the wait is not missed; polling stays on as the safety net. Defaults to
+	// nil: poll only.
+	Wakeups *wakeup.Hub
 }
 
 // FetchResult is what a Fetch returns.
@@ -106,47 +102,34 @@ func FetchTx(ctx context.Context, db DBTX, stream string, partition int32, offse
 	if offset < 0 {
 		return nil, invalid(ErrInvalidArgument, "fetch %s/%d: offset %d is negative", stream, partition, offset)
 	}
-	var deadline time.Time
-	if o.MaxWait > 0 {
-		deadline = time.Now().Add(o.MaxWait)
+	if o.MaxWait <= 0 {
+		return fetchOnce(ctx, db, stream, partition, offset, &o)
 	}
-	interval := o.PollInterval
-	for {
-		res, err := fetchOnce(ctx, db, stream, partition, offset, &o)
-		if err != nil || len(res.Events) > 0 || deadline.IsZero() {
-			return res, err
-		}
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			return res, nil
-		}
-		if wait > interval {
-			wait = interval
-		}
-		maxInterval := 100 * time.Millisecond
-		if o.Wakeup != nil {
-			// Woken at once on a commit: polling is only the safety net.
-			maxInterval = time.Second
-			if o.Wakeup.Wait(ctx, wait) {
-				continue
-			}
-		} else {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-			case <-t.C:
-			}
-		}
-		if err := ctx.Err(); err != nil {
-			// As a queue's long-poll Receive does: the caller learns that the wait
-			// was cut short, not that the partition had nothing.
-			return nil, fmt.Errorf("fetch %s/%d: %w", stream, partition, err)
-		}
-		if interval *= 2; interval > maxInterval {
-			interval = maxInterval
-		}
+	poll := &wakeup.PollOpts{MinInterval: o.PollInterval, MaxInterval: max(o.PollInterval, 100*time.Millisecond)}
+	var sub *wakeup.Subscription
+	if o.Wakeups != nil {
+		sub = o.Wakeups.SubscribePartition(stream, partition)
+		defer sub.Close()
+		// Woken at once on a commit: polling is only the safety net.
+		poll.MaxInterval = max(o.PollInterval, time.Second)
 	}
+	var (
+		res    *FetchResult
+		tryErr error
+	)
+	err := wakeup.Poll(ctx, sub, time.Now().Add(o.MaxWait), poll, func() (bool, error) {
+		res, tryErr = fetchOnce(ctx, db, stream, partition, offset, &o)
+		return tryErr == nil && len(res.Events) > 0, tryErr
+	})
+	switch {
+	case tryErr != nil:
+		return nil, tryErr
+	case err != nil:
+		// ctx ended during the wait. As a queue's long-poll Receive does: the caller
+		// learns that the wait was cut short, not that the partition had nothing.
+		return nil, fmt.Errorf("fetch %s/%d: %w", stream, partition, err)
+	}
+	return res, nil
 }
 
 func fetchOnce(ctx context.Context, db DBTX, stream string, partition int32, offset int64, o *FetchOpts) (*FetchResult, error) {

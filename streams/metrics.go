@@ -1,9 +1,12 @@
 package streams
 
 import (
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/internal/promreg"
 )
 
 type producerMetrics struct {
@@ -34,12 +37,11 @@ func newProducerMetrics(reg prometheus.Registerer) (*producerMetrics, error) {
 			Name: "streamd_producer_append_duration_seconds", Help: "Time to append one batch, retries included.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.records, m.batches, m.failures, m.retries, m.size, m.duration} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
+	// A second Producer on reg shares the collectors: the counts are the process's.
+	if err := errors.Join(promreg.Register(reg, &m.records), promreg.Register(reg, &m.batches),
+		promreg.Register(reg, &m.failures), promreg.Register(reg, &m.retries),
+		promreg.Register(reg, &m.size), promreg.Register(reg, &m.duration)); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -3,7 +3,6 @@ package streams
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -236,18 +235,12 @@ func (c *Client) DeleteBefore(ctx context.Context, stream string, partition int3
 var (
 	// ErrOutOfOrderSequence: an idempotent producer's batch does not follow the last
 	// one it appended to the partition (a batch was lost in between).
-	ErrOutOfOrderSequence = errors.New("out of order sequence")
+	ErrOutOfOrderSequence = sqlerr.ErrOutOfOrderSequence
 	// ErrProducerFenced: a producer epoch older than one the partition has seen, or a
 	// stale InitProducer.
-	ErrProducerFenced = errors.New("producer fenced")
+	ErrProducerFenced = sqlerr.ErrProducerFenced
 	// ErrDuplicateSequence: an idempotent producer's batch below the last sequence
 	// appended, older than the last 5 batches: it was appended before, but its
 	// position is no longer known.
-	ErrDuplicateSequence = errors.New("duplicate sequence")
+	ErrDuplicateSequence = sqlerr.ErrDuplicateSequence
 )
-
-func init() {
-	sqlerr.Register(sqlerr.OutOfOrderSequence, ErrOutOfOrderSequence)
-	sqlerr.Register(sqlerr.ProducerFenced, ErrProducerFenced)
-	sqlerr.Register(sqlerr.DuplicateSequence, ErrDuplicateSequence)
-}

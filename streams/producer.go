@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
@@ -225,13 +226,19 @@ func (p *Producer) Produce(ctx context.Context, rec Record) (Position, error) {
 	}
 }
 
-// ProduceAsync enqueues rec and returns; done is called exactly once, from a producer
-// goroutine, with the record's position after its batch committed, or with the error.
-// done is never called from inside ProduceAsync, not even for an error found before
-// rec was enqueued (bad input, an unknown stream, ctx ended, the producer closed), so
-// the caller may hold a lock that done takes. done must not block for long: it delays
-// the partition's next batch. It must not call the Producer (Produce, Flush, Close):
-// they wait for batches that wait for done. ProduceAsync blocks only while the buffer
+// ProduceAsync enqueues rec and returns; done is called exactly once with the record's
+// position after its batch committed, or with the error.
+//
+// Concurrency contract (as franz-go states its promises): done runs on the producer's
+// goroutines, one per partition's batch in flight, so the done calls of different
+// partitions run concurrently with each other and with the caller: done must be safe
+// for concurrent use. The done calls of one partition run one at a time, in the order
+// their records were enqueued. An error found before rec was enqueued (bad input, an
+// unknown stream, ctx ended, the producer closed) is reported on a goroutine of its
+// own, concurrently with everything else. done is never called from inside
+// ProduceAsync, so the caller may hold a lock that done takes. done must not block
+// for long: it delays the partition's next batch. It must not call the Producer
+// (Produce, Flush, Close): they wait for batches that wait for done. ProduceAsync blocks only while the buffer
 // is full (MaxBufferedRecords) or while the stream's metadata is loaded (when none is
 // cached, or to check a partition or payload size that the cached copy refuses), and
 // returns when ctx ends.
@@ -442,23 +449,16 @@ func (p *Producer) appendWithRetry(recs []Record) ([]Position, error) {
 // RetryTimeout or ctx runs out, with jittered exponential backoff between attempts.
 func (p *Producer) retry(ctx context.Context, stream string, fn func() error) error {
 	deadline := time.Now().Add(p.cfg.RetryTimeout)
-	backoff := 20 * time.Millisecond
+	bo := backoff.NewJittered(20*time.Millisecond, time.Second)
 	for attempt := 1; ; attempt++ {
 		err := fn()
-		if err == nil || !sqlerr.Retriable(err) || time.Now().Add(backoff).After(deadline) || ctx.Err() != nil {
+		if err == nil || !sqlerr.Retriable(err) || time.Now().Add(bo.Peek()).After(deadline) || ctx.Err() != nil {
 			return err
 		}
 		p.cfg.Logger.Warn("database call failed; retrying", "stream", stream, "attempt", attempt, "err", err)
 		p.metrics.retries.Inc()
-		t := time.NewTimer(backoff + rand.N(backoff/2))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !bo.Wait(ctx) {
 			return err
-		}
-		if backoff *= 2; backoff > time.Second {
-			backoff = time.Second
 		}
 	}
 }

@@ -302,3 +302,21 @@ func TestProducerSeesNewPartitions(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, pos.Partition)
 }
+
+// TestTwoProducersOnOneRegistry: a second Producer on the registry of the first shares
+// its collectors (the counts are the process's), as every streamd component does on a
+// second registration; NewProducer used to fail with "duplicate metrics collector".
+func TestTwoProducersOnOneRegistry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, s := setup(t, 1)
+	reg := prometheus.NewPedanticRegistry()
+	for i := range 2 {
+		prod, err := streams.NewProducer(c.Pool(), &streams.ProducerConfig{Registerer: reg})
+		require.NoError(t, err, "producer %d", i+1)
+		_, err = prod.Produce(ctx, streams.Record{Stream: s, Data: json.RawMessage(`1`)})
+		require.NoError(t, err)
+		require.NoError(t, prod.Close(ctx))
+	}
+	require.Equal(t, 2.0, testmetrics.Value(t, reg, "streamd_producer_records_total"), "both producers' records are counted")
+}

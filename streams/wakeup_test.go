@@ -13,15 +13,13 @@ import (
 )
 
 // TestFetchWakesOnWakeup: a long-polling Fetch whose poll interval is an hour returns
-// a new event because its Wakeup reported the commit, not because it polled.
+// a new event because its Wakeups hub reported the commit, not because it polled.
 func TestFetchWakesOnWakeup(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	c, s := setup(t, 2)
 	hub := wakeup.NewHub()
-	sub := hub.SubscribePartition(s, 1)
-	defer sub.Close()
 
 	type result struct {
 		res *streams.FetchResult
@@ -29,7 +27,7 @@ func TestFetchWakesOnWakeup(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		res, err := c.Fetch(ctx, s, 1, 0, &streams.FetchOpts{MaxWait: time.Minute, PollInterval: time.Hour, Wakeup: sub})
+		res, err := c.Fetch(ctx, s, 1, 0, &streams.FetchOpts{MaxWait: time.Minute, PollInterval: time.Hour, Wakeups: hub})
 		done <- result{res, err}
 	}()
 	// A commit to another partition wakes nobody watching partition 1.
@@ -56,11 +54,9 @@ func TestLongPollFetchEndedByContext(t *testing.T) {
 	t.Parallel()
 	c, s := setup(t, 1)
 	hub := wakeup.NewHub()
-	sub := hub.SubscribePartition(s, 0)
-	defer sub.Close()
 	for name, opts := range map[string]*streams.FetchOpts{
 		"timer":  {MaxWait: time.Minute, PollInterval: time.Hour},
-		"wakeup": {MaxWait: time.Minute, PollInterval: time.Hour, Wakeup: sub},
+		"wakeup": {MaxWait: time.Minute, PollInterval: time.Hour, Wakeups: hub},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamd/streamd/internal/backoff"
+	"github.com/streamd/streamd/internal/promreg"
 	"github.com/streamd/streamd/internal/tailer"
 )
 
@@ -117,8 +119,8 @@ func NewBroadcaster(cfg *BroadcasterConfig) (*Broadcaster, error) {
 			Help: "Stream and queue wake-ups broadcast, after coalescing.",
 		}),
 	}
-	if c.Registerer != nil {
-		c.Registerer.MustRegister(b.mNotifies, b.mLines)
+	if err := errors.Join(promreg.Register(c.Registerer, &b.mNotifies), promreg.Register(c.Registerer, &b.mLines)); err != nil {
+		return nil, fmt.Errorf("wakeup: %w", err)
 	}
 	b.tailer, err = tailer.New(&tailer.Config{
 		ApplicationName:  "streamd-wakeup-broadcaster",
@@ -152,10 +154,7 @@ func (b *Broadcaster) handle(_ context.Context, ev tailer.Event) {
 		b.all = true
 	}
 	for _, t := range ev.Targets {
-		k := key{kind: KindStream, name: t.Name}
-		if t.Kind == tailer.KindQueue {
-			k.kind = KindQueue
-		}
+		k := key{kind: t.Kind, name: t.Name}
 		parts := b.pending[k]
 		if parts == nil {
 			parts = map[int32]struct{}{}
@@ -250,7 +249,7 @@ func (b *Broadcaster) flushLoop(ctx context.Context, connCfg *pgx.ConnConfig) {
 			cancel()
 		}
 	}()
-	backoff := b.cfg.MinBackoff
+	bo := backoff.NewJittered(b.cfg.MinBackoff, b.cfg.MaxBackoff)
 	failures := 0
 	for {
 		select {
@@ -302,18 +301,16 @@ func (b *Broadcaster) flushLoop(ctx context.Context, connCfg *pgx.ConnConfig) {
 				// backend): reconnect at once, back off only if that fails too.
 				continue
 			}
-			b.cfg.Logger.Debug("wakeup broadcaster reconnecting", "error", err, "backoff", backoff)
-			if !sleep(ctx, jitter(backoff)) {
+			wait := bo.Next()
+			b.cfg.Logger.Debug("wakeup broadcaster reconnecting", "error", err, "backoff", wait)
+			if !backoff.Sleep(ctx, wait) {
 				return
-			}
-			if backoff *= 2; backoff > b.cfg.MaxBackoff {
-				backoff = b.cfg.MaxBackoff
 			}
 			continue
 		}
 		failures = 0
-		backoff = b.cfg.MinBackoff
-		if b.cfg.FlushInterval > 0 && !sleep(ctx, b.cfg.FlushInterval) {
+		bo.Reset()
+		if b.cfg.FlushInterval > 0 && !backoff.Sleep(ctx, b.cfg.FlushInterval) {
 			return
 		}
 	}

@@ -17,8 +17,14 @@
 //     producers never pay NOTIFY's global commit lock. It can also feed a Hub directly
 //     (BroadcasterConfig.Hub, NoNotify), which is how a worker runs a tailer
 //     in-process.
-//   - Waiter: a reader's wait between reads, ending at a wake-up or at its poll
-//     interval (backing off), so delivery goes on by polling when wake-ups stop.
+//   - Poll and Waiter: a reader's long poll (the one loop of the log's Fetch, the
+//     queue's Receive and the consumer groups), waiting between reads for a wake-up
+//     or its poll interval (backing off), so delivery goes on by polling when
+//     wake-ups stop.
+//
+// A *Hub is the one way to give wake-ups to a reader: streams.FetchOpts.Wakeups,
+// messages.ClientConfig.Wakeups and consumergroup.Config.Wakeups all take one (a
+// Listener's Hub, or one an in-process Broadcaster feeds).
 //
 // Goroutines: Listener.Run and Broadcaster.Run block in the caller's goroutine;
 // Broadcaster.Run starts the tailer's goroutine and waits for it before returning.
@@ -27,35 +33,25 @@ package wakeup
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
+
+	"github.com/streamd/streamd/internal/tailer"
 )
 
 // Channel is the LISTEN/NOTIFY channel the Broadcaster notifies and Listeners listen on.
 const Channel = "streamd_wakeup"
 
 // Kind says whether a name is a stream of the log or a queue (they are separate
-// namespaces).
-type Kind uint8
+// namespaces). It is the tailer's Kind: one type from the WAL to the readers.
+type Kind = tailer.Kind
 
 const (
 	// KindStream is a stream of the persistent log (streamd.events).
-	KindStream Kind = iota + 1
+	KindStream = tailer.KindStream
 	// KindQueue is a queue (streamd.messages).
-	KindQueue
+	KindQueue = tailer.KindQueue
 )
-
-// String returns "stream" or "queue".
-func (k Kind) String() string {
-	switch k {
-	case KindStream:
-		return "stream"
-	case KindQueue:
-		return "queue"
-	}
-	return fmt.Sprintf("kind(%d)", uint8(k))
-}
 
 type key struct {
 	kind Kind
@@ -209,25 +205,4 @@ func (h *Hub) NotifyAll() {
 		}
 	}
 	h.mu.Unlock()
-}
-
-// Source is the Hub seen through one kind of name, with the shape the messages
-// package's WakeupSource (and consumers) expect.
-type Source struct {
-	hub  *Hub
-	kind Kind
-}
-
-// Queues returns the Hub as a source of queue wake-ups (messages.WakeupSource).
-func (h *Hub) Queues() Source { return Source{hub: h, kind: KindQueue} }
-
-// Streams returns the Hub as a source of stream wake-ups.
-func (h *Hub) Streams() Source { return Source{hub: h, kind: KindStream} }
-
-// Subscribe returns a channel that receives a value (at most one pending) when
-// something may have been committed for name, and the function that ends the
-// subscription.
-func (s Source) Subscribe(name string) (<-chan struct{}, func()) {
-	sub := s.hub.Subscribe(s.kind, name)
-	return sub.C, sub.Close
 }

@@ -2,12 +2,11 @@ package wakeup
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/streamd/streamd/messages"
 )
 
 // TestHubCoalescesAndSeparatesKinds: many notifications before a read are one
@@ -106,26 +105,64 @@ func TestHubPartitions(t *testing.T) {
 }
 
 // TestWaiterBacksOffAndResets: without wake-ups the waits double up to the maximum;
-// a wake-up ends a wait at once; Reset starts over.
+// a wake-up ends a wait at once and starts the intervals over, as Reset does.
 func TestWaiterBacksOffAndResets(t *testing.T) {
 	t.Parallel()
 	h := NewHub()
 	s := h.Subscribe(KindQueue, "q")
 	defer s.Close()
-	w, err := NewWaiter(s, &WaiterOpts{MinInterval: 10 * time.Millisecond, MaxInterval: 40 * time.Millisecond})
+	w, err := NewWaiter(s, &PollOpts{MinInterval: 10 * time.Millisecond, MaxInterval: 40 * time.Millisecond})
 	require.NoError(t, err)
 	ctx := context.Background()
 	for _, want := range []time.Duration{10, 20, 40, 40} {
-		require.Equal(t, want*time.Millisecond, w.cur)
+		require.Equal(t, want*time.Millisecond, w.bo.Peek())
 		require.False(t, w.Wait(ctx))
 	}
 	h.Notify(KindQueue, "q")
 	require.True(t, w.Wait(ctx), "a pending wake-up ends the wait (true), not the interval (false)")
+	require.Equal(t, 10*time.Millisecond, w.bo.Peek(), "a wake-up starts the intervals over")
+	require.False(t, w.Wait(ctx))
 	w.Reset()
-	require.Equal(t, 10*time.Millisecond, w.cur)
-	_, err = NewWaiter(s, &WaiterOpts{MinInterval: time.Second, MaxInterval: time.Millisecond})
+	require.Equal(t, 10*time.Millisecond, w.bo.Peek())
+	_, err = NewWaiter(s, &PollOpts{MinInterval: time.Second, MaxInterval: time.Millisecond})
 	require.ErrorContains(t, err, "MaxInterval")
 }
 
-// The hub's queue view is what messages.Client takes as its WakeupSource.
-var _ messages.WakeupSource = NewHub().Queues()
+// TestPoll: Poll tries at once, again at each wake-up, and returns try's error, nil
+// at the deadline, or ctx's error when ctx ends first; a nil subscription polls.
+func TestPoll(t *testing.T) {
+	t.Parallel()
+	h := NewHub()
+	s := h.Subscribe(KindQueue, "q")
+	defer s.Close()
+	ctx := context.Background()
+	hour := &PollOpts{MinInterval: time.Hour, MaxInterval: time.Hour}
+
+	tries := 0
+	err := Poll(ctx, s, time.Now().Add(time.Minute), hour, func() (bool, error) {
+		tries++
+		if tries < 3 {
+			h.Notify(KindQueue, "q") // ends the hour-long wait at once
+			return false, nil
+		}
+		return true, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 3, tries)
+
+	boom := errors.New("boom")
+	require.ErrorIs(t, Poll(ctx, s, time.Now().Add(time.Minute), hour, func() (bool, error) { return false, boom }), boom)
+
+	tries = 0
+	start := time.Now()
+	require.NoError(t, Poll(ctx, nil, start.Add(50*time.Millisecond), &PollOpts{MinInterval: 5 * time.Millisecond, MaxInterval: 5 * time.Millisecond},
+		func() (bool, error) { tries++; return false, nil }))
+	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "returned before the deadline")
+	require.Greater(t, tries, 2, "a nil subscription polls")
+
+	cctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(20*time.Millisecond, cancel)
+	require.ErrorIs(t, Poll(cctx, s, time.Now().Add(time.Minute), hour, func() (bool, error) { return false, nil }), context.Canceled)
+
+	require.ErrorContains(t, Poll(ctx, s, time.Now(), &PollOpts{MinInterval: -1}, nil), "MinInterval")
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -15,6 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/internal/backoff"
+	"github.com/streamd/streamd/internal/promreg"
 )
 
 // Payload format of a notification on Channel: lines of "s <partitions> <name>" (a
@@ -156,8 +158,8 @@ func NewListener(cfg *ListenerConfig) (*Listener, error) {
 			Help: "Wake-up notifications received by the listener.",
 		}),
 	}
-	if c.Registerer != nil {
-		c.Registerer.MustRegister(l.mConn, l.mReceived)
+	if err := errors.Join(promreg.Register(c.Registerer, &l.mConn), promreg.Register(c.Registerer, &l.mReceived)); err != nil {
+		return nil, fmt.Errorf("wakeup: %w", err)
 	}
 	return l, nil
 }
@@ -180,14 +182,14 @@ func (l *Listener) Run(ctx context.Context) error {
 	connCfg := poolCfg.ConnConfig
 	l.cfg.Logger.Info("wakeup listener started")
 	defer l.cfg.Logger.Info("wakeup listener stopped")
-	backoff := l.cfg.MinBackoff
+	bo := backoff.NewJittered(l.cfg.MinBackoff, l.cfg.MaxBackoff)
 	for ctx.Err() == nil {
 		conn, err := pgx.ConnectConfig(ctx, connCfg.Copy())
 		if err == nil {
 			_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{Channel}.Sanitize())
 		}
 		if err == nil {
-			backoff = l.cfg.MinBackoff
+			bo.Reset()
 			l.NotifyAll() // before Connected: who subscribes after it needs no wake-up
 			l.connected.Store(true)
 			l.mConn.Set(1)
@@ -212,29 +214,11 @@ func (l *Listener) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		l.cfg.Logger.Debug("wakeup listener reconnecting", "error", err, "backoff", backoff)
-		if !sleep(ctx, jitter(backoff)) {
+		wait := bo.Next()
+		l.cfg.Logger.Debug("wakeup listener reconnecting", "error", err, "backoff", wait)
+		if !backoff.Sleep(ctx, wait) {
 			break
-		}
-		if backoff *= 2; backoff > l.cfg.MaxBackoff {
-			backoff = l.cfg.MaxBackoff
 		}
 	}
 	return nil
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d/2 + time.Duration(mrand.Int64N(int64(d/2)+1))
-}
-
-// sleep waits d or until ctx ends (false).
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

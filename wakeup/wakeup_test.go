@@ -36,18 +36,6 @@ func run(t *testing.T, name string, r interface{ Run(context.Context) error }) {
 	})
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval, not a wait for the condition
-	}
-}
-
 // fastBroadcaster returns a broadcaster with test-sized backoffs.
 func fastBroadcaster(t *testing.T, url string, mod func(*wakeup.BroadcasterConfig)) *wakeup.Broadcaster {
 	t.Helper()
@@ -104,13 +92,17 @@ func TestBroadcastWakesListenersForEveryPartitionAndQueue(t *testing.T) {
 	c := streams.NewClient(pool, nil)
 	require.NoError(t, c.CreateStream(ctx, stream, parts))
 	queues := []string{testdb.Name("wq"), testdb.Name("wq")}
+	for _, q := range queues { // a plain INSERT into an unknown queue is refused
+		_, err := pool.Exec(ctx, `INSERT INTO streamd.queues (queue_name) VALUES ($1)`, q)
+		require.NoError(t, err)
+	}
 
 	// A pool's connection string (pool_* settings) is accepted.
 	l := fastListener(t, url+" pool_max_conns=3")
 	sub := l.Subscribe(wakeup.KindStream, stream)
 	defer sub.Close()
 	b := fastBroadcaster(t, url+" pool_max_conns=3", nil)
-	waitFor(t, 90*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
+	testdb.WaitFor(t, 90*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
 
 	partSubs := make([]*wakeup.Subscription, parts)
 	for p := range partSubs {
@@ -126,11 +118,11 @@ func TestBroadcastWakesListenersForEveryPartitionAndQueue(t *testing.T) {
 		requireWoken(t, partSubs[p].C, fmt.Sprintf("partition %d's subscriber", p))
 	}
 	for _, q := range queues {
-		ch, cancel := l.Queues().Subscribe(q)
+		qs := l.Subscribe(wakeup.KindQueue, q)
 		_, err := pool.Exec(ctx, `INSERT INTO streamd.messages (stream_name, message_id, data) VALUES ($1, gen_random_uuid()::text, '{}')`, q)
 		require.NoError(t, err)
-		requireWoken(t, ch, "queue "+q)
-		cancel()
+		requireWoken(t, qs.C, "queue "+q)
+		qs.Close()
 	}
 }
 
@@ -152,7 +144,7 @@ func TestBroadcastCoalesces(t *testing.T) {
 		c.FlushInterval = 50 * time.Millisecond
 		c.Registerer = reg
 	})
-	waitFor(t, 90*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
+	testdb.WaitFor(t, 90*time.Second, "broadcaster streaming and listener connected", func() bool { return b.Streaming() && l.Connected() })
 	before := testmetrics.Value(t, reg, "streamd_wakeup_notifies_total")
 
 	const commits = 300
@@ -170,7 +162,7 @@ func TestBroadcastCoalesces(t *testing.T) {
 		requireWoken(t, s.C, names[i])
 	}
 	var tailerTx float64
-	waitFor(t, 10*time.Second, "tailer handed on every commit", func() bool {
+	testdb.WaitFor(t, 10*time.Second, "tailer handed on every commit", func() bool {
 		tailerTx = testmetrics.Value(t, reg, "streamd_tailer_transactions_total")
 		return tailerTx >= commits
 	})
@@ -206,7 +198,7 @@ type reader struct {
 func startReader(t *testing.T, pool *pgxpool.Pool, hub *wakeup.Hub, stream string, maxPoll time.Duration) *reader {
 	t.Helper()
 	sub := hub.Subscribe(wakeup.KindStream, stream)
-	w, err := wakeup.NewWaiter(sub, &wakeup.WaiterOpts{MinInterval: maxPoll, MaxInterval: maxPoll})
+	w, err := wakeup.NewWaiter(sub, &wakeup.PollOpts{MinInterval: maxPoll, MaxInterval: maxPoll})
 	require.NoError(t, err)
 	r := &reader{via: make(chan string, 1000)}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -300,11 +292,11 @@ func TestRestartDeliversByPollingThenByTailer(t *testing.T) {
 	})
 	const poll = 150 * time.Millisecond
 	r := startReader(t, pool, l.Hub, stream, poll)
-	waitFor(t, 30*time.Second, "streaming", func() bool { return b.Streaming() && l.Connected() })
+	testdb.WaitFor(t, 30*time.Second, "streaming", func() bool { return b.Streaming() && l.Connected() })
 	require.True(t, deliveredByWake(t, r, c, stream, 5), "before the restart, wake-ups deliver")
 
 	require.NoError(t, cl.Restart(ctx, true))
-	waitFor(t, 30*time.Second, "listener reconnected", l.Connected)
+	testdb.WaitFor(t, 30*time.Second, "listener reconnected", l.Connected)
 	require.False(t, b.Streaming(), "the tailer waits its backoff before reconnecting")
 	polled := 0
 	for i := 0; i < 3 && !b.Streaming(); i++ {
@@ -317,7 +309,7 @@ func TestRestartDeliversByPollingThenByTailer(t *testing.T) {
 	}
 	require.Positive(t, polled, "some commits were delivered by polling alone")
 
-	waitFor(t, 30*time.Second, "tailer streaming again", b.Streaming)
+	testdb.WaitFor(t, 30*time.Second, "tailer streaming again", b.Streaming)
 	require.True(t, deliveredByWake(t, r, c, stream, 5), "after reconnecting, the tailer delivers again")
 }
 
@@ -343,7 +335,7 @@ func TestWalLevelReplicaPollsOnly(t *testing.T) {
 		c.Logger = logs.logger()
 		c.UnsupportedRetry = 30 * time.Millisecond
 	})
-	waitFor(t, 30*time.Second, "tailer gives up, listener connected", func() bool { return b.Unsupported() && l.Connected() })
+	testdb.WaitFor(t, 30*time.Second, "tailer gives up, listener connected", func() bool { return b.Unsupported() && l.Connected() })
 	r := startReader(t, pool, l.Hub, stream, 50*time.Millisecond)
 	for i := 0; i < 5; i++ {
 		produce(t, c, stream)
@@ -381,7 +373,7 @@ func TestBroadcasterRunsAgain(t *testing.T) {
 		tctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- b.Run(tctx) }() // owner: this test; exits at cancel below
-		waitFor(t, 90*time.Second, "streaming", b.Streaming)
+		testdb.WaitFor(t, 90*time.Second, "streaming", b.Streaming)
 		drain(sub.C)
 		_, err := c.Produce(ctx, streams.Record{Stream: stream, Data: []byte(`{}`)})
 		require.NoError(t, err)

@@ -87,7 +87,7 @@ func (p *streamdProducer) send(ctx context.Context, payloads [][]byte) error {
 func (p *streamdProducer) close() {}
 
 func (s *streamdSystem) consume(ctx context.Context, topic, group string, ready func(), deliver func([]byte)) error {
-	c, err := consumergroup.New(s.pool, consumergroup.Config{
+	c, err := consumergroup.New(s.pool, &consumergroup.Config{
 		Stream:       topic,
 		Group:        group,
 		MaxBatchSize: 500,

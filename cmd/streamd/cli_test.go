@@ -69,7 +69,7 @@ func TestCLIStreamProduceFetch(t *testing.T) {
 	s := testdb.Name("cli")
 	_, err := run(t, ctx, "", "stream", "create", s, "--partitions", "2")
 	require.NoError(t, err)
-	out, err := run(t, ctx, "{\"n\":1}\nplain text\n{\"n\":3}\n", "produce", s, "--partition", "1", "--type", "T", "-H", "a=b")
+	out, err := run(t, ctx, "{\"n\":1}\nplain text\n{\"n\":3}\n", "produce", s, "--partition", "1", "--type", "T", "-H", "a=b", "--string")
 	require.NoError(t, err)
 	require.Equal(t, fmt.Sprintf("%s/1@0\n%s/1@1\n%s/1@2\n", s, s, s), out)
 
@@ -255,8 +255,12 @@ func TestServeStopsWithALongPollRunning(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 
-	// Each poll signals once its request is written: the server then answers it
-	// whenever shutdown starts (it waits for connections with a request).
+	// Each poll goes on a connection of its own and signals once its request is
+	// written. A fresh connection the server accepted is one that Shutdown waits for
+	// (an idle keep-alive one it closes); the accept queue is first in, first out, so
+	// once a later fresh connection (healthz below) is answered, both polls' were
+	// accepted.
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	answers, sent := make(chan string, 2), make(chan struct{}, 2)
 	poll := func(method, url, body string) {
 		trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { sent <- struct{}{} }}
@@ -266,7 +270,7 @@ func TestServeStopsWithALongPollRunning(t *testing.T) {
 			sent <- struct{}{}
 			return
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := fresh.Do(req)
 		if err != nil {
 			answers <- err.Error()
 			return
@@ -283,6 +287,9 @@ func TestServeStopsWithALongPollRunning(t *testing.T) {
 			t.Fatal("the long polls were not sent")
 		}
 	}
+	resp, err = fresh.Get("http://" + addr + "/healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
 	cancel()
 	select {
 	case err := <-done:

@@ -52,7 +52,7 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 	rec := &recorder{names: map[string]bool{"streamd_up": true}}
 	_, err := streams.NewProducer(pool, &streams.ProducerConfig{Registerer: rec})
 	require.NoError(t, err)
-	_, err = consumergroup.New(pool, consumergroup.Config{Stream: "s", Group: "g", Registerer: rec})
+	_, err = consumergroup.New(pool, &consumergroup.Config{Stream: "s", Group: "g", Registerer: rec})
 	require.NoError(t, err)
 	_, err = messages.NewClient(pool, &messages.ClientConfig{Registerer: rec})
 	require.NoError(t, err)
@@ -60,7 +60,7 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 	require.NoError(t, err)
 	_, err = coordinator.NewElector(pool, &coordinator.ElectorConfig{Registerer: rec})
 	require.NoError(t, err)
-	_, err = coordinator.NewJobs(pool, nil, rec, nil, nil)
+	_, err = coordinator.NewJobs(pool, &coordinator.JobsConfig{Registerer: rec})
 	require.NoError(t, err)
 	newGauges(consumergroup.NewAdmin(pool), nil, rec)
 	hub := wakeup.NewHub()

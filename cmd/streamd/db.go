@@ -13,11 +13,13 @@ import (
 func newDBCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "db",
-		Short: "Manage the private development PostgreSQL cluster (.state/pg)",
-		Long: `The private development cluster: the machine's PostgreSQL server binaries, run
-with wal_level=logical on port $STREAMD_PG_PORT (default 54329), data in
-$STREAMD_STATE_DIR (default .state in the project). make run and make test use it
-when STREAMD_DATABASE_URL is not set.`,
+		Short: "Manage the private PostgreSQL cluster (one per user)",
+		Long: `The private cluster: the machine's PostgreSQL server binaries, run with
+wal_level=logical on port $STREAMD_PG_PORT (default 54329), data in
+$STREAMD_STATE_DIR (default: one folder per user, the same from every directory:
+$XDG_STATE_HOME/streamd, else ~/.local/state/streamd; for root
+$TMPDIR/streamd-state-root). Every command uses it when neither --database-url nor
+STREAMD_DATABASE_URL is set; streamd db url says which folder and port.`,
 	}
 	cmd.AddCommand(&cobra.Command{
 		Use:   "start",
@@ -40,7 +42,7 @@ when STREAMD_DATABASE_URL is not set.`,
 		},
 	}, &cobra.Command{
 		Use:   "url",
-		Short: "Print the connection string streamd uses",
+		Short: "Print the connection string streamd uses (and, on stderr, which private cluster)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			url, err := g.url(cmd.Context())
@@ -48,6 +50,14 @@ when STREAMD_DATABASE_URL is not set.`,
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), url)
+			if g.private() {
+				cfg, err := (&localpg.Config{}).Resolved()
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "the private cluster: state folder %s, port %d ($%s, $%s)\n",
+					cfg.StateDir, cfg.Port, localpg.EnvStateDir, localpg.EnvPort)
+			}
 			return nil
 		},
 	})

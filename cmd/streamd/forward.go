@@ -39,7 +39,7 @@ one stream to share its partitions.`,
 			}
 			defer pool.Close()
 			cfg.Logger = g.logger
-			f, err := forward.New(pool, cfg)
+			f, err := forward.New(pool, &cfg)
 			if err != nil {
 				return err
 			}

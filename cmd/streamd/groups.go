@@ -83,16 +83,18 @@ func newGroupsCmd(g *globals) *cobra.Command {
 	}
 
 	var opts consumergroup.ResetOpts
-	var toEarliest, toLatest bool
+	var toEarliest, toLatest, execute, dryRun bool
 	var toOffset, shiftBy int64
 	var toTime string
 	var partitions []int32
 	reset := &cobra.Command{
 		Use:   "reset-offsets GROUP",
-		Short: "Reset committed offsets: --to-earliest | --to-latest | --to-datetime T | --to-offset N | --shift-by N",
-		Long: `Reset a group's committed offsets. Refused while the group has live members
-unless --force, which expels them (their commits are fenced; they rejoin and start
-from the new offsets). New offsets are clamped to the stored log.`,
+		Short: "Reset committed offsets: --to-earliest | --to-latest | --to-datetime T | --to-offset N | --shift-by N; preview unless --execute",
+		Long: `Reset a group's committed offsets. As with kafka-consumer-groups, the command
+previews by default (--dry-run): it prints the offsets the reset would set and
+changes nothing; --execute makes the reset. Refused while the group has live
+members unless --force, which expels them (their commits are fenced; they rejoin and
+start from the new offsets). New offsets are clamped to the stored log.`,
 		Args: cobra.ExactArgs(1),
 		RunE: withAdmin(func(ctx context.Context, a *consumergroup.Admin, cmd *cobra.Command, args []string) error {
 			if err := needStream(); err != nil {
@@ -125,9 +127,19 @@ from the new offsets). New offsets are clamped to the stored log.`,
 			if f.Changed("partitions") {
 				opts.Partitions = partitions
 			}
+			if execute && f.Changed("dry-run") && dryRun {
+				return fmt.Errorf("--dry-run and --execute contradict each other: choose one")
+			}
+			opts.DryRun = !execute
 			changes, err := a.ResetOffsets(ctx, stream, args[0], opts)
 			if err != nil {
 				return err
+			}
+			if changes == nil {
+				changes = []consumergroup.OffsetChange{}
+			}
+			if !execute {
+				fmt.Fprintln(cmd.ErrOrStderr(), "preview only: nothing changed; add --execute to reset the offsets")
 			}
 			return g.print(cmd.OutOrStdout(), changes, func(tw *tabwriter.Writer) {
 				row(tw, "PARTITION", "PREVIOUS-OFFSET", "NEW-OFFSET")
@@ -149,6 +161,8 @@ from the new offsets). New offsets are clamped to the stored log.`,
 	rf.Int64Var(&shiftBy, "shift-by", 0, "move the committed offsets by N (may be negative)")
 	rf.Int32SliceVar(&partitions, "partitions", nil, "only these partitions (default all)")
 	rf.BoolVar(&opts.Force, "force", false, "reset even with live members (expels them)")
+	rf.BoolVar(&execute, "execute", false, "make the reset (without it, the command previews)")
+	rf.BoolVar(&dryRun, "dry-run", true, "preview the reset and change nothing (the default)")
 
 	var force bool
 	del := &cobra.Command{
@@ -262,6 +276,7 @@ func parsePartitions(args []string) ([]int32, error) {
 func newConsumeCmd(g *globals) *cobra.Command {
 	var cfg consumergroup.Config
 	var fromLatest bool
+	var count int
 	cmd := &cobra.Command{
 		Use:   "consume",
 		Short: "Consume a stream as a member of a consumer group, printing events as JSON lines",
@@ -281,16 +296,28 @@ func newConsumeCmd(g *globals) *cobra.Command {
 			if fromLatest {
 				cfg.AutoOffsetReset = consumergroup.ResetLatest
 			}
-			c, err := consumergroup.New(pool, cfg)
+			c, err := consumergroup.New(pool, &cfg)
 			if err != nil {
 				return err
 			}
 			enc := json.NewEncoder(cmd.OutOrStdout())
-			return c.Run(ctx, func(ctx context.Context, b *consumergroup.Batch) error {
+			// -c N (kcat's): stop once N events were printed; the batch that reached
+			// N is committed as the member leaves.
+			runCtx, done := context.WithCancel(ctx)
+			defer done()
+			printed := 0
+			return c.Run(runCtx, func(ctx context.Context, b *consumergroup.Batch) error {
 				for _, e := range b.Events {
+					if count > 0 && printed >= count {
+						break
+					}
 					if err := enc.Encode(e); err != nil {
 						return err
 					}
+					printed++
+				}
+				if count > 0 && printed >= count {
+					done()
 				}
 				return nil
 			})
@@ -301,6 +328,7 @@ func newConsumeCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Group, "group", "", "the consumer group (required)")
 	f.StringVar(&cfg.InstanceID, "instance-id", "", "static membership instance id")
 	f.BoolVar(&fromLatest, "from-latest", false, "without a committed offset, start at the log end (default: log start)")
+	f.IntVarP(&count, "count", "c", 0, "exit after printing this many events (0: run until interrupted)")
 	f.IntVar(&cfg.MaxBatchSize, "batch-size", 500, "events per batch")
 	f.DurationVar(&cfg.SessionTimeout, "session-timeout", 30*time.Second, "session timeout")
 	return cmd

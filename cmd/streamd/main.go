@@ -8,7 +8,7 @@
 //	streamd fetch            print records as JSON lines
 //
 // With no --database-url and no STREAMD_DATABASE_URL, streamd starts (or reuses) a
-// private PostgreSQL cluster in the project's .state folder.
+// private PostgreSQL cluster, one per user whatever the working directory.
 package main
 
 import (

@@ -31,7 +31,7 @@ func queueClient(cmd *cobra.Command, g *globals) (*messages.Client, func(), erro
 func newQueueCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "queue",
-		Short: "Visibility-timeout queues: create, send, receive, stats, purge, delete",
+		Short: "Visibility-timeout queues: create, send, receive, ack, nack, extend, stats, purge, delete",
 	}
 	var qc messages.QueueConfig
 	create := &cobra.Command{
@@ -267,6 +267,7 @@ func newQueueCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.AddCommand(create, list, send, receive, stats, purge, del)
+	cmd.AddCommand(newSettleCmds(g)...)
 	return cmd
 }
 
@@ -338,7 +339,11 @@ func newDLQCmd(g *globals) *cobra.Command {
 			if err := requirePositive(cmd, "batch"); err != nil {
 				return err
 			}
-			n, err := c.Redrive(cmd.Context(), args[0], &ro)
+			prog := newProgress(cmd.ErrOrStderr(), g.logger, "dlq replay "+args[0])
+			opts := ro
+			opts.Progress = func(moved, limit int) { prog.update(moved, limit, false) }
+			n, err := c.Redrive(cmd.Context(), args[0], &opts)
+			prog.update(n, 0, true)
 			if err != nil {
 				return err
 			}
@@ -413,7 +418,7 @@ func newDLQCmd(g *globals) *cobra.Command {
 		},
 	}
 	discard.Flags().BoolVar(&discardAll, "all", false, "discard every dead letter not in flight")
-	cmd.AddCommand(list, replay, discard)
+	cmd.AddCommand(list, replay, discard, newRedriveTaskCmd(g))
 	return cmd
 }
 
@@ -444,13 +449,17 @@ func printStats(g *globals, cmd *cobra.Command, st []messages.QueueStats) error 
 
 func printMessages(g *globals, cmd *cobra.Command, msgs []*messages.Message) error {
 	return g.print(cmd.OutOrStdout(), msgs, func(tw *tabwriter.Writer) {
-		row(tw, "OFFSET", "MESSAGE ID", "ATTEMPTS", "GROUP", "ORIGIN", "LAST ERROR", "DATA")
+		row(tw, "OFFSET", "MESSAGE ID", "ATTEMPTS", "GROUP", "ORIGIN", "LAST ERROR", "RECEIPT", "DATA")
 		for _, m := range msgs {
 			origin := "-"
 			if m.Origin != nil {
 				origin = fmt.Sprintf("%s/%d (%d attempts)", m.Origin.Queue, m.Origin.Offset, m.Origin.Attempts)
 			}
-			row(tw, m.Offset, m.MessageID, m.DeliveryAttempts, queueDash(m.GroupKey), origin, queueDash(m.LastError), string(m.Data))
+			receipt := "-"
+			if m.Receipt.LeaseToken != ([16]byte{}) {
+				receipt = m.Receipt.String() // what queue ack|nack|extend take
+			}
+			row(tw, m.Offset, m.MessageID, m.DeliveryAttempts, queueDash(m.GroupKey), origin, queueDash(m.LastError), receipt, string(m.Data))
 		}
 	})
 }

@@ -44,7 +44,7 @@ func TestCLIQueueAndDLQ(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, `"dead_letter_queue": "`+dlq+`"`)
 	require.Contains(t, out, `"max_delivery_attempts": 1`)
-	require.Contains(t, out, `"visibility_timeout": 45000000000`)
+	require.Contains(t, out, `"visibility_timeout_ms": 45000`, "milliseconds, named in the field")
 	out, err = runQueueCLI(t, "{\"n\":1}\n{\"n\":2}\n", "queue", "send", q, "--header", "k=v")
 	require.NoError(t, err)
 	var sent []map[string]any

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,6 +53,7 @@ it), the others are still applied, and the command then exits with an error.`,
 			}
 			results := []appliedStream{}
 			failed := 0
+			prog := newProgress(cmd.ErrOrStderr(), g.logger, "retention apply")
 			_, err = r.RunOnce(ctx, &retention.RunOnceOpts{DryRun: dryRun, Force: force, Streams: names,
 				Report: func(stream string, res *retention.StreamResult, err error) {
 					a := appliedStream{StreamResult: retention.StreamResult{Stream: stream, DryRun: dryRun, Partitions: []retention.PartitionResult{}}}
@@ -69,7 +69,9 @@ it), the others are still applied, and the command then exits with an error.`,
 						failed++
 					}
 					results = append(results, a)
+					prog.update(len(results), len(names), false, "stream", stream)
 				}})
+			prog.update(len(results), len(names), true)
 			if err != nil {
 				err = fmt.Errorf("retention apply: %d of %d streams failed: %w", failed, len(results), err)
 			}
@@ -146,6 +148,10 @@ Durations take the seed's TimeSpan form ("90.00:00:00"), Go's ("720h") or second
 
   streamd stream config set orders '{"retention_config": {"maxAge": "90.00:00:00", "maxSizeBytes": 10737418240}}'
 
+The retention limits maxEventCount and maxSizeBytes apply PER PARTITION (seed 003's
+max_event_count was per stream): a stream of N partitions keeps up to N times the
+count.
+
 A bad field is refused with its name, and nothing is written.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -170,17 +176,6 @@ A bad field is refused with its name, and nothing is written.`,
 			default:
 				return fmt.Errorf("give the configuration JSON as an argument or with --file")
 			}
-			var sections map[string]json.RawMessage
-			if err := json.Unmarshal(raw, &sections); err != nil {
-				return fmt.Errorf("configuration: %w", err)
-			}
-			known := map[string]bool{"retention_config": true, "dead_letter_config": true, "lifecycle_config": true,
-				"performance_config": true, "access_control_config": true, "tags": true}
-			for k := range sections {
-				if !known[k] {
-					return fmt.Errorf("configuration: unknown section %q", k)
-				}
-			}
 			pool, err := g.pool(cmd.Context())
 			if err != nil {
 				return err
@@ -193,28 +188,9 @@ A bad field is refused with its name, and nothing is written.`,
 					return err
 				}
 			}
-			// Decoding over the current configuration replaces exactly the sections given.
-			for k, v := range sections {
-				switch k { // replace, not merge into, the current section
-				case "retention_config":
-					cfg.Retention = nil
-				case "dead_letter_config":
-					cfg.DeadLetter = nil
-				case "lifecycle_config":
-					cfg.Lifecycle = nil
-				case "performance_config":
-					cfg.Performance = nil
-				case "access_control_config":
-					cfg.AccessControl = nil
-				case "tags":
-					cfg.Tags = nil
-				}
-				one, _ := json.Marshal(map[string]json.RawMessage{k: v})
-				dec := json.NewDecoder(bytes.NewReader(one))
-				dec.DisallowUnknownFields() // a misspelt key must not read as "no limit"
-				if err := dec.Decode(cfg); err != nil {
-					return fmt.Errorf("configuration: %s: %w", k, err)
-				}
+			// Sections given replace the current ones; a bad one writes nothing.
+			if err := cfg.MergeJSON(raw); err != nil {
+				return fmt.Errorf("configuration: %w", err)
 			}
 			if err := store.Set(cmd.Context(), args[0], cfg); err != nil {
 				return err

@@ -39,7 +39,8 @@ visibility-timeout queues in PostgreSQL. This one binary is the coordinator daem
 (streamd serve) and the command-line tool for everything else.
 
 Connection: --database-url, else $STREAMD_DATABASE_URL, else a private PostgreSQL
-cluster that streamd starts (or reuses) in the project's .state folder.`,
+cluster that streamd starts (or reuses), one per user whatever the directory
+(streamd db url says which; $STREAMD_STATE_DIR and $STREAMD_PG_PORT choose another).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
@@ -65,7 +66,10 @@ cluster that streamd starts (or reuses) in the project's .state folder.`,
 		newDLQCmd(g),
 		newRetentionCmd(g),
 		newForwardCmd(g),
+		newVersionCmd(g),
 	)
+	root.Version = buildVersion().String()
+	root.SetVersionTemplate("{{.Version}}\n")
 	return root
 }
 
@@ -108,6 +112,12 @@ func (g *globals) url(ctx context.Context) (string, error) {
 	return localpg.DatabaseURL(ctx, &localpg.Config{Logger: g.logger})
 }
 
+// private reports whether the commands use the private cluster (no --database-url and
+// no $STREAMD_DATABASE_URL).
+func (g *globals) private() bool {
+	return g.databaseURL == "" && os.Getenv(localpg.EnvDatabaseURL) == ""
+}
+
 // connect opens a connection pool on the resolved database, migrated or not (for
 // streamd migrate and streamd serve, which migrate it).
 func (g *globals) connect(ctx context.Context) (*pgxpool.Pool, error) {
@@ -134,7 +144,7 @@ func (g *globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	external := g.databaseURL != "" || os.Getenv(localpg.EnvDatabaseURL) != ""
+	external := !g.private()
 	if external {
 		// A schema older than this binary's is let through, as it always was: the
 		// commands that need what it lacks fail on their own.

@@ -26,6 +26,7 @@ import (
 	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/retention"
 	schema "github.com/streamd/streamd/sql"
+	"github.com/streamd/streamd/streamconfig"
 	"github.com/streamd/streamd/wakeup"
 )
 
@@ -233,8 +234,14 @@ func (c *serveConfig) tokens() (map[string]string, error) {
 }
 
 func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) error {
+	// Every setting is checked before the database is touched: a refused setting
+	// must not leave a migrated (or started) database behind.
 	tokens, err := c.tokens()
 	if err != nil {
+		return err
+	}
+	apiCfg := &api.Config{AuthDisabled: c.authDisabled, Logger: g.logger, MaxRequestBytes: c.maxRequestBytes, Tokens: tokens}
+	if err := apiCfg.Validate(); err != nil {
 		return err
 	}
 	pool, err := g.connect(ctx)
@@ -252,8 +259,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	up.Set(1)
 	reg.MustRegister(up)
 
-	apiSrv, err := api.New(pool, &api.Config{AuthDisabled: c.authDisabled, Logger: g.logger,
-		MaxRequestBytes: c.maxRequestBytes, Tokens: tokens})
+	apiSrv, err := api.New(pool, apiCfg)
 	if err != nil {
 		return err
 	}
@@ -304,7 +310,8 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		}
 		services = append(services, coordinator.Continuous{Name: "wakeup-broadcaster", Run: b.Run})
 	}
-	jobs, err := coordinator.NewJobs(pool, g.logger, reg, coordinatorJobs(consumergroup.NewAdmin(pool), c, retainer), services)
+	jobs, err := coordinator.NewJobs(pool, &coordinator.JobsConfig{Jobs: coordinatorJobs(pool, consumergroup.NewAdmin(pool), c, retainer),
+		Logger: g.logger, Registerer: reg, Services: services})
 	if err != nil {
 		return err
 	}
@@ -411,12 +418,20 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 // electorApplicationName names the elector's connections in pg_stat_activity.
 const electorApplicationName = "streamd-coordinator-lease"
 
-func coordinatorJobs(groups *consumergroup.Admin, c *serveConfig, retainer *retention.Runner) []coordinator.Job {
+func coordinatorJobs(pool *pgxpool.Pool, groups *consumergroup.Admin, c *serveConfig, retainer *retention.Runner) []coordinator.Job {
 	return []coordinator.Job{{
 		Name:     c.coordinatorName + "/retention",
 		Interval: c.retentionEvery,
 		Run: func(ctx context.Context) error {
 			_, err := retainer.RunOnce(ctx, nil)
+			return err
+		},
+	}, {
+		// lifecycle_config.archiveAfter and deleteAfter (docs/retention.md).
+		Name:     c.coordinatorName + "/lifecycle",
+		Interval: c.retentionEvery,
+		Run: func(ctx context.Context) error {
+			_, err := streamconfig.ApplyLifecycle(ctx, pool, time.Time{})
 			return err
 		},
 	}, {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,7 +24,7 @@ func newStreamCmd(g *globals) *cobra.Command {
 	var partitions int32
 	create := &cobra.Command{
 		Use:   "create NAME",
-		Short: "Create a stream, or grow an existing one to --partitions",
+		Short: "Create a stream (an existing one is refused: stream alter grows it)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			pool, err := g.pool(cmd.Context())
@@ -32,7 +33,7 @@ func newStreamCmd(g *globals) *cobra.Command {
 			}
 			defer pool.Close()
 			c := streams.NewClient(pool, nil)
-			if err := c.CreateStream(cmd.Context(), args[0], partitions); err != nil {
+			if err := c.AddStream(cmd.Context(), args[0], partitions); err != nil {
 				return err
 			}
 			info, err := c.DescribeStream(cmd.Context(), args[0])
@@ -42,7 +43,43 @@ func newStreamCmd(g *globals) *cobra.Command {
 			return printStream(g, cmd, info)
 		},
 	}
-	create.Flags().Int32VarP(&partitions, "partitions", "p", 1, "number of partitions")
+	create.Flags().Int32Var(&partitions, "partitions", 1, "number of partitions (-p is --partition, a partition number, everywhere)")
+
+	var grow, maxPayload int32
+	alter := &cobra.Command{
+		Use:   "alter NAME [--partitions N] [--max-payload BYTES]",
+		Short: "Grow a stream to N partitions (keys re-map to partitions by the new count), or set its payload limit",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			fl := cmd.Flags()
+			if !fl.Changed("partitions") && !fl.Changed("max-payload") {
+				return fmt.Errorf("give --partitions (the new partition count) or --max-payload (the payload limit in bytes)")
+			}
+			pool, err := g.pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			c := streams.NewClient(pool, nil)
+			if fl.Changed("max-payload") {
+				if err := c.SetMaxPayloadBytes(cmd.Context(), args[0], maxPayload); err != nil {
+					return err
+				}
+			}
+			if fl.Changed("partitions") {
+				if err := c.GrowStream(cmd.Context(), args[0], grow); err != nil {
+					return err
+				}
+			}
+			info, err := c.DescribeStream(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printStream(g, cmd, info)
+		},
+	}
+	alter.Flags().Int32Var(&grow, "partitions", 0, "the new partition count (more than now)")
+	alter.Flags().Int32Var(&maxPayload, "max-payload", 0, "the largest event payload in bytes (data, bytes and headers)")
 
 	list := &cobra.Command{
 		Use:   "list",
@@ -101,7 +138,7 @@ func newStreamCmd(g *globals) *cobra.Command {
 			return streams.NewClient(pool, nil).DeleteStream(cmd.Context(), args[0])
 		},
 	}
-	cmd.AddCommand(create, list, describe, del, newStreamConfigCmd(g))
+	cmd.AddCommand(create, alter, list, describe, del, newStreamConfigCmd(g), newStreamReadByCmd(g), newStreamIndexCmd(g))
 	return cmd
 }
 
@@ -124,15 +161,20 @@ func newProduceCmd(g *globals) *cobra.Command {
 		partition int32
 		eventType string
 		raw       bool
+		asString  bool
+		keyDelim  string
 		headers   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "produce STREAM",
 		Short: "Append each line of stdin as a record",
-		Long: `Appends each line of standard input as one record of STREAM. A line that is valid
-JSON is stored as JSON data; other lines are stored as JSON strings, or as binary
-payloads with --raw. Records are batched by a Producer; each position is printed
-after its batch committed.`,
+		Long: `Appends each line of standard input as one record of STREAM. Each line must be
+valid JSON, stored as the record's JSON data; a line that is not is refused (named by
+its number; the other lines are still produced and the command then fails), unless
+--string stores every line as a JSON string or --raw as a binary payload. Empty lines
+are skipped, and said so on stderr. With --key-delimiter, the text before the first
+delimiter of each line is the record's key (kcat's -K). Records are batched by a
+Producer; each position is printed after its batch committed.`,
 		Example: `  echo '{"order":1}' | streamd produce orders --key customer-7 --type OrderPlaced`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -154,9 +196,16 @@ after its batch committed.`,
 			if err != nil {
 				return err
 			}
+			if raw && asString {
+				return errors.New("--raw and --string contradict each other: choose one")
+			}
+			if keyDelim != "" && cmd.Flags().Changed("key") {
+				return errors.New("--key and --key-delimiter contradict each other: choose one")
+			}
 			type result struct {
-				pos streams.Position
-				err error
+				pos     streams.Position
+				err     error
+				skipped bool
 			}
 			var pending []chan result
 			// Each line is a record, and a bad line fails alone, reported with its
@@ -185,24 +234,58 @@ after its batch committed.`,
 					}
 					continue
 				}
+				if len(bytes.TrimSpace(line)) == 0 {
+					ch := make(chan result, 1)
+					ch <- result{skipped: true}
+					pending = append(pending, ch)
+					if err != nil {
+						break
+					}
+					continue
+				}
 				rec := streams.Record{Stream: args[0], Key: key, EventType: eventType}
+				if keyDelim != "" {
+					k, rest, ok := bytes.Cut(line, []byte(keyDelim))
+					if !ok {
+						ch := make(chan result, 1)
+						ch <- result{err: fmt.Errorf("no key delimiter %q: not sent", keyDelim)}
+						pending = append(pending, ch)
+						if err != nil {
+							break
+						}
+						continue
+					}
+					rec.Key, line = string(k), rest
+				}
 				if len(hdr) > 0 {
 					rec.Headers = hdr
 				}
 				if cmd.Flags().Changed("partition") {
 					rec.Partition = streams.PartitionOf(partition)
 				}
+				invalidJSON := false
 				switch {
 				case raw:
 					rec.Bytes = append([]byte(nil), line...)
+				case asString:
+					b, _ := json.Marshal(string(line))
+					rec.Data = b
 				case json.Valid(line):
 					rec.Data = append(json.RawMessage(nil), line...)
 				default:
-					b, _ := json.Marshal(string(line))
-					rec.Data = b
+					invalidJSON = true
+				}
+				if invalidJSON {
+					ch := make(chan result, 1)
+					ch <- result{err: errors.New("not valid JSON: not sent (--string stores lines as JSON strings, --raw as bytes)")}
+					pending = append(pending, ch)
+					if err != nil {
+						break
+					}
+					continue
 				}
 				ch := make(chan result, 1)
-				prod.ProduceAsync(ctx, rec, func(p streams.Position, err error) { ch <- result{p, err} })
+				prod.ProduceAsync(ctx, rec, func(p streams.Position, err error) { ch <- result{pos: p, err: err} })
 				pending = append(pending, ch)
 				if err != nil {
 					break
@@ -210,9 +293,14 @@ after its batch committed.`,
 			}
 			closeErr := prod.Close(ctx)
 			enc := json.NewEncoder(cmd.OutOrStdout())
-			failed := 0
+			failed, skipped := 0, 0
 			for i, ch := range pending {
 				r := <-ch
+				if r.skipped {
+					skipped++
+					fmt.Fprintf(cmd.ErrOrStderr(), "line %d: empty: skipped\n", i+1)
+					continue
+				}
 				if r.err != nil {
 					failed++
 					fmt.Fprintf(cmd.ErrOrStderr(), "line %d: %v\n", i+1, r.err)
@@ -228,7 +316,7 @@ after its batch committed.`,
 				return fmt.Errorf("read stdin after line %d: %w", len(pending), readErr)
 			}
 			if failed > 0 {
-				return fmt.Errorf("%d of %d records failed", failed, len(pending))
+				return fmt.Errorf("%d of %d records failed", failed, len(pending)-skipped)
 			}
 			return closeErr
 		},
@@ -238,6 +326,8 @@ after its batch committed.`,
 	f.Int32VarP(&partition, "partition", "p", 0, "explicit partition (default: by key, else sticky)")
 	f.StringVarP(&eventType, "type", "t", "", "event type")
 	f.BoolVar(&raw, "raw", false, "store lines as binary payloads (data_bytes) instead of JSON")
+	f.BoolVar(&asString, "string", false, "store each line as a JSON string (any text)")
+	f.StringVarP(&keyDelim, "key-delimiter", "K", "", "the text before this delimiter on each line is the key (kcat -K)")
 	f.StringArrayVarP(&headers, "header", "H", nil, "header key=value (repeatable)")
 	return cmd
 }
@@ -247,13 +337,14 @@ func newFetchCmd(g *globals) *cobra.Command {
 		partition int32
 		offset    int64
 		fromTime  string
-		max       int
+		limit     int
 		follow    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "fetch STREAM",
-		Short: "Print a partition's records from an offset as JSON lines",
-		Example: `  streamd fetch orders --partition 0 --offset 0 --max 10
+		Short: "Print records as JSON lines: every partition's to its end, or one partition's (--partition)",
+		Example: `  streamd fetch orders --max 10
+  streamd fetch orders --partition 0 --offset 0 --max 10
   streamd fetch orders -p 1 --from-time 2026-11-22T10:00:00Z --follow`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -264,24 +355,67 @@ func newFetchCmd(g *globals) *cobra.Command {
 			}
 			defer pool.Close()
 			c := streams.NewClient(pool, nil)
+			var from time.Time
 			if fromTime != "" {
-				t, err := time.Parse(time.RFC3339Nano, fromTime)
-				if err != nil {
+				if from, err = time.Parse(time.RFC3339Nano, fromTime); err != nil {
 					return fmt.Errorf("--from-time %q: want RFC 3339, e.g. 2026-11-22T10:00:00Z", fromTime)
-				}
-				if offset, err = c.OffsetForTime(ctx, args[0], partition, t); err != nil {
-					return err
 				}
 			}
 			enc := json.NewEncoder(cmd.OutOrStdout())
+			if !cmd.Flags().Changed("partition") {
+				// Every partition, one after the other, each from --offset (or its log
+				// start when that is later), to its end (kcat's default).
+				if follow {
+					return fmt.Errorf("--follow reads one partition: give --partition")
+				}
+				info, err := c.DescribeStream(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				printed := 0
+				for _, p := range info.PartitionInfo {
+					start := max(offset, p.LogStartOffset)
+					if !from.IsZero() {
+						if start, err = c.OffsetForTime(ctx, args[0], p.Partition, from); err != nil {
+							return err
+						}
+					}
+					for start < p.NextOffset && (limit <= 0 || printed < limit) {
+						n := 500
+						if limit > 0 {
+							n = min(n, limit-printed)
+						}
+						res, err := c.Fetch(ctx, args[0], p.Partition, start, &streams.FetchOpts{MaxRecords: n})
+						if err != nil {
+							return err
+						}
+						for i := range res.Events {
+							if err := enc.Encode(&res.Events[i]); err != nil {
+								return err
+							}
+							printed++
+						}
+						if len(res.Events) == 0 {
+							break
+						}
+						start = res.NextOffset
+					}
+				}
+				return nil
+			}
+			if !from.IsZero() {
+				if offset, err = c.OffsetForTime(ctx, args[0], partition, from); err != nil {
+					return err
+				}
+			}
 			printed := 0
-			for max <= 0 || printed < max {
+			for limit <= 0 || printed < limit {
 				opts := &streams.FetchOpts{MaxRecords: 500}
 				if follow {
 					opts.MaxWait = time.Second
 				}
-				if max > 0 && max-printed < opts.MaxRecords {
-					opts.MaxRecords = max - printed
+				if limit > 0 && limit-printed < opts.MaxRecords {
+					opts.MaxRecords = limit - printed
 				}
 				res, err := c.Fetch(ctx, args[0], partition, offset, opts)
 				if err != nil {
@@ -308,10 +442,10 @@ func newFetchCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.Int32VarP(&partition, "partition", "p", 0, "partition to read")
+	f.Int32VarP(&partition, "partition", "p", 0, "read only this partition (default: every partition, to its end)")
 	f.Int64Var(&offset, "offset", 0, "first offset to read")
 	f.StringVar(&fromTime, "from-time", "", "start at the first record at or after this RFC 3339 time")
-	f.IntVarP(&max, "max", "n", 0, "stop after this many records (0: all)")
+	f.IntVarP(&limit, "max", "n", 0, "stop after this many records (0: all)")
 	f.BoolVarP(&follow, "follow", "f", false, "keep waiting for new records")
 	return cmd
 }

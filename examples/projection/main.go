@@ -1,9 +1,10 @@
-// Command projection keeps a read model, one balance row per account, from the events
-// of a stream, exactly once: each batch's upserts and its offset commit happen in one
-// transaction (consumergroup.CommitTransactional, Batch.CommitTx). A crash anywhere
-// leaves both or neither, and a redelivered batch finds its events already applied
-// (each row stores the last applied offset, as the projections of seeds 000 and 001
-// do), so even a replay after an offset reset applies nothing twice.
+// Command projection keeps a read model, one balance per account, from the events of
+// a stream, exactly once, with package projection: each batch's states and its
+// offset commit happen in one transaction (consumergroup.CommitTransactional,
+// Batch.CommitTx). A crash anywhere leaves both or neither, and a redelivered batch
+// finds its events already applied (each state stores the last applied event, as the
+// projections of seeds 000 and 001 do), so even a replay after an offset reset
+// applies nothing twice.
 //
 //	STREAMD_DATABASE_URL=postgres://... go run ./examples/projection
 package main
@@ -21,39 +22,43 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/projection"
 	"github.com/streamd/streamd/streams"
 )
-
-const schema = `CREATE TABLE IF NOT EXISTS account_balances (
-    stream_name text   NOT NULL,
-    account     text   NOT NULL,
-    balance     bigint NOT NULL,
-    partition   integer NOT NULL,  -- the last applied event: its partition and offset
-    last_offset bigint NOT NULL,
-    updated_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (stream_name, account)
-)`
-
-// apply upserts one event's effect unless the row already reflects it: events of
-// one account share a key, hence a partition, and arrive in offset order.
-const apply = `INSERT INTO account_balances AS b (stream_name, account, balance, partition, last_offset)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (stream_name, account) DO UPDATE
-   SET balance = b.balance + EXCLUDED.balance, partition = EXCLUDED.partition,
-       last_offset = EXCLUDED.last_offset, updated_at = now()
- WHERE b.last_offset < EXCLUDED.last_offset`
 
 // Deposit is the event payload: {"amount": 10}; the event key is the account.
 type Deposit struct {
 	Amount int64 `json:"amount"`
 }
 
+// Balance is the projection's state of an account.
+type Balance struct {
+	Balance int64 `json:"balance"`
+}
+
+// ProjectionType names the projection of stream's balances.
+func ProjectionType(stream string) string { return "balance:" + stream }
+
+// deposit adds an event's amount to a balance.
+func deposit(state json.RawMessage, e *streams.Event) (json.RawMessage, error) {
+	var b Balance
+	if state != nil {
+		if err := json.Unmarshal(state, &b); err != nil {
+			return nil, err
+		}
+	}
+	var d Deposit
+	if err := json.Unmarshal(e.Data, &d); err != nil {
+		return nil, fmt.Errorf("event %s/%d@%d: %w", e.Stream, e.Partition, e.Offset, err)
+	}
+	b.Balance += d.Amount
+	return json.Marshal(b)
+}
+
 // Project runs the projection of stream for group until ctx is cancelled.
 func Project(ctx context.Context, pool *pgxpool.Pool, stream, group string, logger *slog.Logger) error {
-	if _, err := pool.Exec(ctx, schema); err != nil {
-		return fmt.Errorf("create read model: %w", err)
-	}
-	c, err := consumergroup.New(pool, consumergroup.Config{
+	store := projection.NewStore(pool)
+	c, err := consumergroup.New(pool, &consumergroup.Config{
 		Stream: stream, Group: group, CommitMode: consumergroup.CommitTransactional, Logger: logger,
 	})
 	if err != nil {
@@ -61,12 +66,9 @@ func Project(ctx context.Context, pool *pgxpool.Pool, stream, group string, logg
 	}
 	return c.Run(ctx, func(ctx context.Context, b *consumergroup.Batch) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			for _, e := range b.Events {
-				var d Deposit
-				if err := json.Unmarshal(e.Data, &d); err != nil {
-					return fmt.Errorf("event %s/%d@%d: %w", e.Stream, e.Partition, e.Offset, err)
-				}
-				if _, err := tx.Exec(ctx, apply, e.Stream, e.Key, d.Amount, e.Partition, e.Offset); err != nil {
+			for i := range b.Events {
+				e := &b.Events[i]
+				if _, err := store.ApplyTx(ctx, tx, ProjectionType(stream), e.Key, e, deposit); err != nil {
 					return err
 				}
 			}

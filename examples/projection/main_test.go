@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/projection"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -55,14 +57,13 @@ func TestProjectionExactlyOnce(t *testing.T) {
 		require.NoError(t, <-done)
 	}
 	check := func() {
-		rows, err := pool.Query(ctx, `SELECT account, balance FROM account_balances WHERE stream_name = $1`, stream)
+		states, err := projection.NewStore(pool).List(ctx, ProjectionType(stream))
 		require.NoError(t, err)
 		got := map[string]int64{}
-		for rows.Next() {
-			var a string
-			var b int64
-			require.NoError(t, rows.Scan(&a, &b))
-			got[a] = b
+		for _, s := range states {
+			var b Balance
+			require.NoError(t, json.Unmarshal(s.State, &b))
+			got[s.AggregateID] = b.Balance
 		}
 		require.Equal(t, want, got)
 	}

@@ -2,8 +2,9 @@
 // tests and benchmarks, so that `make run` and `make test` work on a machine that has
 // only the PostgreSQL server binaries.
 //
-// The cluster lives in a state folder (by default .state/pg in the project root, or
-// $STREAMD_STATE_DIR), listens on its own port (default 54329, $STREAMD_PG_PORT) and
+// The cluster lives in a state folder (by default one per user, the same from every
+// working directory, or $STREAMD_STATE_DIR: see DefaultStateDir), listens on its own
+// port (default 54329, $STREAMD_PG_PORT) and
 // socket, runs with wal_level=logical, and is reused by every later run until Stop.
 // One implementation serves `streamd serve`, the tests and the benchmarks.
 //
@@ -13,8 +14,6 @@ package localpg
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -62,11 +61,8 @@ type Config struct {
 	// a test of the fallback without logical decoding. Defaults to none.
 	Settings map[string]string
 	// StateDir is the folder that holds the data directory, the log and the lock.
-	// Defaults to $STREAMD_STATE_DIR, else .state in the project root (the nearest
-	// folder above the working directory with streamd's go.mod; when running as root
-	// and the postgres user cannot reach that folder, $TMPDIR/streamd-state-<hash>
-	// instead), else
-	// ~/.local/state/streamd (for root: $TMPDIR/streamd-state).
+	// Defaults to DefaultStateDir(): $STREAMD_STATE_DIR, else one folder per user,
+	// whatever the working directory.
 	StateDir string
 }
 
@@ -80,7 +76,7 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Port == 0 {
 		out.Port = DefaultPort
-		if v := os.Getenv("STREAMD_PG_PORT"); v != "" {
+		if v := os.Getenv(EnvPort); v != "" {
 			p, err := strconv.Atoi(v)
 			if err != nil || p <= 0 || p > 65535 {
 				return out, fmt.Errorf("localpg: STREAMD_PG_PORT=%q is not a port number", v)
@@ -89,57 +85,19 @@ func (c *Config) withDefaults() (Config, error) {
 		}
 	}
 	if out.StateDir == "" {
-		out.StateDir = defaultStateDir()
+		out.StateDir = DefaultStateDir()
 	}
 	abs, err := filepath.Abs(out.StateDir)
 	if err != nil {
 		return out, fmt.Errorf("localpg: state dir: %w", err)
 	}
+	// One cluster whatever the path that leads to it: its socket folder is written
+	// into its configuration.
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
 	out.StateDir = abs
 	return out, nil
-}
-
-func defaultStateDir() string {
-	if v := os.Getenv("STREAMD_STATE_DIR"); v != "" {
-		return v
-	}
-	if wd, err := os.Getwd(); err == nil {
-		for dir := wd; ; dir = filepath.Dir(dir) {
-			if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
-				strings.Contains(string(b), "module github.com/streamd/streamd\n") {
-				if os.Geteuid() == 0 && !searchableByOthers(dir) {
-					// The server runs as the postgres user, which cannot reach a
-					// project under a private folder (root's home): keep the state in
-					// a folder of its own, one per project path.
-					sum := sha256.Sum256([]byte(dir))
-					return filepath.Join(os.TempDir(), "streamd-state-"+hex.EncodeToString(sum[:6]))
-				}
-				return filepath.Join(dir, ".state")
-			}
-			if filepath.Dir(dir) == dir {
-				break
-			}
-		}
-	}
-	// root's home is not reachable by the postgres user the server runs as.
-	if home, err := os.UserHomeDir(); err == nil && os.Geteuid() != 0 {
-		return filepath.Join(home, ".local", "state", "streamd")
-	}
-	return filepath.Join(os.TempDir(), "streamd-state")
-}
-
-// searchableByOthers reports whether every folder from dir up to / lets other users
-// pass through (the x bit for others).
-func searchableByOthers(dir string) bool {
-	for d := dir; ; d = filepath.Dir(d) {
-		st, err := os.Stat(d)
-		if err != nil || st.Mode().Perm()&0o001 == 0 {
-			return false
-		}
-		if filepath.Dir(d) == d {
-			return true
-		}
-	}
 }
 
 // Cluster is a running local cluster.
@@ -186,6 +144,7 @@ func DatabaseURL(ctx context.Context, cfg *Config) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	c.cfg.Logger.Debug("using the private cluster", "state_dir", c.cfg.StateDir, "port", c.cfg.Port)
 	if err := c.CreateDatabase(ctx, DefaultDatabase); err != nil {
 		return "", err
 	}
@@ -206,6 +165,9 @@ func Ensure(ctx context.Context, cfg *Config) (*Cluster, error) {
 	defer unlock()
 
 	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, fs.ErrNotExist) {
+		if portTaken(c.cfg.Port) {
+			return nil, portTakenError(c.cfg.Port) // before making a cluster that cannot start
+		}
 		if err := c.initdb(ctx); err != nil {
 			return nil, err
 		}
@@ -223,6 +185,9 @@ func Ensure(ctx context.Context, cfg *Config) (*Cluster, error) {
 			}
 		}
 		return c, nil
+	}
+	if portTaken(c.cfg.Port) {
+		return nil, portTakenError(c.cfg.Port)
 	}
 	if err := c.start(ctx); err != nil {
 		return nil, err
@@ -257,6 +222,14 @@ func (c *Cluster) Restart(ctx context.Context, immediate bool) error {
 	if immediate {
 		mode = "immediate"
 	}
+	// Under the state folder's lock, as Ensure: a process that finds the server
+	// stopped mid-restart (a streamd command, another test binary) waits for the
+	// restart instead of starting the server itself under the restart's feet.
+	unlock, err := c.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir, "-m", mode, "-w", "-t", "60", "stop"); err != nil {
 		return fmt.Errorf("localpg: pg_ctl stop: %w: %s", err, out)
 	}

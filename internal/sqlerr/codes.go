@@ -1,5 +1,7 @@
 package sqlerr
 
+import "errors"
+
 // Every SQLSTATE that streamd's SQL functions raise. Class SD is streamd's own.
 // Log (sql/functions/0100_log.sql): SD0xx. Consumer groups: SD1xx. Queues: SD2xx.
 // Retention and configuration: SD3xx. Event sourcing: SD4xx.
@@ -52,4 +54,108 @@ const (
 	// JSON that does not parse (PostgreSQL's invalid_text_representation, raised by
 	// the jsonb input function).
 	InvalidJSON = "22P02"
+
+	// LockNotAvailable is PostgreSQL's lock_not_available: a lock wait cut short by
+	// lock_timeout.
+	LockNotAvailable = "55P03"
 )
+
+// The sentinels of the codes above. The public packages export each under their own
+// name (streams.ErrStreamNotFound is sqlerr.ErrStreamNotFound) and document it there; they
+// are declared here so that the one table below can name them without an import of
+// the public packages (which import this one) and without registration at init.
+var (
+	// The log (package streams).
+	ErrStreamNotFound     = errors.New("stream not found")
+	ErrPartitionNotFound  = errors.New("partition not found")
+	ErrInvalidName        = errors.New("invalid name")
+	ErrPayloadTooLarge    = errors.New("payload too large")
+	ErrInvalidJSON        = errors.New("invalid JSON")
+	ErrInvalidArgument    = errors.New("invalid argument")
+	ErrPartitionsDecrease = errors.New("partition count cannot decrease")
+	ErrOffsetOutOfRange   = errors.New("offset out of range")
+	ErrOutOfOrderSequence = errors.New("out of order sequence")
+	ErrProducerFenced     = errors.New("producer fenced")
+	ErrDuplicateSequence  = errors.New("duplicate sequence")
+
+	// Consumer groups (package consumergroup).
+	ErrFenced               = errors.New("fenced")
+	ErrGroupNotFound        = errors.New("group not found")
+	ErrInvalidGroupID       = errors.New("invalid group id")
+	ErrGroupNotEmpty        = errors.New("group has live members")
+	ErrGroupInvalidArgument = errors.New("invalid argument")
+	ErrDeadLetterNotFound   = errors.New("dead letter not found")
+	ErrAlreadyCommitted     = errors.New("batch already committed")
+
+	// Queues (package messages).
+	ErrQueueNotFound        = errors.New("queue not found")
+	ErrInvalidQueueName     = errors.New("invalid queue name")
+	ErrQueuePayloadTooLarge = errors.New("payload too large")
+	ErrQueueInvalidArgument = errors.New("invalid argument")
+	ErrQueueInUse           = errors.New("queue in use")
+
+	// Retention and stream configuration (packages retention, streamconfig).
+	ErrRetentionInvalidArgument = errors.New("invalid retention argument")
+	ErrNoRetentionPolicy        = errors.New("no retention policy")
+	ErrInvalidStreamConfig      = errors.New("invalid stream configuration")
+
+	// Event sourcing (package eventstore).
+	ErrVersionMismatch  = errors.New("version mismatch")
+	ErrSessionNotOpen   = errors.New("key not open in this session")
+	ErrSessionExpired   = errors.New("session expired")
+	ErrSessionHeld      = errors.New("key held by another session")
+	ErrNotVersioned     = errors.New("stream does not keep key versions")
+	ErrUnknownEventType = errors.New("unknown event type")
+)
+
+// sentinels is the one map from SQLSTATE to sentinel.
+var sentinels = map[string]error{
+	StreamNotFound:     ErrStreamNotFound,
+	PartitionNotFound:  ErrPartitionNotFound,
+	InvalidName:        ErrInvalidName,
+	PayloadTooLarge:    ErrPayloadTooLarge,
+	InvalidArgument:    ErrInvalidArgument,
+	PartitionDecrease:  ErrPartitionsDecrease,
+	OffsetOutOfRange:   ErrOffsetOutOfRange,
+	OutOfOrderSequence: ErrOutOfOrderSequence,
+	ProducerFenced:     ErrProducerFenced,
+	DuplicateSequence:  ErrDuplicateSequence,
+	InvalidJSON:        ErrInvalidJSON,
+
+	Fenced:             ErrFenced,
+	FencedSession:      ErrFenced,
+	FencedPartition:    ErrFenced,
+	FencedEpoch:        ErrFenced,
+	GroupNotFound:      ErrGroupNotFound,
+	InvalidGroupID:     ErrInvalidGroupID,
+	GroupNotEmpty:      ErrGroupNotEmpty,
+	GroupInvalidArg:    ErrGroupInvalidArgument,
+	DeadLetterNotFound: ErrDeadLetterNotFound,
+	AlreadyCommitted:   ErrAlreadyCommitted,
+
+	QueueNotFound:        ErrQueueNotFound,
+	InvalidQueueName:     ErrInvalidQueueName,
+	QueuePayloadTooLarge: ErrQueuePayloadTooLarge,
+	QueueInvalidArgument: ErrQueueInvalidArgument,
+	QueueInUse:           ErrQueueInUse,
+
+	InvalidStreamConfig:      ErrInvalidStreamConfig,
+	RetentionInvalidArgument: ErrRetentionInvalidArgument,
+	RetentionPolicyNotFound:  ErrNoRetentionPolicy,
+
+	VersionMismatch:  ErrVersionMismatch,
+	SessionNotOpen:   ErrSessionNotOpen,
+	SessionExpired:   ErrSessionExpired,
+	SessionHeld:      ErrSessionHeld,
+	NotVersioned:     ErrNotVersioned,
+	UnknownEventType: ErrUnknownEventType,
+}
+
+// Codes returns a copy of the map from SQLSTATE to sentinel (for tests and docs).
+func Codes() map[string]error {
+	out := make(map[string]error, len(sentinels))
+	for k, v := range sentinels {
+		out[k] = v
+	}
+	return out
+}

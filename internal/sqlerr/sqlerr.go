@@ -1,13 +1,13 @@
 // Package sqlerr maps the SQLSTATEs that streamd's SQL functions raise to the Go
 // sentinels of the public packages. It is the one place where codes become errors:
-// codes.go lists every code, and each public package registers its sentinels in init.
+// codes.go lists every code and its sentinel, in one table (no registration at init,
+// so the mapping does not depend on which packages a program imports).
 package sqlerr
 
 import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -28,24 +28,8 @@ func (e *Error) Error() string {
 // Unwrap returns the sentinel and the PostgreSQL error.
 func (e *Error) Unwrap() []error { return []error{e.Sentinel, e.PgErr} }
 
-var (
-	mu       sync.RWMutex
-	registry = map[string]error{}
-)
-
-// Register maps SQLSTATE code to sentinel. Registering a code twice with different
-// sentinels panics: one code, one meaning.
-func Register(code string, sentinel error) {
-	mu.Lock()
-	defer mu.Unlock()
-	if prev, ok := registry[code]; ok && prev != sentinel {
-		panic(fmt.Sprintf("sqlerr: SQLSTATE %s registered twice (%v, %v)", code, prev, sentinel))
-	}
-	registry[code] = sentinel
-}
-
-// Wrap returns err as an *Error when it is a PostgreSQL error with a registered
-// code, and err unchanged otherwise (nil stays nil).
+// Wrap returns err as an *Error when it is a PostgreSQL error with a code of the
+// table in codes.go, and err unchanged otherwise (nil stays nil).
 func Wrap(err error) error {
 	if err == nil {
 		return nil
@@ -54,9 +38,7 @@ func Wrap(err error) error {
 	if !errors.As(err, &pgErr) {
 		return err
 	}
-	mu.RLock()
-	sentinel, ok := registry[pgErr.Code]
-	mu.RUnlock()
+	sentinel, ok := sentinels[pgErr.Code]
 	if !ok {
 		return err
 	}

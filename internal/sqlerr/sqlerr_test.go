@@ -11,7 +11,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/eventstore"
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/messages"
+	"github.com/streamd/streamd/retention"
+	"github.com/streamd/streamd/streamconfig"
+	"github.com/streamd/streamd/streams"
 )
 
 func TestRetriable(t *testing.T) {
@@ -41,10 +47,58 @@ func TestRetriable(t *testing.T) {
 	}
 }
 
-func TestRegisterTwiceWithAnotherSentinelPanics(t *testing.T) {
+// TestEveryCodeMapsToItsSentinel is the table test of the one SQLSTATE map: every
+// code streamd's SQL raises becomes the sentinel its public package exports, keeps
+// PostgreSQL's message and unwraps to the *pgconn.PgError; other codes pass through.
+func TestEveryCodeMapsToItsSentinel(t *testing.T) {
 	t.Parallel()
-	a, b := errors.New("a"), errors.New("b")
-	sqlerr.Register("ZZ998", a)
-	sqlerr.Register("ZZ998", a) // the same pair again is fine
-	require.Panics(t, func() { sqlerr.Register("ZZ998", b) })
+	want := map[string]error{
+		sqlerr.StreamNotFound:    streams.ErrStreamNotFound,
+		sqlerr.PartitionNotFound: streams.ErrPartitionNotFound,
+		sqlerr.InvalidName:       streams.ErrInvalidName,
+		sqlerr.PayloadTooLarge:   streams.ErrPayloadTooLarge,
+		sqlerr.InvalidArgument:   streams.ErrInvalidArgument,
+		sqlerr.PartitionDecrease: streams.ErrPartitionsDecrease,
+		sqlerr.OffsetOutOfRange:  streams.ErrOffsetOutOfRange,
+		sqlerr.InvalidJSON:       streams.ErrInvalidJSON,
+
+		sqlerr.Fenced:             consumergroup.ErrFenced,
+		sqlerr.FencedSession:      consumergroup.ErrFenced,
+		sqlerr.FencedPartition:    consumergroup.ErrFenced,
+		sqlerr.FencedEpoch:        consumergroup.ErrFenced,
+		sqlerr.GroupNotFound:      consumergroup.ErrGroupNotFound,
+		sqlerr.InvalidGroupID:     consumergroup.ErrInvalidGroupID,
+		sqlerr.GroupNotEmpty:      consumergroup.ErrGroupNotEmpty,
+		sqlerr.GroupInvalidArg:    consumergroup.ErrInvalidArgument,
+		sqlerr.DeadLetterNotFound: consumergroup.ErrDeadLetterNotFound,
+		sqlerr.AlreadyCommitted:   consumergroup.ErrAlreadyCommitted,
+
+		sqlerr.QueueNotFound:        messages.ErrQueueNotFound,
+		sqlerr.InvalidQueueName:     messages.ErrInvalidName,
+		sqlerr.QueuePayloadTooLarge: messages.ErrPayloadTooLarge,
+		sqlerr.QueueInvalidArgument: messages.ErrInvalidArgument,
+		sqlerr.QueueInUse:           messages.ErrQueueInUse,
+
+		sqlerr.InvalidStreamConfig:      streamconfig.ErrInvalidConfig,
+		sqlerr.RetentionInvalidArgument: retention.ErrInvalidArgument,
+		sqlerr.RetentionPolicyNotFound:  retention.ErrNoPolicy,
+
+		sqlerr.VersionMismatch:  eventstore.ErrVersionMismatch,
+		sqlerr.SessionNotOpen:   eventstore.ErrNotOpen,
+		sqlerr.SessionExpired:   eventstore.ErrSessionExpired,
+		sqlerr.SessionHeld:      eventstore.ErrSessionHeld,
+		sqlerr.NotVersioned:     eventstore.ErrNotVersioned,
+		sqlerr.UnknownEventType: eventstore.ErrUnknownEventType,
+	}
+	require.Len(t, sqlerr.Codes(), len(want), "a code of the table is missing here, or one here from the table")
+	for code, sentinel := range want {
+		err := sqlerr.Wrap(fmt.Errorf("x: %w", &pgconn.PgError{Code: code, Message: "what was wrong"}))
+		require.ErrorIs(t, err, sentinel, code)
+		require.Contains(t, err.Error(), "what was wrong", code)
+		var back *pgconn.PgError
+		require.True(t, errors.As(err, &back), code)
+		require.Equal(t, code, back.Code)
+	}
+	other := &pgconn.PgError{Code: "23505"}
+	require.Same(t, other, sqlerr.Wrap(other), "a code outside the table passes through")
 }

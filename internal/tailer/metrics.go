@@ -1,7 +1,12 @@
 package tailer
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/internal/promreg"
 )
 
 // Fallback reasons: why the tailer cannot run and polling is the only path. A fixed
@@ -23,7 +28,7 @@ type metrics struct {
 	reconnects   prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "streamd_tailer_connected",
@@ -54,10 +59,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range reasons {
 		m.fallback.WithLabelValues(r).Set(0)
 	}
-	if reg != nil {
-		reg.MustRegister(m.connected, m.fallback, m.lagBytes, m.delay, m.transactions, m.reconnects)
+	if err := errors.Join(promreg.Register(reg, &m.connected), promreg.Register(reg, &m.fallback),
+		promreg.Register(reg, &m.lagBytes), promreg.Register(reg, &m.delay),
+		promreg.Register(reg, &m.transactions), promreg.Register(reg, &m.reconnects)); err != nil {
+		return nil, fmt.Errorf("tailer: %w", err)
 	}
-	return m
+	return m, nil
 }
 
 // setFallback marks reason as the one in effect ("" clears all).

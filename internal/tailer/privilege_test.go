@@ -68,7 +68,7 @@ func TestNoPrivilegeFallsBackGracefully(t *testing.T) {
 	tctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- tl.Run(tctx) }() // owner: this test; exits at cancel below
-	waitFor(t, 20*time.Second, "state unsupported", func() bool { return tl.State() == tailer.StateUnsupported })
+	testdb.WaitFor(t, 20*time.Second, "state unsupported", func() bool { return tl.State() == tailer.StateUnsupported })
 	require.Equal(t, 1.0, testmetrics.Value(t, reg, "streamd_tailer_fallback_polling", "reason", tailer.ReasonPrivilege))
 	require.Equal(t, 0.0, testmetrics.Value(t, reg, "streamd_tailer_fallback_polling", "reason", tailer.ReasonWalLevel))
 	require.Equal(t, 0.0, testmetrics.Value(t, reg, "streamd_tailer_connected"))
@@ -132,5 +132,5 @@ func TestPublicationLockTimeoutIsRetriedSoon(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // a few tries time out behind the lock
 	require.NotEqual(t, tailer.StateUnsupported, tl.State(), "a lock timeout taken for 'unsupported'")
 	require.NoError(t, blocker.Rollback(ctx))
-	waitFor(t, 10*time.Second, "the tailer streaming once the lock is gone", func() bool { return tl.State() == tailer.StateStreaming })
+	testdb.WaitFor(t, 10*time.Second, "the tailer streaming once the lock is gone", func() bool { return tl.State() == tailer.StateStreaming })
 }

@@ -106,7 +106,7 @@ func TestKill9LeavesNoSlot(t *testing.T) {
 	require.NoError(t, cmd.Process.Kill()) // SIGKILL
 	killed = true
 	_ = cmd.Wait()
-	waitFor(t, 30*time.Second, "slot "+slot+" dropped", func() bool {
+	testdb.WaitFor(t, 30*time.Second, "slot "+slot+" dropped", func() bool {
 		var n int
 		require.NoError(t, pool.QueryRow(context.Background(),
 			"SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&n))
@@ -119,7 +119,7 @@ func TestKill9LeavesNoSlot(t *testing.T) {
 	startTailer(t, tailertest.Shared(t), rec, nil)
 	_, err = streams.NewClient(pool, nil).Produce(context.Background(), streams.Record{Stream: stream, Data: []byte(`{}`)})
 	require.NoError(t, err)
-	waitFor(t, 10*time.Second, "a commit handed on by the new tailer", func() bool {
+	testdb.WaitFor(t, 10*time.Second, "a commit handed on by the new tailer", func() bool {
 		return rec.targets()[tailer.Target{Kind: tailer.KindStream, Name: stream}] == 1
 	})
 }
@@ -147,11 +147,11 @@ func TestWalsenderTerminatedReconnects(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx,
 			"SELECT pg_terminate_backend(pid) FROM pg_stat_replication WHERE application_name = $1", app).Scan(&terminated))
 		require.True(t, terminated)
-		waitFor(t, 90*time.Second, "a new session", func() bool {
+		testdb.WaitFor(t, 90*time.Second, "a new session", func() bool {
 			return tl.Sessions() == int64(cut+1) && tl.State() == tailer.StateStreaming
 		})
 		require.Equal(t, cut+1, rec.allCount(), "each new session wakes everyone")
-		waitFor(t, 10*time.Second, "old slot dropped", func() bool {
+		testdb.WaitFor(t, 10*time.Second, "old slot dropped", func() bool {
 			var n int
 			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&n))
 			return n == 0
@@ -160,7 +160,7 @@ func TestWalsenderTerminatedReconnects(t *testing.T) {
 		_, err := c.Produce(ctx, streams.Record{Stream: stream, Partition: streams.PartitionOf(p), Data: []byte(`{}`)})
 		require.NoError(t, err)
 		want := tailer.Target{Kind: tailer.KindStream, Name: stream, Partition: p}
-		waitFor(t, 10*time.Second, "a commit after the cut handed on", func() bool { return rec.targets()[want] >= 1 })
+		testdb.WaitFor(t, 10*time.Second, "a commit after the cut handed on", func() bool { return rec.targets()[want] >= 1 })
 	}
 }
 
@@ -223,7 +223,7 @@ func TestStreamingOnlyAfterTheWakeUpForAll(t *testing.T) {
 	require.NotEqual(t, tailer.StateStreaming, tl.State(), "streaming while the wake-up for everything is still being handed on")
 	require.Zero(t, tl.Sessions())
 	close(release)
-	waitFor(t, 30*time.Second, "streaming once the handler returned", func() bool {
+	testdb.WaitFor(t, 30*time.Second, "streaming once the handler returned", func() bool {
 		return tl.State() == tailer.StateStreaming && tl.Sessions() == 1
 	})
 }

@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
@@ -75,7 +75,11 @@ func New(cfg *Config) (*Tailer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Tailer{cfg: c, log: c.Logger, m: newMetrics(c.Registerer)}, nil
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Tailer{cfg: c, log: c.Logger, m: m}, nil
 }
 
 // State returns what the tailer is doing now. Safe to call from any goroutine.
@@ -114,7 +118,7 @@ func (t *Tailer) Run(ctx context.Context) error {
 		t.m.lagBytes.Set(0)
 	}()
 
-	backoff := t.cfg.MinBackoff
+	bo := backoff.NewJittered(t.cfg.MinBackoff, t.cfg.MaxBackoff)
 	lastReason := ""
 	for ctx.Err() == nil {
 		err := t.session(ctx, connCfg, plainCfg)
@@ -141,20 +145,12 @@ func (t *Tailer) Run(ctx context.Context) error {
 			t.m.reconnects.Inc()
 			if errors.Is(err, errStreamedThenLost) {
 				// It worked until now: try again soon, from the first step.
-				backoff = t.cfg.MinBackoff
+				bo.Reset()
 			}
-			t.log.Debug("tailer reconnecting", "error", err, "backoff", backoff)
-			wait = backoff/2 + time.Duration(mrand.Int64N(int64(backoff/2)+1))
-			if backoff *= 2; backoff > t.cfg.MaxBackoff {
-				backoff = t.cfg.MaxBackoff
-			}
+			wait = bo.Next()
+			t.log.Debug("tailer reconnecting", "error", err, "backoff", wait)
 		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-		case <-timer.C:
-		}
-		timer.Stop()
+		backoff.Sleep(ctx, wait)
 	}
 	t.state.Store(int32(StateConnecting))
 	return nil

@@ -124,20 +124,8 @@ func startTailer(t *testing.T, url string, rec *recorder, mod func(*tailer.Confi
 			t.Error("tailer did not stop within 10s of cancel")
 		}
 	})
-	waitFor(t, 90*time.Second, "tailer streaming", func() bool { return tl.State() == tailer.StateStreaming })
+	testdb.WaitFor(t, 90*time.Second, "tailer streaming", func() bool { return tl.State() == tailer.StateStreaming })
 	return tl
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval, not a wait for the condition
-	}
 }
 
 func createStream(t *testing.T, pool *pgxpool.Pool, partitions int32) string {
@@ -147,9 +135,13 @@ func createStream(t *testing.T, pool *pgxpool.Pool, partitions int32) string {
 	return name
 }
 
+// insertMessage creates queue when it is missing (a plain INSERT into an unknown
+// queue is refused) and inserts a message into it by plain SQL.
 func insertMessage(t *testing.T, pool *pgxpool.Pool, queue string) {
 	t.Helper()
-	_, err := pool.Exec(context.Background(),
+	_, err := pool.Exec(context.Background(), `INSERT INTO streamd.queues (queue_name) VALUES ($1) ON CONFLICT DO NOTHING`, queue)
+	require.NoError(t, err)
+	_, err = pool.Exec(context.Background(),
 		`INSERT INTO streamd.messages (stream_name, message_id, data) VALUES ($1, gen_random_uuid()::text, '{}')`, queue)
 	require.NoError(t, err)
 }
@@ -207,7 +199,7 @@ func TestWakeupsForEveryPartitionAndQueue(t *testing.T) {
 	for _, q := range queues {
 		want[tailer.Target{Kind: tailer.KindQueue, Name: q}] = 1
 	}
-	waitFor(t, 20*time.Second, "every partition and queue", func() bool { return len(rec.targets()) == len(want) && sum(rec.targets()) == sum(want) })
+	testdb.WaitFor(t, 20*time.Second, "every partition and queue", func() bool { return len(rec.targets()) == len(want) && sum(rec.targets()) == sum(want) })
 	require.Equal(t, want, rec.targets(), "each commit's targets once, nothing for the rolled-back stream")
 
 	rec.mu.Lock()
@@ -299,7 +291,7 @@ func TestConfirmsOnlyHandledPositions(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // sampling interval over a fixed window
 	}
 	close(rec.gate)
-	waitFor(t, 10*time.Second, fmt.Sprintf("confirmed_flush_lsn >= %d", ev.EndLSN), func() bool {
+	testdb.WaitFor(t, 10*time.Second, fmt.Sprintf("confirmed_flush_lsn >= %d", ev.EndLSN), func() bool {
 		_, _, confirmed := slotOf(t, pool, app)
 		return confirmed >= ev.EndLSN
 	})
@@ -321,7 +313,7 @@ func TestIdleTailerDoesNotPinWAL(t *testing.T) {
 	require.NoError(t, err)
 	var after uint64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint").Scan(&after))
-	waitFor(t, 30*time.Second, "confirmed past the other table's WAL", func() bool {
+	testdb.WaitFor(t, 30*time.Second, "confirmed past the other table's WAL", func() bool {
 		_, _, confirmed := slotOf(t, pool, app)
 		return confirmed >= after
 	})
@@ -356,10 +348,10 @@ func TestLagBytesSeesABacklog(t *testing.T) {
 			VALUES ($1, 't', jsonb_build_object('p', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 600))))`, stream)
 		require.NoError(t, err)
 	}
-	waitFor(t, 10*time.Second, "the lag gauge to see the backlog", func() bool {
+	testdb.WaitFor(t, 10*time.Second, "the lag gauge to see the backlog", func() bool {
 		return testmetrics.Value(t, reg, "streamd_tailer_lag_bytes") > 5e5
 	})
-	waitFor(t, 20*time.Second, "the lag gauge to come down", func() bool {
+	testdb.WaitFor(t, 20*time.Second, "the lag gauge to come down", func() bool {
 		return testmetrics.Value(t, reg, "streamd_tailer_lag_bytes") < 1e5
 	})
 }

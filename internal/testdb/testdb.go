@@ -161,6 +161,34 @@ func MustURL() string {
 	return url
 }
 
+// WaitFor polls cond until it holds, failing the test after d with what it waited
+// for. It is the tests' wait for a condition (never a sleep); cond runs every few
+// milliseconds on the test's goroutine.
+func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval, not a wait for the condition
+	}
+}
+
+// WaitBlockedBy waits until the backend pid waits for a lock that the backend blocker
+// holds: a signal from the server that a statement is queued behind a transaction,
+// instead of a sleep. It fails the test after 5 s.
+func WaitBlockedBy(t testing.TB, pool *pgxpool.Pool, pid, blocker uint32, what string) {
+	t.Helper()
+	WaitFor(t, 5*time.Second, what, func() bool {
+		var blocked bool
+		if err := pool.QueryRow(context.Background(), "SELECT $2::int = ANY (pg_blocking_pids($1))", int(pid), int(blocker)).Scan(&blocked); err != nil {
+			t.Fatalf("testdb: read pg_blocking_pids: %v", err)
+		}
+		return blocked
+	})
+}
+
 // WaitForLockWait waits until a session whose query contains queryPart waits for a
 // lock that the test's own open transaction tx holds, so that a race test commits at
 // the moment it means to. Naming the blocker matters: other tests run the same
@@ -168,21 +196,14 @@ func MustURL() string {
 // test's. It fails the test after 20 s.
 func WaitForLockWait(t testing.TB, pool *pgxpool.Pool, tx pgx.Tx, queryPart string) {
 	t.Helper()
-	ctx := context.Background()
 	blocker := tx.Conn().PgConn().PID()
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	WaitFor(t, 20*time.Second, fmt.Sprintf("a statement with %q waiting for a lock of the test's transaction", queryPart), func() bool {
 		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND position($1 IN query) > 0
 			  AND $2::int = ANY (pg_blocking_pids(pid))`, queryPart, blocker).Scan(&n); err != nil {
 			t.Fatalf("testdb: read pg_stat_activity: %v", err)
 		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("testdb: no statement with %q waited for a lock of the test's transaction within 20s", queryPart)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval
-	}
+		return n > 0
+	})
 }

@@ -192,6 +192,9 @@ BEGIN
         END IF;
         RAISE EXCEPTION USING ERRCODE = 'SD001', MESSAGE = format('stream %L does not exist', p_stream_name);
     END IF;
+    IF v_stream.read_only THEN
+        PERFORM streamd.raise_read_only(p_stream_name);
+    END IF;
     -- A stream that keeps per-key versions or enforces event types takes the event
     -- sourcing path (sql/functions/1000_eventstore.sql); every other stream pays only
     -- this test of two columns of the row read above.
@@ -407,7 +410,7 @@ BEGIN
     IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
-    IF p_count < 1 OR v_stream.key_versions OR v_stream.enforce_event_types
+    IF p_count < 1 OR v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
        OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
         RETURN;
     END IF;

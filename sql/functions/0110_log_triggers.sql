@@ -27,6 +27,9 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM streamd.raise_partition_missing(NEW.stream_name, coalesce(NEW.partition, 0));
     END IF;
+    IF v_stream.read_only THEN
+        PERFORM streamd.raise_read_only(NEW.stream_name);
+    END IF;
     -- A key_version given is an expectation (below): refused where it cannot be
     -- checked rather than dropped, so a writer relying on it is told. NULL (what seed
     -- style INSERTs pass, or leave out) is no expectation.

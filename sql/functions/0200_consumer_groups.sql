@@ -102,7 +102,6 @@ $$;
 -- leave) a partition whose row an in-flight commit holds is skipped: it stays the
 -- removed member's, an orphan, until that transaction ends and cg_move_orphans moves
 -- it, so the caller, holding the group row, never waits for a member's transaction.
-DROP FUNCTION IF EXISTS streamd.cg_drop_member(text, text, text, timestamptz);
 CREATE OR REPLACE FUNCTION streamd.cg_drop_member(p_stream_name text, p_group_id text, p_consumer_id text, p_now timestamptz,
                                                   p_wait boolean)
 RETURNS void
@@ -701,11 +700,11 @@ BEGIN
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, p_partitions, v_now);
     PERFORM set_config('streamd.cg_check_at_commit', 'on', true); -- see cg_offsets_check_session
 
-    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
+    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", committed_by, member_epoch, metadata, updated_at)
     SELECT p_stream_name, p_group_id, u.p, u.o, p_consumer_id, p_epoch, u.m, v_now
       FROM unnest(p_partitions, p_offsets, coalesce(p_metadata, array_fill(NULL::text, ARRAY[cardinality(p_partitions)]))) AS u(p, o, m)
     ON CONFLICT (stream_name, group_id, partition) DO UPDATE
-       SET "offset" = EXCLUDED."offset", consumer_id = EXCLUDED.consumer_id, member_epoch = EXCLUDED.member_epoch,
+       SET "offset" = EXCLUDED."offset", committed_by = EXCLUDED.committed_by, member_epoch = EXCLUDED.member_epoch,
            metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at;
 END;
 $$;
@@ -746,10 +745,10 @@ BEGIN
     PERFORM streamd.cg_check_offsets(p_stream_name, ARRAY[p_partition], ARRAY[p_next]);
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], v_now);
     PERFORM set_config('streamd.cg_check_at_commit', 'on', true); -- see cg_offsets_check_session
-    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
+    INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", committed_by, member_epoch, metadata, updated_at)
     VALUES (p_stream_name, p_group_id, p_partition, p_next, p_consumer_id, p_epoch, NULL, v_now)
     ON CONFLICT (stream_name, group_id, partition) DO UPDATE
-       SET "offset" = EXCLUDED."offset", consumer_id = EXCLUDED.consumer_id, member_epoch = EXCLUDED.member_epoch,
+       SET "offset" = EXCLUDED."offset", committed_by = EXCLUDED.committed_by, member_epoch = EXCLUDED.member_epoch,
            metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at
      WHERE co."offset" <= p_from
     RETURNING true INTO v_written;
@@ -786,9 +785,9 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
                     WHERE cr.stream_name = NEW.stream_name AND cr.group_id = NEW.group_id
-                      AND cr.consumer_id = NEW.consumer_id AND cr.member_epoch = NEW.member_epoch
+                      AND cr.consumer_id = NEW.committed_by AND cr.member_epoch = NEW.member_epoch
                       AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= clock_timestamp()) THEN
-        PERFORM streamd.cg_raise_session_ended(NEW.stream_name, NEW.group_id, NEW.consumer_id, NEW.member_epoch,
+        PERFORM streamd.cg_raise_session_ended(NEW.stream_name, NEW.group_id, NEW.committed_by, NEW.member_epoch,
             format('its session expired or it left the group before the transaction that commits partition %s committed',
                    NEW.partition));
     END IF;

@@ -97,10 +97,10 @@ BEGIN
                      ELSE greatest(r.lo, least(r.hi, coalesce(r.cur, r.lo)::numeric + p_value))::bigint
                  END;
         v_new := greatest(r.lo, least(r.hi, v_new));
-        INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", consumer_id, member_epoch, metadata, updated_at)
+        INSERT INTO streamd.consumer_offsets AS co (stream_name, group_id, partition, "offset", committed_by, member_epoch, metadata, updated_at)
         VALUES (p_stream_name, p_group_id, r.p, v_new, NULL, NULL, 'reset:' || p_mode, v_now)
         ON CONFLICT (stream_name, group_id, partition) DO UPDATE
-           SET "offset" = EXCLUDED."offset", consumer_id = NULL, member_epoch = NULL,
+           SET "offset" = EXCLUDED."offset", committed_by = NULL, member_epoch = NULL,
                metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at;
         partition := r.p;
         previous_offset := r.cur;
@@ -144,7 +144,6 @@ $$;
 -- (or resumes) fetching them, across handovers, until resumed. p_create: a group that
 -- does not exist yet is made (a consumer pausing before it joins); without it, an
 -- unknown group is SD102 (an operator's typo must not make a group).
-DROP FUNCTION IF EXISTS streamd.set_partitions_paused(text, text, integer[], boolean);
 CREATE OR REPLACE FUNCTION streamd.set_partitions_paused(p_stream_name text, p_group_id text, p_partitions integer[],
                                                          p_paused boolean, p_create boolean)
 RETURNS void

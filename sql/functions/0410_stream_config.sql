@@ -193,11 +193,10 @@ BEGIN
         PERFORM streamd.raise_partition_missing(NEW.stream_name, 0);
     END IF;
     -- The other sections' shape, which every reader (streamconfig.Get, the API's
-    -- access checks) relies on: JSON objects, and tags of string values. Their fields
-    -- are checked by the Go types; unknown keys are kept for newer versions.
-    PERFORM streamd.config_check_section('dead_letter_config', NEW.dead_letter_config),
-            streamd.config_check_section('lifecycle_config', NEW.lifecycle_config),
-            streamd.config_check_section('performance_config', NEW.performance_config),
+    -- access checks) relies on: JSON objects, and tags of string values. The
+    -- dead-letter, lifecycle and performance keys are checked here for every door
+    -- (sql/functions/0420_stream_settings.sql): an unknown key is refused.
+    PERFORM streamd.config_check_settings(NEW.dead_letter_config, NEW.lifecycle_config, NEW.performance_config),
             streamd.config_check_section('access_control_config', NEW.access_control_config),
             streamd.config_check_section('tags', NEW.tags);
     IF NEW.tags IS NOT NULL AND EXISTS (SELECT 1 FROM jsonb_each(NEW.tags) t WHERE jsonb_typeof(t.value) <> 'string') THEN

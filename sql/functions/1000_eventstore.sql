@@ -36,8 +36,6 @@
 -- p_require_versions (the event store's appends): a stream that does not keep key
 -- versions is SD405 even with no expected version and no session (streamd.append,
 -- which sends streams that only enforce event types here, leaves it false).
-DROP FUNCTION IF EXISTS streamd.append_versioned(text, integer[], text[], text[], text[], text[], bytea[], text[], text[],
-                                                 text[], integer[], bigint[], text, timestamptz);
 CREATE OR REPLACE FUNCTION streamd.append_versioned(
     p_stream_name       text,
     p_partitions        integer[],
@@ -91,6 +89,9 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'SD003', MESSAGE = format('invalid stream name %L', p_stream_name);
         END IF;
         RAISE EXCEPTION USING ERRCODE = 'SD001', MESSAGE = format('stream %L does not exist', p_stream_name);
+    END IF;
+    IF v_stream.read_only THEN
+        PERFORM streamd.raise_read_only(p_stream_name);
     END IF;
     IF NOT v_stream.key_versions
        AND (p_require_versions OR p_session_id IS NOT NULL
@@ -350,7 +351,6 @@ $$;
 -- on the key to commit (row lock on the key head): at most p_lock_wait when given
 -- (then lock_not_available, 55P03, which the caller retries like SD404), else as
 -- long as the lock_timeout setting lets it.
-DROP FUNCTION IF EXISTS streamd.open_key_session(text, text, text, interval, timestamptz);
 CREATE OR REPLACE FUNCTION streamd.open_key_session(p_stream_name text, p_key text, p_session_id text, p_timeout interval, p_now timestamptz,
                                                     p_lock_wait interval DEFAULT NULL)
 RETURNS timestamptz

@@ -38,6 +38,12 @@ BEGIN
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON streamd.key_heads, streamd.snapshots TO %s', v_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON streamd.events TO %s', v_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.messages, streamd.message_groups TO %s', v_role);
+    -- Consumer groups, their dead letters and projections, tenant-scoped (migrations
+    -- 0061, 0063), and the group views, which read them as the caller.
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.consumer_groups, streamd.consumer_registrations,
+                    streamd.consumer_partitions, streamd.consumer_offsets, streamd.dead_letter_queue,
+                    streamd.projections TO %s', v_role);
+    EXECUTE format('GRANT SELECT ON streamd.consumer_group_status, streamd.consumer_group_summary TO %s', v_role);
     EXECUTE format('GRANT USAGE ON ALL SEQUENCES IN SCHEMA streamd TO %s', v_role);
     -- The appends' check for event ids held by other tenants (stored_event_ids, below).
     EXECUTE format('GRANT EXECUTE ON FUNCTION streamd.stored_event_ids(text, text[]) TO %s', v_role);

@@ -6,7 +6,9 @@
 -- columns. current_event_count counts retained offsets (next_offset -
 -- log_start_offset per partition): exact for a log that is not compacted, an upper
 -- bound for one that is. oldest_event and newest_event are the timestamps of the first
--- and last retained events.
+-- and last retained events. limits_per says what max_event_count and max_size_bytes
+-- count: 'partition' (the seed's max_event_count was per stream; see the columns'
+-- comments, migration 0060).
 CREATE OR REPLACE VIEW streamd.retention_policy_status AS
 SELECT rp.stream_name,
        rp.max_age_seconds,
@@ -20,7 +22,8 @@ SELECT rp.stream_name,
        rp.tombstone_retention_seconds,
        rp.protect_consumers,
        count(h.partition)::integer                                   AS partitions,
-       rp.updated_at
+       rp.updated_at,
+       'partition'::text                                             AS limits_per
   FROM streamd.retention_policies rp
   LEFT JOIN streamd.stream_partitions h ON h.stream_name = rp.stream_name
   LEFT JOIN LATERAL (SELECT e."timestamp" AS ts FROM streamd.events e
@@ -32,8 +35,3 @@ SELECT rp.stream_name,
                         AND e."offset" >= h.log_start_offset AND e."offset" < h.next_offset
                       ORDER BY e."offset" DESC LIMIT 1) l ON true
  GROUP BY rp.stream_name;
-
--- The reason a group partition is not progressing is a column of
--- consumer_group_status (sql/views/0200_consumer_group_views.sql); an earlier separate
--- view is gone.
-DROP VIEW IF EXISTS streamd.consumer_group_progress;

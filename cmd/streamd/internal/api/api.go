@@ -70,6 +70,14 @@ func (c *Config) withDefaults() (Config, error) {
 	return out, nil
 }
 
+// Validate returns the error New would return for this configuration (a short token,
+// an empty principal, no token without AuthDisabled), without touching anything: a
+// daemon checks its configuration before it connects or migrates.
+func (c *Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 // Server serves the API.
 type Server struct {
 	pool    *pgxpool.Pool
@@ -97,6 +105,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	s.groupRoutes()
 	s.queueRoutes()
 	s.redriveRoutes()
+	s.readByRoutes()
+	s.configRoutes()
 	return s, nil
 }
 
@@ -156,7 +166,34 @@ var (
 	ErrNotFound     = errors.New("not found")
 	ErrTooLarge     = errors.New("request too large")
 	ErrConflict     = errors.New("conflict")
+	// ErrMethodNotAllowed: the path is a route, but not for this method (405, with
+	// an Allow header).
+	ErrMethodNotAllowed = errors.New("method not allowed")
 )
+
+// methodNotAllowed wraps the catch-all route: a path that another method's route
+// matches is 405 with Allow, not 404 (the catch-all hid the mux's own 405).
+func (s *Server) methodNotAllowed(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var allowed []string
+		for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+			if m == r.Method {
+				continue
+			}
+			c := r.Clone(r.Context())
+			c.Method = m
+			if _, pattern := s.mux.Handler(c); pattern != "" && pattern != "/v1/" {
+				allowed = append(allowed, m)
+			}
+		}
+		if len(allowed) == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
+		s.writeError(w, r, fmt.Errorf("%w: %s %s: this route takes %s", ErrMethodNotAllowed, r.Method, r.URL.Path, strings.Join(allowed, ", ")))
+	})
+}
 
 // errorBody is the JSON of every error response.
 type errorBody struct {
@@ -222,6 +259,8 @@ func statusOf(err error) (int, string) {
 	switch {
 	case errors.Is(err, ErrUnauthorized):
 		return http.StatusUnauthorized, "unauthorized"
+	case errors.Is(err, ErrMethodNotAllowed):
+		return http.StatusMethodNotAllowed, "method_not_allowed"
 	case errors.Is(err, ErrForbidden):
 		return http.StatusForbidden, "forbidden"
 	case errors.Is(err, ErrTooLarge), errors.Is(err, streams.ErrPayloadTooLarge):
@@ -230,7 +269,7 @@ func statusOf(err error) (int, string) {
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, streams.ErrOffsetOutOfRange):
 		return http.StatusRequestedRangeNotSatisfiable, "offset_out_of_range"
-	case errors.Is(err, ErrConflict), errors.Is(err, streams.ErrPartitionsDecrease):
+	case errors.Is(err, ErrConflict), errors.Is(err, streams.ErrPartitionsDecrease), errors.Is(err, streams.ErrStreamExists):
 		return http.StatusConflict, "conflict"
 	case errors.Is(err, ErrBadRequest), errors.Is(err, streams.ErrInvalidName), errors.Is(err, streams.ErrInvalidJSON),
 		errors.Is(err, streams.ErrInvalidArgument):

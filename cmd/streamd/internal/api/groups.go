@@ -71,13 +71,16 @@ func (s *Server) deleteGroup(r *Request) (any, error) {
 }
 
 // resetRequest is the body of reset-offsets: mode is earliest, latest, timestamp,
-// offset or shift.
+// offset or shift; value is required for offset and shift, time for timestamp. Like
+// kafka-consumer-groups (--dry-run unless --execute), a reset is a preview unless
+// execute is true.
 type resetRequest struct {
+	Execute    bool       `json:"execute"`
 	Force      bool       `json:"force"`
 	Mode       string     `json:"mode"`
 	Partitions []int32    `json:"partitions"`
 	Time       *time.Time `json:"time"`
-	Value      int64      `json:"value"`
+	Value      *int64     `json:"value"`
 }
 
 func (s *Server) resetOffsets(r *Request) (any, error) {
@@ -89,9 +92,15 @@ func (s *Server) resetOffsets(r *Request) (any, error) {
 	if err := r.Decode(&req); err != nil {
 		return nil, err
 	}
-	opts := consumergroup.ResetOpts{Force: req.Force, Mode: consumergroup.ResetMode(req.Mode), Partitions: req.Partitions, Value: req.Value}
+	opts := consumergroup.ResetOpts{DryRun: !req.Execute, Force: req.Force, Mode: consumergroup.ResetMode(req.Mode), Partitions: req.Partitions}
 	switch opts.Mode {
-	case consumergroup.ResetToEarliest, consumergroup.ResetToLatest, consumergroup.ResetToOffset, consumergroup.ResetShiftBy:
+	case consumergroup.ResetToEarliest, consumergroup.ResetToLatest:
+	case consumergroup.ResetToOffset, consumergroup.ResetShiftBy:
+		if req.Value == nil {
+			return nil, fmt.Errorf("%w: mode %s needs value (the %s)", ErrBadRequest, req.Mode,
+				map[consumergroup.ResetMode]string{consumergroup.ResetToOffset: "offset to reset to", consumergroup.ResetShiftBy: "shift, may be negative"}[opts.Mode])
+		}
+		opts.Value = *req.Value
 	case consumergroup.ResetToTimestamp:
 		if req.Time == nil {
 			return nil, fmt.Errorf("%w: mode timestamp needs time (RFC 3339)", ErrBadRequest)
@@ -100,11 +109,17 @@ func (s *Server) resetOffsets(r *Request) (any, error) {
 	default:
 		return nil, fmt.Errorf("%w: mode %q: want earliest, latest, timestamp, offset or shift", ErrBadRequest, req.Mode)
 	}
+	if req.Value != nil && opts.Mode != consumergroup.ResetToOffset && opts.Mode != consumergroup.ResetShiftBy {
+		return nil, fmt.Errorf("%w: value goes with mode offset or shift, not %s", ErrBadRequest, req.Mode)
+	}
 	changes, err := s.groups.ResetOffsets(r.Context(), stream, r.PathValue("group"), opts)
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"changes": changes}, nil
+	if changes == nil {
+		changes = []consumergroup.OffsetChange{}
+	}
+	return map[string]any{"changes": changes, "executed": req.Execute}, nil
 }
 
 func (s *Server) listDeadLetters(r *Request) (any, error) {
@@ -113,6 +128,11 @@ func (s *Server) listDeadLetters(r *Request) (any, error) {
 		return nil, err
 	}
 	q := r.URL.Query()
+	switch st := q.Get("status"); st {
+	case "", "pending", "replayed", "discarded":
+	default:
+		return nil, fmt.Errorf("%w: status %q: want pending, replayed or discarded", ErrBadRequest, st)
+	}
 	dls, err := s.groups.DeadLetters(r.Context(), stream, q.Get("group"), q.Get("status"))
 	if err != nil {
 		return nil, err

@@ -27,7 +27,7 @@ func TestGroupsEndpoints(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// A member consumes everything, commits, and leaves.
-	cons, err := consumergroup.New(sc.Pool(), consumergroup.Config{Stream: s, Group: "g1", SessionTimeout: 5 * time.Second})
+	cons, err := consumergroup.New(sc.Pool(), &consumergroup.Config{Stream: s, Group: "g1", SessionTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	rctx, stop := context.WithCancel(ctx)
 	seen := 0
@@ -46,8 +46,20 @@ func TestGroupsEndpoints(t *testing.T) {
 	raw, _ := json.Marshal(body)
 	require.Contains(t, string(raw), `"lag":0`)
 
-	code, body = c.do("POST", "/v1/streams/"+s+"/groups/g1/reset-offsets", adminToken, `{"mode":"earliest"}`)
+	// A reset is a preview unless it says execute (kafka-consumer-groups' --dry-run
+	// and --execute): the preview changed nothing.
+	code, body = c.do("POST", "/v1/streams/"+s+"/groups/g1/reset-offsets", adminToken, `{"mode":"offset","value":1}`)
 	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, false, body["executed"])
+	require.Len(t, body["changes"], 2)
+	code, body = c.do("GET", "/v1/streams/"+s+"/groups/g1", adminToken, "")
+	require.Equal(t, http.StatusOK, code)
+	raw, _ = json.Marshal(body)
+	require.Contains(t, string(raw), `"lag":0`, "a preview changes nothing")
+
+	code, body = c.do("POST", "/v1/streams/"+s+"/groups/g1/reset-offsets", adminToken, `{"mode":"earliest","execute":true}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.Equal(t, true, body["executed"])
 	require.Len(t, body["changes"], 2)
 	code, body = c.do("GET", "/v1/streams/"+s+"/groups/g1", adminToken, "")
 	require.Equal(t, http.StatusOK, code)
@@ -60,6 +72,9 @@ func TestGroupsEndpoints(t *testing.T) {
 	}{
 		{"unknown mode", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"sideways"}`, 400},
 		{"timestamp without time", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"timestamp"}`, 400},
+		{"offset without value", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"offset","execute":true}`, 400},
+		{"shift without value", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"shift","execute":true}`, 400},
+		{"value without offset or shift", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"latest","value":3}`, 400},
 		{"unknown group", "POST", "/v1/streams/" + s + "/groups/nope/reset-offsets", `{"mode":"latest"}`, 404},
 		{"unknown dead letter", "POST", "/v1/streams/" + s + "/dead-letters/999999/replay", "", 404},
 	} {
@@ -86,7 +101,7 @@ func TestQueueEndpoints(t *testing.T) {
 	code, body = c.do("POST", "/v1/queues", adminToken, fmt.Sprintf(`{"name":%q,"max_delivery_attempts":9}`, q))
 	require.Equal(t, http.StatusCreated, code, "%v", body)
 	require.EqualValues(t, 9, body["max_delivery_attempts"])
-	require.EqualValues(t, 60*time.Second, body["visibility_timeout"], "kept, not reset to the default")
+	require.EqualValues(t, 60000, body["visibility_timeout_ms"], "kept, not reset to the default; milliseconds as in the request")
 
 	code, body = c.do("POST", "/v1/queues/"+q+"/messages", adminToken, `{"messages":[{"data":{"n":1}},{"data":{"n":2},"message_id":"m2"}]}`)
 	require.Equal(t, http.StatusOK, code, "%v", body)

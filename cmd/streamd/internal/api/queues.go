@@ -219,6 +219,9 @@ func (s *Server) peekMessages(r *Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if after < 0 || limit < 1 || limit > 10000 {
+		return nil, fmt.Errorf("%w: after must be 0 or more and limit between 1 and 10000 (got after=%d, limit=%d)", ErrBadRequest, after, limit)
+	}
 	msgs, err := s.queues.Peek(r.Context(), r.PathValue("queue"), &messages.PeekOpts{AfterOffset: after, Limit: int(limit)})
 	if err != nil {
 		return nil, err
@@ -379,6 +382,11 @@ func (s *Server) discardMessages(r *Request) (any, error) {
 	}
 	if len(req.Offsets) == 0 {
 		return nil, fmt.Errorf("%w: no offsets", ErrBadRequest)
+	}
+	for i, o := range req.Offsets {
+		if o < 0 {
+			return nil, fmt.Errorf("%w: offsets[%d] is %d: offsets are 0 or more", ErrBadRequest, i, o)
+		}
 	}
 	done, err := s.queues.Discard(r.Context(), r.PathValue("queue"), req.Offsets...)
 	if err != nil {

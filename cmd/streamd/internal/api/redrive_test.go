@@ -111,6 +111,13 @@ func TestRedriveTaskKeepsLowRates(t *testing.T) {
 	q, dlq := deadLetters(t, ctx, pool, "rl", 10)
 	code, body := c.do("POST", "/v1/queues/"+dlq+"/redrive-tasks", adminToken, `{"rate":2}`)
 	require.Equal(t, http.StatusAccepted, code, "%v", body)
+	// The task stays open when the test stops the service: cancel it, or open tasks
+	// pile up in the test database and the service (which takes the oldest 100) no
+	// longer reaches later tests' tasks.
+	id := int64(body["id"].(float64))
+	t.Cleanup(func() {
+		c.do("DELETE", fmt.Sprintf("/v1/queues/%s/redrive-tasks/%d", dlq, id), adminToken, "")
+	})
 
 	svc := coordinator.Redrive(pool, nil, 20*time.Millisecond)
 	rctx, stop := context.WithCancel(ctx)

@@ -16,12 +16,13 @@ func (s *Server) routes() {
 	s.Handle("POST /v1/streams", s.createStream)
 	s.Handle("GET /v1/streams/{stream}", s.describeStream)
 	s.Handle("DELETE /v1/streams/{stream}", s.deleteStream)
+	s.Handle("PATCH /v1/streams/{stream}", s.alterStream)
 	s.Handle("POST /v1/streams/{stream}/records", s.produce)
 	s.Handle("GET /v1/streams/{stream}/partitions/{partition}/records", s.fetch)
 	s.Handle("GET /v1/streams/{stream}/partitions/{partition}/offset-for-time", s.offsetForTime)
-	s.mux.Handle("/v1/", s.wrap(func(r *Request) (any, error) {
+	s.mux.Handle("/v1/", s.methodNotAllowed(s.wrap(func(r *Request) (any, error) {
 		return nil, fmt.Errorf("%w: no route %s %s", ErrNotFound, r.Method, r.URL.Path)
-	}))
+	})))
 }
 
 func (s *Server) listStreams(r *Request) (any, error) {
@@ -61,7 +62,9 @@ func (s *Server) createStream(r *Request) (any, error) {
 	if n > math.MaxInt32 {
 		return nil, fmt.Errorf("%w: partitions %d is too many", ErrBadRequest, n)
 	}
-	if err := s.streams.CreateStream(r.Context(), req.Name, int32(n)); err != nil {
+	// An existing stream is 409: growing one re-maps keys, so it is asked for
+	// separately (PATCH), as kafka-topics separates --create from --alter.
+	if err := s.streams.AddStream(r.Context(), req.Name, int32(n)); err != nil {
 		return nil, err
 	}
 	info, err := s.streams.DescribeStream(r.Context(), req.Name)
@@ -69,6 +72,42 @@ func (s *Server) createStream(r *Request) (any, error) {
 		return nil, err
 	}
 	return &Status{Code: http.StatusCreated, Value: info}, nil
+}
+
+// alterStream grows a stream or sets its payload limit: {"partitions": N,
+// "max_payload_bytes": M}, either or both.
+func (s *Server) alterStream(r *Request) (any, error) {
+	name := r.PathValue("stream")
+	if err := r.Authorize(name, ActionAdmin); err != nil {
+		return nil, err
+	}
+	var req struct {
+		MaxPayloadBytes *int64 `json:"max_payload_bytes"`
+		Partitions      *int64 `json:"partitions"`
+	}
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if req.Partitions == nil && req.MaxPayloadBytes == nil {
+		return nil, fmt.Errorf("%w: give partitions (the new partition count) or max_payload_bytes", ErrBadRequest)
+	}
+	if p := req.Partitions; p != nil && (*p < 1 || *p > math.MaxInt32) {
+		return nil, fmt.Errorf("%w: partitions %d: want a count of 1 or more", ErrBadRequest, *p)
+	}
+	if m := req.MaxPayloadBytes; m != nil && (*m < 1 || *m > streams.MaxPayloadLimit) {
+		return nil, fmt.Errorf("%w: max_payload_bytes %d: want 1 to %d", ErrBadRequest, *m, streams.MaxPayloadLimit)
+	}
+	if m := req.MaxPayloadBytes; m != nil {
+		if err := s.streams.SetMaxPayloadBytes(r.Context(), name, int32(*m)); err != nil {
+			return nil, err
+		}
+	}
+	if p := req.Partitions; p != nil {
+		if err := s.streams.GrowStream(r.Context(), name, int32(*p)); err != nil {
+			return nil, err
+		}
+	}
+	return s.streams.DescribeStream(r.Context(), name)
 }
 
 func (s *Server) describeStream(r *Request) (any, error) {
@@ -143,7 +182,7 @@ func (s *Server) fetch(r *Request) (any, error) {
 	if err := r.Authorize(name, ActionConsume); err != nil {
 		return nil, err
 	}
-	partition, err := intParam(r, "partition", r.PathValue("partition"), 0)
+	partition, err := partitionParam(r)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +202,7 @@ func (s *Server) fetch(r *Request) (any, error) {
 	if max > 10000 || waitMs > 30000 || max < 0 || waitMs < 0 {
 		return nil, fmt.Errorf("%w: max must be in [0, 10000] and wait_ms in [0, 30000]", ErrBadRequest)
 	}
-	res, err := s.streams.Fetch(r.Context(), name, int32(partition), offset,
+	res, err := s.streams.Fetch(r.Context(), name, partition, offset,
 		&streams.FetchOpts{MaxRecords: int(max), MaxWait: time.Duration(waitMs) * time.Millisecond})
 	if err != nil {
 		return nil, err
@@ -179,7 +218,7 @@ func (s *Server) offsetForTime(r *Request) (any, error) {
 	if err := r.Authorize(name, ActionConsume); err != nil {
 		return nil, err
 	}
-	partition, err := intParam(r, "partition", r.PathValue("partition"), 0)
+	partition, err := partitionParam(r)
 	if err != nil {
 		return nil, err
 	}
@@ -187,11 +226,25 @@ func (s *Server) offsetForTime(r *Request) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: time must be RFC 3339, e.g. 2026-11-22T10:00:00Z", ErrBadRequest)
 	}
-	off, err := s.streams.OffsetForTime(r.Context(), name, int32(partition), t)
+	off, err := s.streams.OffsetForTime(r.Context(), name, partition, t)
 	if err != nil {
 		return nil, err
 	}
 	return map[string]int64{"offset": off}, nil
+}
+
+// partitionParam reads the {partition} path value: a partition number is 0 or more
+// (a negative one is bad input, 400, like a negative offset; one that does not exist
+// is 404).
+func partitionParam(r *Request) (int32, error) {
+	p, err := intParam(r, "partition", r.PathValue("partition"), 0)
+	if err != nil {
+		return 0, err
+	}
+	if p < 0 || p > math.MaxInt32 {
+		return 0, fmt.Errorf("%w: partition %d: want a partition number, 0 or more", ErrBadRequest, p)
+	}
+	return int32(p), nil
 }
 
 func intParam(_ *Request, name, v string, def int64) (int64, error) {

@@ -120,10 +120,10 @@ func TestJobSlotsFinishOnceAcrossLeaders(t *testing.T) {
 	jobName := testdb.Name("job")
 	var calls atomic.Int64
 	newLead := func(pool *pgxpool.Pool) func(context.Context, coordinator.Leadership) {
-		jobs, err := coordinator.NewJobs(pool, nil, nil, []coordinator.Job{{
+		jobs, err := coordinator.NewJobs(pool, &coordinator.JobsConfig{Jobs: []coordinator.Job{{
 			Name: jobName, Interval: 150 * time.Millisecond,
 			Run: func(ctx context.Context) error { calls.Add(1); return nil },
-		}}, nil)
+		}}})
 		require.NoError(t, err)
 		return jobs.Lead
 	}
@@ -254,9 +254,9 @@ func TestSlotStartFailureIsRetriedInTheSlot(t *testing.T) {
 	defer jobsPool.Close()
 	var calls atomic.Int64
 	logs := testdb.NewLogs()
-	jobs, err := coordinator.NewJobs(jobsPool, logs.Logger(), nil, []coordinator.Job{{
+	jobs, err := coordinator.NewJobs(jobsPool, &coordinator.JobsConfig{Logger: logs.Logger(), Jobs: []coordinator.Job{{
 		Name: jobName, Interval: interval, Run: func(context.Context) error { calls.Add(1); return nil },
-	}}, nil)
+	}}})
 	require.NoError(t, err)
 	start(t, lease, jobs.Lead)
 
@@ -289,9 +289,9 @@ func TestOwnCommittedStartIsRunAgain(t *testing.T) {
 	require.True(t, started)
 
 	var calls atomic.Int64
-	jobs, err := coordinator.NewJobs(pool, nil, nil, []coordinator.Job{{
+	jobs, err := coordinator.NewJobs(pool, &coordinator.JobsConfig{Jobs: []coordinator.Job{{
 		Name: jobName, Interval: interval, Run: func(context.Context) error { calls.Add(1); return nil },
-	}}, nil)
+	}}})
 	require.NoError(t, err)
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

@@ -25,6 +25,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/internal/promreg"
 )
 
 // ElectorConfig configures an Elector. A nil *ElectorConfig means the defaults.
@@ -108,10 +110,8 @@ func NewElector(pool *pgxpool.Pool, cfg *ElectorConfig) (*Elector, error) {
 	}
 	e := &Elector{pool: pool, cfg: conf, isLeader: prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "streamd_coordinator_is_leader", Help: "1 while this instance holds the coordinator lease."})}
-	if conf.Registerer != nil {
-		if err := conf.Registerer.Register(e.isLeader); err != nil {
-			return nil, err
-		}
+	if err := promreg.Register(conf.Registerer, &e.isLeader); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	return e, nil
 }

@@ -9,6 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/internal/backoff"
+	"github.com/streamd/streamd/internal/promreg"
 )
 
 // Job is a coordinator job: run on the leader once per Interval-long schedule slot.
@@ -41,25 +44,55 @@ type Jobs struct {
 	retryAfter time.Duration
 }
 
-// NewJobs returns a runner for jobs and services. reg may be nil.
-func NewJobs(pool *pgxpool.Pool, logger *slog.Logger, reg prometheus.Registerer, jobs []Job, services []Continuous) (*Jobs, error) {
-	if logger == nil {
-		logger = slog.Default()
+// JobsConfig configures a Jobs. A nil *JobsConfig means the defaults (no jobs, no
+// services).
+type JobsConfig struct {
+	// Jobs run once per schedule slot across instances. Each needs a name, a positive
+	// interval and a Run func. Defaults to none.
+	Jobs []Job
+	// Logger receives the jobs' log lines. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives streamd_coordinator_job_runs_total. Defaults to nil: no
+	// metrics.
+	Registerer prometheus.Registerer
+	// Services run for the whole term. Defaults to none.
+	Services []Continuous
+}
+
+func (c *JobsConfig) withDefaults() (JobsConfig, error) {
+	var out JobsConfig
+	if c != nil {
+		out = *c
 	}
-	for _, j := range jobs {
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out, out.validate()
+}
+
+func (c *JobsConfig) validate() error {
+	for i, j := range c.Jobs {
 		if j.Name == "" || j.Interval <= 0 || j.Run == nil {
-			return nil, fmt.Errorf("coordinator: job %q needs a name, a positive interval and a Run func", j.Name)
+			return fmt.Errorf("coordinator: JobsConfig.Jobs[%d] (%q) needs a name, a positive interval and a Run func", i, j.Name)
 		}
+	}
+	return nil
+}
+
+// NewJobs returns a runner for cfg's jobs and services. It fails when cfg is invalid,
+// naming the field.
+func NewJobs(pool *pgxpool.Pool, cfg *JobsConfig) (*Jobs, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	runs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "streamd_coordinator_job_runs_total", Help: "Coordinator job runs by job and result (ok, error)."},
 		[]string{"job", "result"})
-	if reg != nil {
-		if err := reg.Register(runs); err != nil {
-			return nil, err
-		}
+	if err := promreg.Register(c.Registerer, &runs); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	return &Jobs{pool: pool, logger: logger, jobs: jobs, services: services, runs: runs, now: time.Now, retryAfter: time.Second}, nil
+	return &Jobs{pool: pool, logger: c.Logger, jobs: c.Jobs, services: c.Services, runs: runs, now: time.Now, retryAfter: time.Second}, nil
 }
 
 // Lead runs every job and service until ctx ends; it is the function to hand to
@@ -100,14 +133,13 @@ func (j *Jobs) runJob(ctx context.Context, l Leadership, job Job) {
 		next := time.Unix(0, (slot+1)*int64(job.Interval))
 		// A slot whose start could not be recorded (a connection lost to a database
 		// restart, a timeout) is tried again within the slot, not skipped.
-		for wait := j.retryAfter; !j.runSlot(ctx, l, job, slot) && ctx.Err() == nil; wait = min(2*wait, 30*time.Second) {
+		for bo := backoff.New(j.retryAfter, 30*time.Second); !j.runSlot(ctx, l, job, slot) && ctx.Err() == nil; {
+			wait := bo.Next()
 			if j.now().Add(wait).After(next) {
 				break
 			}
-			select {
-			case <-ctx.Done():
+			if !backoff.Sleep(ctx, wait) {
 				return
-			case <-time.After(wait):
 			}
 		}
 		select {

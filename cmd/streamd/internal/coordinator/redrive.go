@@ -33,7 +33,12 @@ func Redrive(pool *pgxpool.Pool, logger *slog.Logger, tick time.Duration) Contin
 		for {
 			now := time.Now()
 			if err := redriveTick(ctx, queues, logger, now.Sub(last), credit); err != nil && ctx.Err() == nil {
-				return err
+				if !sqlerr.Retriable(err) {
+					return err
+				}
+				// A passing failure of the listing (a timeout, a lost connection) is
+				// tried again next tick, as a step's is.
+				logger.Warn("listing redrive tasks failed; trying again", "err", err)
 			}
 			last = now
 			select {

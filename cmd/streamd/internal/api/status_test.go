@@ -1,0 +1,87 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+)
+
+// TestStatusesOfBadRequests: each defect of issue 18's list gets its status and a
+// message in the API's own words: a negative partition is 400 like a negative offset
+// (it was 404); unknown status filters are 400 (they answered 200 with an empty
+// list); a negative offset to discard is 400 (200); a wrong method on a known route
+// is 405 with Allow (404); peek's bad limit names the query parameter, not a Go field;
+// a peeked message has no receipt (it had a zeroed one).
+func TestStatusesOfBadRequests(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, sc := newServer(t)
+	s, q := testdb.Name("st"), testdb.Name("st-q")
+	require.NoError(t, sc.CreateStream(ctx, s, 1))
+	code, body := c.do("POST", "/v1/queues", adminToken, fmt.Sprintf(`{"name":%q}`, q))
+	require.Equal(t, http.StatusCreated, code, "%v", body)
+	code, body = c.do("POST", "/v1/queues/"+q+"/messages", adminToken, `{"messages":[{"data":{"n":1}}]}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+
+	for _, tc := range []struct {
+		name, method, path, body string
+		want                     int
+		says                     string
+	}{
+		{"negative partition", "GET", "/v1/streams/" + s + "/partitions/-1/records", "", 400, "partition -1"},
+		{"negative offset", "GET", "/v1/streams/" + s + "/partitions/0/records?offset=-1", "", 400, "offset"},
+		{"missing partition", "GET", "/v1/streams/" + s + "/partitions/7/records", "", 404, ""},
+		{"bogus redrive status", "GET", "/v1/redrive-tasks?status=bogus", "", 400, "status"},
+		{"bogus dead-letter status", "GET", "/v1/streams/" + s + "/dead-letters?status=bogus", "", 400, "status"},
+		{"negative discard", "POST", "/v1/queues/" + q + "/discard", `{"offsets":[-1]}`, 400, "offsets[0]"},
+		{"peek limit", "GET", "/v1/queues/" + q + "/messages?limit=-1", "", 400, "limit"},
+		{"wrong method", "GET", "/v1/queues/" + q + "/purge", "", 405, "POST"},
+		{"no route", "GET", "/v1/nowhere", "", 404, ""},
+	} {
+		code, body := c.do(tc.method, tc.path, adminToken, tc.body)
+		require.Equal(t, tc.want, code, "%s: %v", tc.name, body)
+		if tc.says != "" {
+			require.Contains(t, body["error"], tc.says, tc.name)
+		}
+		require.NotContains(t, fmt.Sprint(body["error"]), "Opts.", "%s: the API's words, not Go's", tc.name)
+	}
+
+	code, body = c.do("GET", "/v1/queues/"+q+"/messages", adminToken, "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	raw, _ := json.Marshal(body)
+	require.NotContains(t, string(raw), "receipt", "a peeked message has no receipt")
+	require.Contains(t, string(raw), `"offset"`)
+
+	code, body = c.do("POST", "/v1/queues/"+q+"/receive", adminToken, `{}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	raw, _ = json.Marshal(body)
+	require.Contains(t, string(raw), `"receipt_handle":"`+q+`/`)
+	require.True(t, strings.Contains(string(raw), `"lease_token":"`), "a token in hex: %s", raw)
+}
+
+// TestAlterStream: POST of an existing stream is 409 and changes nothing; PATCH grows
+// it and sets its payload limit; bad values are 400.
+func TestAlterStream(t *testing.T) {
+	t.Parallel()
+	c, _ := newServer(t)
+	s := testdb.Name("alter")
+	code, body := c.do("POST", "/v1/streams", adminToken, fmt.Sprintf(`{"name":%q,"partitions":2}`, s))
+	require.Equal(t, http.StatusCreated, code, "%v", body)
+	code, body = c.do("POST", "/v1/streams", adminToken, fmt.Sprintf(`{"name":%q,"partitions":3}`, s))
+	require.Equal(t, http.StatusConflict, code, "%v", body)
+	code, body = c.do("PATCH", "/v1/streams/"+s, adminToken, `{"partitions":3,"max_payload_bytes":1000}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	require.EqualValues(t, 3, body["partitions"])
+	require.EqualValues(t, 1000, body["max_payload_bytes"])
+	for _, bad := range []string{`{}`, `{"partitions":0}`, `{"max_payload_bytes":0}`, `{"partitions":1}`} {
+		code, body = c.do("PATCH", "/v1/streams/"+s, adminToken, bad)
+		require.Contains(t, []int{400, 409}, code, "%s: %v", bad, body)
+	}
+}

@@ -1,0 +1,57 @@
+package streams_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// TestAddStreamRefusesAndGrowStreamGrows: AddStream creates, and refuses an existing
+// stream (with the same or another count) without changing it; GrowStream grows,
+// refuses fewer partitions and an unknown stream.
+func TestAddStreamRefusesAndGrowStreamGrows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := streams.NewClient(testdb.Pool(t), nil)
+	name := testdb.Name("add")
+	partitions := func() int {
+		info, err := c.DescribeStream(ctx, name)
+		require.NoError(t, err)
+		return len(info.PartitionInfo)
+	}
+
+	require.ErrorIs(t, c.GrowStream(ctx, name, 2), streams.ErrStreamNotFound)
+	require.NoError(t, c.AddStream(ctx, name, 2))
+	require.Equal(t, 2, partitions())
+	require.ErrorIs(t, c.AddStream(ctx, name, 3), streams.ErrStreamExists)
+	require.ErrorIs(t, c.AddStream(ctx, name, 2), streams.ErrStreamExists)
+	require.Equal(t, 2, partitions(), "a refused create changes nothing")
+
+	require.NoError(t, c.GrowStream(ctx, name, 3))
+	require.Equal(t, 3, partitions())
+	require.ErrorIs(t, c.GrowStream(ctx, name, 1), streams.ErrPartitionsDecrease)
+	require.ErrorIs(t, c.AddStream(ctx, "bad name", 1), streams.ErrInvalidName)
+}
+
+// TestSetMaxPayloadBytes: the limit is set and enforced on the next append; bad
+// values and unknown streams are refused.
+func TestSetMaxPayloadBytes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := streams.NewClient(testdb.Pool(t), nil)
+	name := testdb.Name("limit")
+	require.NoError(t, c.AddStream(ctx, name, 1))
+	require.NoError(t, c.SetMaxPayloadBytes(ctx, name, 16))
+	info, err := c.DescribeStream(ctx, name)
+	require.NoError(t, err)
+	require.EqualValues(t, 16, info.MaxPayloadBytes)
+	_, err = c.Produce(ctx, streams.Record{Stream: name, Data: json.RawMessage(`{"this":"is longer than sixteen bytes"}`)})
+	require.ErrorIs(t, err, streams.ErrPayloadTooLarge)
+	require.ErrorIs(t, c.SetMaxPayloadBytes(ctx, name, 0), streams.ErrInvalidArgument)
+	require.ErrorIs(t, c.SetMaxPayloadBytes(ctx, testdb.Name("missing"), 10), streams.ErrStreamNotFound)
+}

@@ -1,0 +1,132 @@
+package streams_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// Reads by correlation id and by event type return a stream's matching events (and
+// no other stream's) in (partition, offset) order, page by page; with the stream's
+// read index enabled they read the index (its scans count rises), and disabling it
+// drops it. Bad input is refused.
+func TestReadByCorrelationAndType(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, stream := setup(t, 3)
+	_, other := setup(t, 1)
+	var recs []streams.Record
+	for i := 0; i < 300; i++ {
+		corr := ""
+		if i%50 == 7 {
+			corr = "order-42"
+		}
+		typ := "Tick"
+		if i%30 == 0 {
+			typ = "OrderPlaced"
+		}
+		recs = append(recs, streams.Record{Stream: stream, Key: fmt.Sprint("k", i%11), EventType: typ, CorrelationID: corr,
+			Data: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))})
+	}
+	recs = append(recs, streams.Record{Stream: other, EventType: "OrderPlaced", CorrelationID: "order-42", Data: json.RawMessage(`{}`)})
+	_, err := c.Produce(ctx, recs...)
+	require.NoError(t, err)
+
+	check := func() {
+		t.Helper()
+		got, err := c.ReadByCorrelationID(ctx, stream, "order-42", nil)
+		require.NoError(t, err)
+		require.Len(t, got, 6)
+		for i, e := range got {
+			require.Equal(t, "order-42", e.CorrelationID)
+			require.Equal(t, stream, e.Stream)
+			if i > 0 {
+				prev := got[i-1]
+				require.True(t, prev.Partition < e.Partition || (prev.Partition == e.Partition && prev.Offset < e.Offset))
+			}
+		}
+		// Paging by type: 10 OrderPlaced events, 4 at a time.
+		var all []streams.Event
+		var after *streams.Position
+		for {
+			page, err := c.ReadByEventType(ctx, stream, "OrderPlaced", &streams.ReadByOpts{After: after, Limit: 4})
+			require.NoError(t, err)
+			if len(page) == 0 {
+				break
+			}
+			all = append(all, page...)
+			last := page[len(page)-1]
+			after = &streams.Position{Partition: last.Partition, Offset: last.Offset}
+		}
+		require.Len(t, all, 10)
+		seen := map[string]bool{}
+		for _, e := range all {
+			require.Equal(t, "OrderPlaced", e.EventType)
+			require.False(t, seen[e.EventID], "no event twice across pages")
+			seen[e.EventID] = true
+		}
+	}
+	check() // no index: a scan of the stream
+
+	idx, err := c.ReadIndexes(ctx, stream)
+	require.NoError(t, err)
+	require.Empty(t, idx)
+	require.NoError(t, c.EnableReadIndex(ctx, stream, streams.ReadIndexCorrelationID))
+	require.NoError(t, c.EnableReadIndex(ctx, stream, streams.ReadIndexEventType))
+	require.NoError(t, c.EnableReadIndex(ctx, stream, streams.ReadIndexEventType), "idempotent")
+	idx, err = c.ReadIndexes(ctx, stream)
+	require.NoError(t, err)
+	require.Len(t, idx, 2)
+	for _, i := range idx {
+		require.True(t, i.Valid)
+	}
+	scans := func() int64 {
+		t.Helper()
+		conn, err := testdb.Pool(t).Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		var n int64
+		_, err = conn.Exec(ctx, `SELECT count(*) FROM streamd.read_events_by($1, 'correlation_id', 'order-42', -1, -1, 100)`, stream)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
+		require.NoError(t, err)
+		require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_user_indexes
+			WHERE schemaname = 'streamd' AND indexrelname = streamd.read_index_name($1, 'correlation_id')`, stream).Scan(&n))
+		return n
+	}
+	first := scans()
+	require.Greater(t, scans(), first, "the read uses the stream's correlation index")
+	check()
+
+	require.NoError(t, c.DisableReadIndex(ctx, stream, streams.ReadIndexCorrelationID))
+	idx, err = c.ReadIndexes(ctx, stream)
+	require.NoError(t, err)
+	require.Len(t, idx, 1)
+	require.Equal(t, streams.ReadIndexEventType, idx[0].Kind)
+	require.NoError(t, c.DisableReadIndex(ctx, stream, streams.ReadIndexEventType))
+
+	// Deleting the stream drops its read indexes (partial indexes on its name).
+	require.NoError(t, c.EnableReadIndex(ctx, stream, streams.ReadIndexEventType))
+	require.NoError(t, c.DeleteStream(ctx, stream))
+	var left int
+	require.NoError(t, c.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = ANY(ARRAY[
+		streamd.read_index_name($1, 'correlation_id'), streamd.read_index_name($1, 'event_type')])`, stream).Scan(&left))
+	require.Zero(t, left)
+
+	// Bad input.
+	missing := testdb.Name("missing")
+	_, err = c.ReadByCorrelationID(ctx, missing, "x", nil)
+	require.ErrorIs(t, err, streams.ErrStreamNotFound)
+	require.ErrorIs(t, c.EnableReadIndex(ctx, missing, streams.ReadIndexEventType), streams.ErrStreamNotFound)
+	require.ErrorIs(t, c.EnableReadIndex(ctx, other, "key"), streams.ErrInvalidArgument)
+	_, err = c.ReadByEventType(ctx, other, "x", &streams.ReadByOpts{Limit: 10001})
+	require.ErrorIs(t, err, streams.ErrInvalidArgument)
+	_, err = c.ReadIndexes(ctx, "bad name")
+	require.ErrorIs(t, err, streams.ErrInvalidName)
+}
