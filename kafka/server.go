@@ -32,11 +32,11 @@ import (
 // Config configures a Server. A nil *Config means the defaults. Fields are
 // alphabetical.
 type Config struct {
+	// Addr is the address Run listens on. Defaults to 127.0.0.1:9092.
+	Addr string
 	// AdvertisedAddr is the host:port Metadata gives clients for this instance.
 	// Defaults to the listener's address.
 	AdvertisedAddr string
-	// Addr is the address Run listens on. Defaults to 127.0.0.1:9092.
-	Addr string
 	// AutoCreateTopics makes Metadata (when the client allows it) and Produce create
 	// a missing topic with DefaultPartitions partitions. Defaults to false: a missing
 	// topic is UNKNOWN_TOPIC_OR_PARTITION.
@@ -65,15 +65,15 @@ type Config struct {
 	Rack string
 	// Registerer receives the server's metrics. Defaults to nil: no metrics.
 	Registerer prometheus.Registerer
+	// ShutdownTimeout bounds how long Serve waits, once ctx ended, for the requests in
+	// flight to finish before closing their connections. Long polls (Fetch waits)
+	// end at once. Defaults to 10s.
+	ShutdownTimeout time.Duration
 	// Wakeups, when set, ends Fetch long polls as soon as something may have been
 	// committed to a stream they read (the process's wakeup.Listener's Hub, fed by
 	// the tailer). Polling (5ms doubling up to 100ms; 1s with Wakeups) stays on as
 	// the safety net. Defaults to nil: poll only.
 	Wakeups *wakeup.Hub
-	// ShutdownTimeout bounds how long Serve waits, once ctx ended, for the requests in
-	// flight to finish before closing their connections. Long polls (Fetch waits)
-	// end at once. Defaults to 10s.
-	ShutdownTimeout time.Duration
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -253,6 +253,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	var serveErr error
 	select {
 	case <-ctx.Done():
+		ln.Close()
+		<-acceptErr // the accept loop has returned: no connection is added from here on
 	case err := <-acceptErr:
 		serveErr = fmt.Errorf("kafka accept: %w", err)
 	}

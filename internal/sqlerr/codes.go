@@ -124,18 +124,17 @@ var (
 
 // sentinels is the one map from SQLSTATE to sentinel.
 var sentinels = map[string]error{
-	StreamNotFound:    ErrStreamNotFound,
-	PartitionNotFound: ErrPartitionNotFound,
-	InvalidName:       ErrInvalidName,
-	PayloadTooLarge:   ErrPayloadTooLarge,
-	InvalidArgument:   ErrInvalidArgument,
-	PartitionDecrease: ErrPartitionsDecrease,
-	OffsetOutOfRange:  ErrOffsetOutOfRange,
-	InvalidJSON:       ErrInvalidJSON,
-
+	StreamNotFound:     ErrStreamNotFound,
+	PartitionNotFound:  ErrPartitionNotFound,
+	InvalidName:        ErrInvalidName,
+	PayloadTooLarge:    ErrPayloadTooLarge,
+	InvalidArgument:    ErrInvalidArgument,
+	PartitionDecrease:  ErrPartitionsDecrease,
+	OffsetOutOfRange:   ErrOffsetOutOfRange,
 	OutOfOrderSequence: ErrOutOfOrderSequence,
 	ProducerFenced:     ErrProducerFenced,
 	DuplicateSequence:  ErrDuplicateSequence,
+	InvalidJSON:        ErrInvalidJSON,
 
 	Fenced:             ErrFenced,
 	FencedSession:      ErrFenced,

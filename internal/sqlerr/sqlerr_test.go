@@ -53,14 +53,17 @@ func TestRetriable(t *testing.T) {
 func TestEveryCodeMapsToItsSentinel(t *testing.T) {
 	t.Parallel()
 	want := map[string]error{
-		sqlerr.StreamNotFound:    streams.ErrStreamNotFound,
-		sqlerr.PartitionNotFound: streams.ErrPartitionNotFound,
-		sqlerr.InvalidName:       streams.ErrInvalidName,
-		sqlerr.PayloadTooLarge:   streams.ErrPayloadTooLarge,
-		sqlerr.InvalidArgument:   streams.ErrInvalidArgument,
-		sqlerr.PartitionDecrease: streams.ErrPartitionsDecrease,
-		sqlerr.OffsetOutOfRange:  streams.ErrOffsetOutOfRange,
-		sqlerr.InvalidJSON:       streams.ErrInvalidJSON,
+		sqlerr.StreamNotFound:     streams.ErrStreamNotFound,
+		sqlerr.PartitionNotFound:  streams.ErrPartitionNotFound,
+		sqlerr.InvalidName:        streams.ErrInvalidName,
+		sqlerr.PayloadTooLarge:    streams.ErrPayloadTooLarge,
+		sqlerr.InvalidArgument:    streams.ErrInvalidArgument,
+		sqlerr.PartitionDecrease:  streams.ErrPartitionsDecrease,
+		sqlerr.OffsetOutOfRange:   streams.ErrOffsetOutOfRange,
+		sqlerr.OutOfOrderSequence: streams.ErrOutOfOrderSequence,
+		sqlerr.ProducerFenced:     streams.ErrProducerFenced,
+		sqlerr.DuplicateSequence:  streams.ErrDuplicateSequence,
+		sqlerr.InvalidJSON:        streams.ErrInvalidJSON,
 
 		sqlerr.Fenced:             consumergroup.ErrFenced,
 		sqlerr.FencedSession:      consumergroup.ErrFenced,
