@@ -76,6 +76,12 @@ func TestEveryCodeMapsToItsSentinel(t *testing.T) {
 		sqlerr.DeadLetterNotFound: consumergroup.ErrDeadLetterNotFound,
 		sqlerr.AlreadyCommitted:   consumergroup.ErrAlreadyCommitted,
 
+		sqlerr.UnknownMember:            consumergroup.ErrUnknownMember,
+		sqlerr.InconsistentProtocol:     consumergroup.ErrInconsistentGroupProtocol,
+		sqlerr.FencedInstance:           consumergroup.ErrInstanceFenced,
+		sqlerr.IllegalGeneration:        consumergroup.ErrIllegalGeneration,
+		sqlerr.ClassicRebalanceUnderway: consumergroup.ErrRebalanceInProgress,
+
 		sqlerr.QueueNotFound:        messages.ErrQueueNotFound,
 		sqlerr.InvalidQueueName:     messages.ErrInvalidName,
 		sqlerr.QueuePayloadTooLarge: messages.ErrPayloadTooLarge,

@@ -148,14 +148,15 @@ RETURNS TABLE (stream_name text, action text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
-    r     record;
+    v_now      timestamptz := coalesce(p_now, now());
+    r          record;
+    v_archive  bigint;
+    v_delete   bigint;
 BEGIN
     FOR r IN
         SELECT c.stream_name AS s, s.read_only,
                coalesce(max(h.last_appended_at), s.created_at) AS last_at,
-               streamd.config_duration_seconds('lifecycle_config.archiveAfter', c.lifecycle_config -> 'archiveAfter') AS archive_s,
-               streamd.config_duration_seconds('lifecycle_config.deleteAfter', c.lifecycle_config -> 'deleteAfter') AS delete_s
+               c.lifecycle_config AS cfg
           FROM streamd.stream_configurations c
           JOIN streamd.streams s ON s.stream_name = c.stream_name
           LEFT JOIN streamd.stream_partitions h ON h.stream_name = c.stream_name
@@ -163,11 +164,20 @@ BEGIN
          GROUP BY c.stream_name, s.read_only, s.created_at, c.lifecycle_config
          ORDER BY c.stream_name
     LOOP
-        IF r.delete_s IS NOT NULL AND r.last_at + r.delete_s * interval '1 second' <= v_now THEN
+        -- A configuration stored before its keys were checked (an upgrade) may not
+        -- parse: that stream is skipped with a warning, the others go on.
+        BEGIN
+            v_archive := streamd.config_duration_seconds('lifecycle_config.archiveAfter', r.cfg -> 'archiveAfter');
+            v_delete  := streamd.config_duration_seconds('lifecycle_config.deleteAfter', r.cfg -> 'deleteAfter');
+        EXCEPTION WHEN SQLSTATE 'SD301' THEN
+            RAISE WARNING 'lifecycle of stream %: % (skipped)', r.s, SQLERRM;
+            CONTINUE;
+        END;
+        IF v_delete IS NOT NULL AND r.last_at + v_delete * interval '1 second' <= v_now THEN
             stream_name := r.s;
             action := 'delete';
             RETURN NEXT;
-        ELSIF r.archive_s IS NOT NULL AND NOT r.read_only AND r.last_at + r.archive_s * interval '1 second' <= v_now THEN
+        ELSIF v_archive IS NOT NULL AND NOT r.read_only AND r.last_at + v_archive * interval '1 second' <= v_now THEN
             UPDATE streamd.stream_configurations c
                SET lifecycle_config = c.lifecycle_config || '{"readOnly": true}'
              WHERE c.stream_name = r.s;

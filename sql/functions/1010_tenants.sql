@@ -44,6 +44,9 @@ BEGIN
                     streamd.consumer_partitions, streamd.consumer_offsets, streamd.dead_letter_queue,
                     streamd.projections TO %s', v_role);
     EXECUTE format('GRANT SELECT ON streamd.consumer_group_status, streamd.consumer_group_summary TO %s', v_role);
+    -- Kafka classic groups, which consumer_group_status joins (tenant-scoped by
+    -- migration 0067: a tenant role sees none of the rows the Kafka listener writes).
+    EXECUTE format('GRANT SELECT ON streamd.kafka_groups, streamd.kafka_group_members, streamd.kafka_group_assignments TO %s', v_role);
     EXECUTE format('GRANT USAGE ON ALL SEQUENCES IN SCHEMA streamd TO %s', v_role);
     -- The appends' check for event ids held by other tenants (stored_event_ids, below).
     EXECUTE format('GRANT EXECUTE ON FUNCTION streamd.stored_event_ids(text, text[]) TO %s', v_role);
