@@ -43,6 +43,7 @@ func run() error {
 	outDir := flag.String("out", "bench/results", "directory for the JSON results and the SVG charts")
 	resultsMD := flag.String("results-md", "bench/RESULTS.md", "markdown file whose generated section is rewritten ('' to skip)")
 	duration := flag.Duration("duration", 0, "override the suite's duration per case")
+	repeats := flag.Int("repeats", 0, "override how many times each scenario runs (the suite's Repeats; results are the median repeat)")
 	noWrite := flag.Bool("no-write", false, "print the table only; write no files")
 	waitQuiet := flag.Duration("wait-quiet", 0, "wait up to this long for the 1-minute load average to drop below -quiet-load before starting")
 	quietLoad := flag.Float64("quiet-load", 1.0, "the load average -wait-quiet waits for")
@@ -66,6 +67,9 @@ func run() error {
 	}
 	if *duration > 0 {
 		suite.CaseDuration = *duration
+	}
+	if *repeats > 0 {
+		suite.Repeats = *repeats
 	}
 	if *latency > 0 {
 		suite.LatencyDuration = *latency
