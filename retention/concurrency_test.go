@@ -168,6 +168,22 @@ func TestRetentionUnderLoadLosesNothingAboveTheLine(t *testing.T) {
 	case <-timer.C:
 	case <-ctx.Done():
 	}
+	// Produce on until every partition grew past what its protected reader waits for
+	// (3 × keep): on a slow machine runFor alone left a partition short, and its reader
+	// waited for growth that never came until the test's deadline.
+	grownAll := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for p := int32(0); p < partitions; p++ {
+			if len(acked[p]) < 3*keep {
+				return false
+			}
+		}
+		return true
+	}
+	for !grownAll() && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond) // polling a condition; the deadline is ctx's
+	}
 	close(stopProducing)
 	require.NoError(t, producers.Wait())
 	close(producersDone)
