@@ -26,7 +26,9 @@ import (
 // stored exactly once, and each partition's offsets stay gapless.
 func TestProducerSurvivesKilledConnections(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	// A bound for a hang, not a speed target: with connections killed every 50 ms the
+	// run takes 60–90 s here, at the base of session 6 too (753c9e1 failed at 90 s).
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cfg := testdb.Config(t)
 	app := testdb.Name("killme")
