@@ -405,12 +405,8 @@ func (w *worker) commit(ctx context.Context, next int64) bool {
 // up. pgx returns that refusal as a bare *pgconn.PgError; marked, the worker drops the
 // partition as lost instead of retrying a batch whose commits can only be fenced.
 func fencedAtCommit(err error) error {
-	if errors.Is(err, ErrFenced) {
+	if errors.Is(err, ErrFenced) || !errors.Is(sqlerr.Wrap(err), ErrFenced) { // the one SQLSTATE table says which codes fence
 		return err
 	}
-	switch sqlerr.Code(err) {
-	case sqlerr.Fenced, sqlerr.FencedSession, sqlerr.FencedPartition, sqlerr.FencedEpoch:
-		return fmt.Errorf("%w: the handler's transaction was refused at COMMIT: %w", ErrFenced, err)
-	}
-	return err
+	return fmt.Errorf("%w: the handler's transaction was refused at COMMIT: %w", ErrFenced, err)
 }
