@@ -107,6 +107,10 @@ func TestREADMESQLBlock(t *testing.T) {
 		if strings.HasSuffix(strings.TrimSpace(l), ";") {
 			_, err := conn.Exec(ctx, stmt.String())
 			require.NoError(t, err, "README statement:\n%s", stmt.String())
+			if strings.Contains(stmt.String(), "INSERT INTO streamd.retention_policies") {
+				_, err := conn.Exec(ctx, stmt.String())
+				require.NoError(t, err, "the retention INSERT is an upsert: it runs again on an existing policy")
+			}
 			stmt.Reset()
 			n++
 		}
