@@ -28,6 +28,7 @@ import (
 	"github.com/streamd/streamd/retention"
 	schema "github.com/streamd/streamd/sql"
 	"github.com/streamd/streamd/streamconfig"
+	"github.com/streamd/streamd/streams"
 	"github.com/streamd/streamd/wakeup"
 )
 
@@ -445,6 +446,14 @@ func coordinatorJobs(pool *pgxpool.Pool, groups *consumergroup.Admin, c *serveCo
 		Interval: c.reaperInterval,
 		Run: func(ctx context.Context) error {
 			_, err := groups.ExpireStaleMembers(ctx)
+			return err
+		},
+	}, {
+		// Idempotent producers' state (Kafka's producer.id.expiration.ms).
+		Name:     c.coordinatorName + "/producer-expiry",
+		Interval: c.retentionEvery,
+		Run: func(ctx context.Context) error {
+			_, err := streams.NewClient(pool, nil).ExpireProducers(ctx, c.kafka.producerExpiration, nil)
 			return err
 		},
 	}}
