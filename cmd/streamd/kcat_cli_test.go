@@ -176,7 +176,7 @@ func TestCLIConsumeReadsAsKcat(t *testing.T) {
 	}
 	consume := func(args ...string) (string, string) {
 		t.Helper()
-		out, errOut, err := runSplit(t, ctx, "", append([]string{"consume", "-f", `%o\n`, "--session-timeout", "5s"}, args...)...)
+		out, errOut, err := runSplit(t, ctx, "", append([]string{"consume", "-f", `%o\n`}, args...)...)
 		require.NoError(t, err, errOut)
 		return strings.ReplaceAll(strings.TrimSpace(out), "\n", " "), errOut
 	}
@@ -248,7 +248,7 @@ func TestCLIGroupsAllGroupsExportAndFromFile(t *testing.T) {
 	_, err = run(t, ctx, "3\n4\n", "produce", s, "-p", "1")
 	require.NoError(t, err)
 	for _, g := range []string{g1, g2} {
-		out, err := run(t, ctx, "", "consume", s, "-G", g, "-e", "--session-timeout", "5s")
+		out, err := run(t, ctx, "", "consume", s, "-G", g, "-e")
 		require.NoError(t, err, out)
 	}
 
