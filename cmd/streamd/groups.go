@@ -253,6 +253,9 @@ all or nothing.`,
 				if err != nil {
 					return err
 				}
+				if g.output == "json" {
+					return printJSON(cmd.OutOrStdout(), pos)
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "replayed as %s/%d@%d\n", stream, pos.Partition, pos.Offset)
 				return nil
 			case "discard":

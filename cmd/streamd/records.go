@@ -39,7 +39,7 @@ type offsetSpec struct {
 	t    time.Time // offsetTime
 }
 
-const offsetHelp = "beginning, end, stored, an offset N, -N (N records before the end), or @T (a time: milliseconds since the epoch or RFC 3339)"
+const offsetHelp = "beginning, end, an offset N, -N (N records before the end), or @T (a time: milliseconds since the epoch or RFC 3339)"
 
 // parseOffset parses kcat's -o values: beginning | end | stored | N | -N | @T | s@T,
 // where T is milliseconds since the epoch or an RFC 3339 time. (kcat's e@T, stop at a
