@@ -205,7 +205,9 @@ start from the new offsets). New offsets are clamped to the stored log.`,
 
 	var dlGroup, dlStatus, resolvedBy string
 	dead := &cobra.Command{
-		Use: "dead-letters [list | replay ID | discard ID]", Short: "List, replay or discard a stream's dead letters", Args: cobra.RangeArgs(0, 2),
+		Use:   "dead-letters [list | replay ID | discard ID | resolve ID]",
+		Short: "List a stream's dead letters; replay one to its group only, discard it, or mark it resolved (dealt with by hand)",
+		Args:  cobra.RangeArgs(0, 2),
 		RunE: withAdmin(func(ctx context.Context, a *consumergroup.Admin, cmd *cobra.Command, args []string) error {
 			if err := needStream(); err != nil {
 				return err
@@ -216,9 +218,9 @@ start from the new offsets). New offsets are clamped to the stored log.`,
 					return err
 				}
 				return g.print(cmd.OutOrStdout(), dl, func(tw *tabwriter.Writer) {
-					row(tw, "ID", "GROUP", "PARTITION", "OFFSET", "ATTEMPTS", "STATUS", "ERROR")
+					row(tw, "ID", "GROUP", "PARTITION", "OFFSET", "ATTEMPTS", "STATUS", "RESOLVED BY", "ERROR")
 					for _, d := range dl {
-						row(tw, d.ID, d.Group, d.Partition, d.Offset, d.Attempts, d.Status, d.Error)
+						row(tw, d.ID, d.Group, d.Partition, d.Offset, d.Attempts, d.Status, orDash(d.ResolvedBy), d.Error)
 					}
 				})
 			}
@@ -231,20 +233,21 @@ start from the new offsets). New offsets are clamped to the stored log.`,
 			}
 			switch args[0] {
 			case "replay":
-				pos, err := a.ReplayDeadLetter(ctx, stream, id, resolvedBy)
-				if err != nil {
+				if err := a.ReplayDeadLetter(ctx, stream, id, resolvedBy); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "replayed as %s/%d@%d\n", stream, pos.Partition, pos.Offset)
+				fmt.Fprintf(cmd.OutOrStdout(), "dead letter %d replayed: its group's member for the partition redelivers it\n", id)
 				return nil
 			case "discard":
 				return a.DiscardDeadLetter(ctx, stream, id, resolvedBy)
+			case "resolve":
+				return a.ResolveDeadLetter(ctx, stream, id, resolvedBy)
 			}
-			return fmt.Errorf("unknown action %q: want list, replay or discard", args[0])
+			return fmt.Errorf("unknown action %q: want list, replay, discard or resolve", args[0])
 		}),
 	}
 	dead.Flags().StringVar(&dlGroup, "group", "", "only this group's dead letters")
-	dead.Flags().StringVar(&dlStatus, "status", "pending", "pending, replayed, discarded, or '' for all")
+	dead.Flags().StringVar(&dlStatus, "status", "pending", "pending, replayed, discarded, resolved, or '' for all")
 	dead.Flags().StringVar(&resolvedBy, "by", envOr("USER", "cli"), "who resolves (recorded)")
 
 	cmd.AddCommand(list, describe, reset, del, pauseCmd(true), pauseCmd(false), dead)
@@ -332,4 +335,12 @@ func newConsumeCmd(g *globals) *cobra.Command {
 	f.IntVar(&cfg.MaxBatchSize, "batch-size", 500, "events per batch")
 	f.DurationVar(&cfg.SessionTimeout, "session-timeout", 30*time.Second, "session timeout")
 	return cmd
+}
+
+// orDash is s, or "-" when s is empty (a table cell).
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
