@@ -479,13 +479,14 @@ BEGIN
                    FROM unnest(p_offsets, coalesce(p_errors, '{}'::text[])) WITH ORDINALITY u(o, err, i)
                    ORDER BY u.o, u.i) e ON e.o = d."offset"
         ORDER BY d."offset"
-        RETURNING stream_name, "offset", message_id, origin_offset, origin_attempts, last_error, dead_lettered_at
+        RETURNING stream_name, "offset", message_id, origin_offset, origin_attempts, last_error, dead_lettered_at, tenant_id
     )
     SELECT (SELECT count(*) FROM d),
            (SELECT jsonb_agg(jsonb_build_object('dead_letter_queue', i.stream_name, 'dead_letter_offset', i."offset",
                                                 'message_id', i.message_id, 'origin_offset', i.origin_offset,
                                                 'attempts', i.origin_attempts, 'error', i.last_error,
-                                                'dead_lettered_at', i.dead_lettered_at) ORDER BY i.origin_offset)
+                                                'dead_lettered_at', i.dead_lettered_at, 'tenant_id', i.tenant_id)
+                             ORDER BY i.origin_offset)
               FROM ins i)
       INTO v_n, v_moved;
     PERFORM set_config('streamd.queue_trusted', 'off', true);

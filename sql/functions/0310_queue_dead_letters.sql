@@ -13,41 +13,53 @@
 
 -- Messages of queue p_queue moved to their dead-letter queues (queue_dead_letter, in
 -- its transaction). p_moved: a JSON array of objects with dead_letter_queue,
--- dead_letter_offset, message_id, origin_offset, attempts, error, dead_lettered_at.
+-- dead_letter_offset, message_id, origin_offset, attempts, error, dead_lettered_at,
+-- tenant_id (the message's: the record is its tenant's, whoever moved it).
 -- Each gets its record (a message id the dead-letter queue had a record for counts as
 -- the same dead letter failing again: attempts added, pending again, the resolution
--- cleared) and its advisory (streamd.queue.dead_lettered).
+-- cleared) and its advisory (streamd.queue.dead_lettered). A role that may not write
+-- the records (an unbound role granted the queue tables only) still moves its
+-- messages: the records are skipped, never the move.
 CREATE OR REPLACE FUNCTION streamd.queue_dead_lettered(p_queue text, p_moved jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     m jsonb;
 BEGIN
+    IF has_table_privilege('streamd.queue_dead_letters', 'INSERT') AND has_table_privilege('streamd.queue_dead_letters', 'UPDATE') THEN
     INSERT INTO streamd.queue_dead_letters AS d (dead_letter_queue, message_id, origin_queue, origin_offset, error,
-                                                 attempts, first_failure_at, last_failure_at)
+                                                 attempts, first_failure_at, last_failure_at, tenant_id)
     SELECT x ->> 'dead_letter_queue', x ->> 'message_id', p_queue, (x ->> 'origin_offset')::bigint, x ->> 'error',
            coalesce((x ->> 'attempts')::integer, 0), (x ->> 'dead_lettered_at')::timestamptz,
-           (x ->> 'dead_lettered_at')::timestamptz
+           (x ->> 'dead_lettered_at')::timestamptz, x ->> 'tenant_id'
       FROM jsonb_array_elements(coalesce(p_moved, '[]')) x
     ON CONFLICT (dead_letter_queue, message_id) DO UPDATE
        SET origin_queue = EXCLUDED.origin_queue, origin_offset = EXCLUDED.origin_offset, error = EXCLUDED.error,
            error_detail = NULL, attempts = d.attempts + EXCLUDED.attempts, last_failure_at = EXCLUDED.last_failure_at,
            status = 'pending', resolved_at = NULL, resolved_by = NULL;
+    END IF;
     FOR m IN SELECT x FROM jsonb_array_elements(coalesce(p_moved, '[]')) x LOOP
-        PERFORM streamd.advise('streamd.queue.dead_lettered', p_queue, jsonb_build_object('queue', p_queue) || m);
+        PERFORM streamd.advise('streamd.queue.dead_lettered', p_queue, jsonb_build_object('queue', p_queue) || (m - 'tenant_id'));
     END LOOP;
 END;
 $$;
 
 -- Marks the pending records of messages p_ids of dead-letter queue p_dlq p_status
--- (replayed, discarded or resolved) by p_by at p_now. Returns the ids marked.
+-- (replayed, discarded or resolved) by p_by at p_now. Returns the ids marked. A role
+-- that may not update the records marks nothing (its redrive or discard goes on).
 CREATE OR REPLACE FUNCTION streamd.queue_dead_letters_mark(p_dlq text, p_ids text[], p_status text, p_by text,
                                                            p_now timestamptz)
 RETURNS SETOF text
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(p_ids) = 0 OR NOT has_table_privilege('streamd.queue_dead_letters', 'UPDATE') THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
     UPDATE streamd.queue_dead_letters d
        SET status = p_status, resolved_at = coalesce(p_now, clock_timestamp()), resolved_by = p_by
      WHERE d.dead_letter_queue = p_dlq AND d.message_id = ANY (p_ids) AND d.status = 'pending'
-    RETURNING d.message_id
+    RETURNING d.message_id;
+END;
 $$;
 
 -- Settles pending dead letters of dead-letter queue p_dlq by message id: replayed

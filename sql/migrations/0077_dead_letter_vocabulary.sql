@@ -47,6 +47,18 @@ CREATE POLICY tenant_isolation ON streamd.queue_dead_letters
     USING ((SELECT streamd.current_tenant()) IS NULL OR tenant_id = (SELECT streamd.current_tenant()))
     WITH CHECK ((SELECT streamd.current_tenant()) IS NULL OR tenant_id = (SELECT streamd.current_tenant()));
 
+-- Roles bound to a tenant may use it as they use the group dead letters
+-- (bind_tenant_role grants it to roles bound from now on).
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT t.role_name FROM streamd.tenant_roles t JOIN pg_catalog.pg_roles ro ON ro.rolname = t.role_name LOOP
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.queue_dead_letters TO %s', quote_ident(r.role_name));
+    END LOOP;
+END;
+$$;
+
 -- The dead letters dead-letter queues hold now get their record.
 INSERT INTO streamd.queue_dead_letters (dead_letter_queue, message_id, origin_queue, origin_offset, error, attempts,
                                         first_failure_at, last_failure_at, tenant_id)
