@@ -24,8 +24,8 @@ func newAdvisoriesCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "advisories",
 		Short: "Print streamd's advisories: dead letters, expired and fenced members, rebalances, unread events deleted, resets, tailer and leader changes",
-		Long: `Prints the advisories streamd appended to the stream streamd.advisories (one line
-each: time, type, key, payload; -o json prints one JSON object per line). The stream
+		Long: `Prints the advisories streamd appended to its stream streamd.advisories, one line
+each: time, type, key, payload (-o json prints one JSON object per line). The stream
 is an ordinary stream: consumer groups, 'streamd fetch streamd.advisories' and Kafka
 clients (topic streamd.advisories) read it too. docs/advisories.md lists the types and
 their payloads.`,
