@@ -36,7 +36,7 @@ func TestLeaderChangedAdvisory(t *testing.T) {
 		p, err := pgxpool.NewWithConfig(ctx, testdb.Config(t))
 		require.NoError(t, err)
 		el, err := coordinator.NewElector(p, &coordinator.ElectorConfig{Advisories: pub, Holder: holder, LeaseName: lease,
-			LeaseTTL: 2 * time.Second, RenewInterval: 100 * time.Millisecond})
+			LeaseTTL: 10 * time.Second, RenewInterval: 2 * time.Second}) // a loaded machine's acquisitions take 100s of ms
 		require.NoError(t, err)
 		ectx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -65,14 +65,14 @@ func TestLeaderChangedAdvisory(t *testing.T) {
 		}
 	}
 	a, stopA := run("a")
-	testdb.WaitFor(t, 10*time.Second, "a leads", func() bool { return a.Current() != nil })
-	testdb.WaitFor(t, 10*time.Second, "a's term advised", func() bool { return len(changes()) == 1 })
+	testdb.WaitFor(t, 60*time.Second, "a leads", func() bool { return a.Current() != nil })
+	testdb.WaitFor(t, 60*time.Second, "a's term advised", func() bool { return len(changes()) == 1 })
 	first := a.Current().Epoch
 	b, stopB := run("b")
 	defer stopB()
 	stopA() // a releases the lease: b takes it
-	testdb.WaitFor(t, 10*time.Second, "b leads", func() bool { return b.Current() != nil })
-	testdb.WaitFor(t, 10*time.Second, "b's term advised", func() bool { return len(changes()) == 2 })
+	testdb.WaitFor(t, 60*time.Second, "b leads", func() bool { return b.Current() != nil })
+	testdb.WaitFor(t, 60*time.Second, "b's term advised", func() bool { return len(changes()) == 2 })
 	got := changes()
 	require.Equal(t, advisory.LeaderChanged{Lease: lease, Holder: "a", Epoch: first, At: got[0].At}, got[0])
 	require.Equal(t, "b", got[1].Holder)
