@@ -211,6 +211,7 @@ DECLARE
     t        record;
     v_parts  integer[] := '{}';
     v_tgts   bigint[] := '{}';
+    v_froms  bigint[] := '{}';
     i        integer;
 BEGIN
     IF v_policy NOT IN ('delete', 'compact', 'compact,delete') THEN
@@ -248,6 +249,7 @@ BEGIN
         IF t.target_offset > t.log_start_offset THEN
             v_parts := v_parts || t.partition;
             v_tgts := v_tgts || t.target_offset;
+            v_froms := v_froms || t.log_start_offset;
         END IF;
         RETURN NEXT;
     END LOOP;
@@ -256,6 +258,7 @@ BEGIN
             UPDATE streamd.stream_partitions h
                SET log_start_offset = greatest(h.log_start_offset, v_tgts[i])
              WHERE h.stream_name = p_stream_name AND h.partition = v_parts[i];
+            PERFORM streamd.advise_unread_deleted(p_stream_name, v_parts[i], v_froms[i], v_tgts[i]);
         END LOOP;
     END IF;
 END;
@@ -352,11 +355,16 @@ CREATE OR REPLACE FUNCTION streamd.retention_advance(p_stream_name text, p_parti
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_ls bigint;
+    v_ls   bigint;
+    v_from bigint;
 BEGIN
     IF p_target IS NULL OR p_target < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'SD302', MESSAGE = format('target offset must not be negative, got %s', p_target);
     END IF;
+    -- The log start before the move, for the advisory: the row is locked first, so
+    -- no other move comes between this read and the update.
+    SELECT h.log_start_offset INTO v_from FROM streamd.stream_partitions h
+     WHERE h.stream_name = p_stream_name AND h.partition = p_partition FOR NO KEY UPDATE;
     UPDATE streamd.stream_partitions h
        SET log_start_offset = greatest(h.log_start_offset, least(p_target, h.next_offset))
      WHERE h.stream_name = p_stream_name AND h.partition = p_partition
@@ -364,6 +372,7 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
+    PERFORM streamd.advise_unread_deleted(p_stream_name, p_partition, v_from, v_ls);
     RETURN v_ls;
 END;
 $$;
