@@ -84,11 +84,12 @@ test-kcat: db-start
 	@command -v kcat >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends kcat >/dev/null; } || { echo "need Debian's kcat package"; exit 1; }
 	STREAMD_KCAT_TEST=1 $(GO) test -count=1 -run TestKcat -v ./kafka/
 
-# Kafka clients in other languages (installed when missing and apt-get is usable):
-# Python's confluent-kafka with SASL SCRAM (TestPythonSCRAM). make test runs them when
-# they are installed.
+# The Python Kafka clients (Debian's python3-confluent-kafka and python3-kafka,
+# installed when missing and apt-get is usable): produce, group consume and commit
+# (TestPythonClients), and SASL SCRAM with confluent-kafka (TestPythonSCRAM). The Go
+# clients (franz-go, sarama, kafka-go) run in make test.
 test-kafka-clients: db-start
-	@/usr/bin/python3 -c 'import confluent_kafka' 2>/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-confluent-kafka >/dev/null; } || { echo "need Debian's python3-confluent-kafka"; exit 1; }
+	@/usr/bin/python3 -c 'import confluent_kafka, kafka' 2>/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-confluent-kafka python3-kafka >/dev/null; } || { echo "need Debian's python3-confluent-kafka and python3-kafka"; exit 1; }
 	STREAMD_KAFKA_CLIENTS_TEST=1 $(GO) test -count=1 -run 'TestPython' -v ./kafka/
 
 # franz-go's own pkg/kgo integration suite against streamd serve (docs/kafka.md records

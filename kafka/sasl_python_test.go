@@ -10,25 +10,11 @@ import (
 	"github.com/streamd/streamd/internal/testdb"
 )
 
-// pythonWithConfluentKafka returns Debian's python3 when it has confluent_kafka. Without
-// it the test is skipped, unless STREAMD_KAFKA_CLIENTS_TEST=1 (make
-// test-kafka-clients, which installs it) says it must run.
-func pythonWithConfluentKafka(t *testing.T) string {
-	const python = "/usr/bin/python3"
-	if err := exec.Command(python, "-c", "import confluent_kafka").Run(); err != nil {
-		if os.Getenv("STREAMD_KAFKA_CLIENTS_TEST") == "1" {
-			t.Fatalf("%s cannot import confluent_kafka (make test-kafka-clients installs python3-confluent-kafka): %v", python, err)
-		}
-		t.Skip("no python3-confluent-kafka: make test-kafka-clients installs it and runs this test")
-	}
-	return python
-}
-
 // A Python client (confluent-kafka) with SCRAM-SHA-512 and SCRAM-SHA-256: a wrong
 // password is refused; the writer produces (idempotent), the reader consumes in a
 // group and commits; the commit is the group's row in streamd.
 func TestPythonSCRAM(t *testing.T) {
-	python := pythonWithConfluentKafka(t)
+	python := pythonClients(t) // make test-kafka-clients
 	t.Parallel()
 	ts, topic := authzSetup(t)
 	for _, mech := range []string{"SCRAM-SHA-512", "SCRAM-SHA-256"} {
