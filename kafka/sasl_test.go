@@ -232,3 +232,44 @@ func TestSecurityConfig(t *testing.T) {
 	_, err = (&Config{Tokens: access.Tokens{"short": "x"}}).withDefaults()
 	require.ErrorContains(t, err, "Config.Tokens")
 }
+
+// SaslHandshake v0: the SASL messages follow as bare size-prefixed frames, answered
+// the same way (PLAIN's answer is empty); then the connection is the principal's. A
+// wrong password closes the connection unanswered.
+func TestSASLHandshakeV0BareFrames(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, testdb.Pool(t), &Config{Tokens: testTokens()})
+	formatter := kmsg.NewRequestFormatter(kmsg.FormatterClientID("v0"))
+	readFrame := func(c net.Conn) []byte {
+		var size [4]byte
+		_, err := io.ReadFull(c, size[:])
+		require.NoError(t, err)
+		body := make([]byte, binary.BigEndian.Uint32(size[:]))
+		_, err = io.ReadFull(c, body)
+		require.NoError(t, err)
+		return body
+	}
+	handshake := func(c net.Conn) {
+		hs := kmsg.NewPtrSASLHandshakeRequest()
+		hs.SetVersion(0)
+		hs.Mechanism = "PLAIN"
+		resp := roundTrip(t, c, formatter, hs).(*kmsg.SASLHandshakeResponse)
+		require.Zero(t, resp.ErrorCode)
+	}
+
+	c := rawConn(t, ts.addr)
+	handshake(c)
+	_, err := c.Write(frame([]byte("\x00" + testReader + "\x00" + readerToken)))
+	require.NoError(t, err)
+	require.Empty(t, readFrame(c), "PLAIN's answer is an empty frame")
+	meta := kmsg.NewPtrMetadataRequest()
+	meta.SetVersion(9)
+	md := roundTrip(t, c, formatter, meta).(*kmsg.MetadataResponse)
+	require.NotEmpty(t, md.Brokers, "authenticated: Metadata is served")
+
+	c = rawConn(t, ts.addr)
+	handshake(c)
+	_, err = c.Write(frame([]byte("\x00" + testReader + "\x00" + badPassword)))
+	require.NoError(t, err)
+	requireClosed(t, c)
+}
