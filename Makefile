@@ -14,7 +14,8 @@ STREAMD   := $(GO) run ./cmd/streamd
 # Local development: without STREAMD_AUTH_TOKEN or STREAMD_AUTH_TOKEN_FILE the API
 # runs with authentication disabled (it listens on 127.0.0.1 unless
 # STREAMD_HTTP_ADDR says otherwise). Kafka clients connect to 127.0.0.1:9092
-# (STREAMD_KAFKA_ADDR).
+# (STREAMD_KAFKA_ADDR); with a token they authenticate with SASL (username admin,
+# password the token; docs/kafka.md "Security").
 # The built binary, not `go run`: Ctrl-C reaches streamd itself, which stops cleanly
 # and exits 0 (go run exited 1, and a SIGINT to it alone left the server running).
 run: build
