@@ -23,6 +23,7 @@ import (
 	"github.com/streamd/streamd/cmd/streamd/internal/api"
 	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/internal/promreg"
 	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/retention"
 	schema "github.com/streamd/streamd/sql"
@@ -255,10 +256,12 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	goColl, procColl := collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})
 	up := prometheus.NewGauge(prometheus.GaugeOpts{Name: "streamd_up", Help: "1 while streamd serve runs."})
 	up.Set(1)
-	reg.MustRegister(up)
+	if err := errors.Join(promreg.Register(reg, &goColl), promreg.Register(reg, &procColl), promreg.Register(reg, &up)); err != nil {
+		return err
+	}
 
 	apiSrv, err := api.New(pool, apiCfg)
 	if err != nil {
@@ -288,7 +291,10 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err != nil {
 		return err
 	}
-	fleet := newGauges(consumergroup.NewAdmin(pool), queues, reg)
+	fleet, err := newGauges(consumergroup.NewAdmin(pool), queues, reg)
+	if err != nil {
+		return err
+	}
 	// An empty --retention-streams (say, from an unset variable) means every stream,
 	// not none: pgx would send an empty list, which matches no stream.
 	retainer, err := retention.New(pool, &retention.Config{Logger: g.logger, Registerer: reg,
