@@ -259,11 +259,13 @@ func appendFormatted(b []byte, pieces []formatPiece, e *streams.Event) []byte {
 			}
 			b = strconv.AppendInt(b, int64(n), 10)
 		case 'k':
-			b = append(b, e.Key...)
+			b = append(append(b, e.Key...), e.KeyBytes...) // at most one is set
 		case 'K':
 			n := -1
 			if e.Key != "" {
 				n = len(e.Key)
+			} else if e.KeyBytes != nil { // a Kafka key that is not text, or an empty one
+				n = len(e.KeyBytes)
 			}
 			b = strconv.AppendInt(b, int64(n), 10)
 		case 't':
