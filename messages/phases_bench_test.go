@@ -172,7 +172,7 @@ func BenchmarkQueuePhases(b *testing.B) {
 		}
 		if i%50 == 49 { // outside the timing, as autovacuum would
 			b.StopTimer()
-			_, err := pool.Exec(ctx, "VACUUM "+raw+", "+pgmq+", "+lean+", streamd.messages")
+			_, err := pool.Exec(ctx, "VACUUM "+raw+", "+pgmq+", "+lean+", streamd.queue_messages")
 			require.NoError(b, err)
 			b.StartTimer()
 		}
