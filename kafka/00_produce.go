@@ -96,11 +96,7 @@ func (s *Server) producePartition(ctx context.Context, topic string, partition i
 		}
 		return
 	}
-	records, err := toStreamRecords(recs)
-	if err != nil {
-		fail(kerr.InvalidRecord.Code, err)
-		return
-	}
+	records := toStreamRecords(recs)
 	var opts *streams.AppendPartitionOpts
 	if batch.ProducerID >= 0 {
 		opts = &streams.AppendPartitionOpts{Producer: &streams.ProducerSequence{

@@ -223,7 +223,9 @@ all or nothing.`,
 
 	var dlGroup, dlStatus, resolvedBy string
 	dead := &cobra.Command{
-		Use: "dead-letters [list | replay ID | discard ID]", Short: "List, replay or discard a stream's dead letters", Args: cobra.RangeArgs(0, 2),
+		Use:   "dead-letters [list | replay ID | discard ID | resolve ID]",
+		Short: "List a stream's dead letters; replay one to its group only, discard it, or mark it resolved (dealt with by hand)",
+		Args:  cobra.RangeArgs(0, 2),
 		RunE: withAdmin(func(ctx context.Context, a *consumergroup.Admin, cmd *cobra.Command, args []string) error {
 			if err := needStream(); err != nil {
 				return err
@@ -234,9 +236,9 @@ all or nothing.`,
 					return err
 				}
 				return g.print(cmd.OutOrStdout(), dl, func(tw *tabwriter.Writer) {
-					row(tw, "ID", "GROUP", "PARTITION", "OFFSET", "ATTEMPTS", "STATUS", "ERROR")
+					row(tw, "ID", "GROUP", "PARTITION", "OFFSET", "ATTEMPTS", "STATUS", "RESOLVED BY", "ERROR")
 					for _, d := range dl {
-						row(tw, d.ID, d.Group, d.Partition, d.Offset, d.Attempts, d.Status, d.Error)
+						row(tw, d.ID, d.Group, d.Partition, d.Offset, d.Attempts, d.Status, orDash(d.ResolvedBy), d.Error)
 					}
 				})
 			}
@@ -249,20 +251,24 @@ all or nothing.`,
 			}
 			switch args[0] {
 			case "replay":
-				pos, err := a.ReplayDeadLetter(ctx, stream, id, resolvedBy)
-				if err != nil {
+				if err := a.ReplayDeadLetter(ctx, stream, id, resolvedBy); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "replayed as %s/%d@%d\n", stream, pos.Partition, pos.Offset)
+				if g.output == "json" {
+					return printJSON(cmd.OutOrStdout(), map[string]any{"id": id, "status": "replayed"})
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "dead letter %d replayed: its group's member for the partition redelivers it\n", id)
 				return nil
 			case "discard":
 				return a.DiscardDeadLetter(ctx, stream, id, resolvedBy)
+			case "resolve":
+				return a.ResolveDeadLetter(ctx, stream, id, resolvedBy)
 			}
-			return fmt.Errorf("unknown action %q: want list, replay or discard", args[0])
+			return fmt.Errorf("unknown action %q: want list, replay, discard or resolve", args[0])
 		}),
 	}
 	dead.Flags().StringVar(&dlGroup, "group", "", "only this group's dead letters")
-	dead.Flags().StringVar(&dlStatus, "status", "pending", "pending, replayed, discarded, or '' for all")
+	dead.Flags().StringVar(&dlStatus, "status", "pending", "pending, replayed, discarded, resolved, or '' for all")
 	dead.Flags().StringVar(&resolvedBy, "by", envOr("USER", "cli"), "who resolves (recorded)")
 
 	cmd.AddCommand(list, describe, reset, del, pauseCmd(true), pauseCmd(false), dead, newGroupOffsetsCmd(g, &stream))
@@ -323,4 +329,12 @@ func describeAllGroups(ctx context.Context, g *globals, a *consumergroup.Admin, 
 			}
 		}
 	})
+}
+
+// orDash is s, or "-" when s is empty (a table cell).
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

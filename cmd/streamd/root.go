@@ -65,6 +65,7 @@ cluster that streamd starts (or reuses), one per user whatever the directory
 		newConsumeCmd(g),
 		newQueueCmd(g),
 		newDLQCmd(g),
+		newAdvisoriesCmd(g),
 		newRetentionCmd(g),
 		newForwardCmd(g),
 		newVersionCmd(g),

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/streamd/streamd/access"
+	"github.com/streamd/streamd/advisory"
 	"github.com/streamd/streamd/cmd/streamd/internal/api"
 	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/consumergroup"
@@ -288,7 +289,18 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		return fmt.Errorf("coordinator pool: %w", err)
 	}
 	defer electorPool.Close()
-	elector, err := coordinator.NewElector(electorPool, &coordinator.ElectorConfig{
+	// The advisories of Go-side facts (the elector's terms; the tailer falling back to
+	// polling or losing its slot) go through one publisher, so that reporting never
+	// blocks them. Owner: serve; it stops when serve returns.
+	advisories, err := advisory.New(pool, &advisory.Config{Logger: g.logger, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	advCtx, stopAdvisories := context.WithCancel(context.WithoutCancel(ctx))
+	advDone := make(chan error, 1)
+	go func() { advDone <- advisories.Run(advCtx) }()
+	defer func() { stopAdvisories(); <-advDone }()
+	elector, err := coordinator.NewElector(electorPool, &coordinator.ElectorConfig{Advisories: advisories,
 		LeaseName: c.coordinatorName, LeaseTTL: c.leaseTTL, Logger: g.logger, Registerer: reg})
 	if err != nil {
 		return err
@@ -317,7 +329,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		if err != nil {
 			return err
 		}
-		b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Logger: g.logger, Registerer: reg})
+		b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{Advisories: advisories, ConnString: url, Logger: g.logger, Registerer: reg})
 		if err != nil {
 			return err
 		}

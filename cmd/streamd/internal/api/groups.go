@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -35,6 +36,7 @@ func (s *Server) groupRoutes() {
 	s.Handle("GET /v1/streams/{stream}/dead-letters", s.listDeadLetters)
 	s.Handle("POST /v1/streams/{stream}/dead-letters/{id}/replay", s.replayDeadLetter)
 	s.Handle("POST /v1/streams/{stream}/dead-letters/{id}/discard", s.discardDeadLetter)
+	s.Handle("POST /v1/streams/{stream}/dead-letters/{id}/resolve", s.resolveDeadLetter)
 }
 
 func (s *Server) listGroups(r *Request) (any, error) {
@@ -195,9 +197,9 @@ func (s *Server) listDeadLetters(r *Request) (any, error) {
 	}
 	q := r.URL.Query()
 	switch st := q.Get("status"); st {
-	case "", "pending", "replayed", "discarded":
+	case "", "pending", "replayed", "discarded", "resolved":
 	default:
-		return nil, fmt.Errorf("%w: status %q: want pending, replayed or discarded", ErrBadRequest, st)
+		return nil, fmt.Errorf("%w: status %q: want pending, replayed, discarded or resolved", ErrBadRequest, st)
 	}
 	dls, err := s.groups.DeadLetters(r.Context(), stream, q.Get("group"), q.Get("status"))
 	if err != nil {
@@ -218,14 +220,23 @@ func (s *Server) replayDeadLetter(r *Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	pos, err := s.groups.ReplayDeadLetter(r.Context(), stream, id, r.Principal)
-	if err != nil {
+	if err := s.groups.ReplayDeadLetter(r.Context(), stream, id, r.Principal); err != nil {
 		return nil, err
 	}
-	return map[string]any{"position": pos}, nil
+	return &Status{Code: http.StatusNoContent}, nil
 }
 
 func (s *Server) discardDeadLetter(r *Request) (any, error) {
+	return s.settleDeadLetter(r, s.groups.DiscardDeadLetter)
+}
+
+func (s *Server) resolveDeadLetter(r *Request) (any, error) {
+	return s.settleDeadLetter(r, s.groups.ResolveDeadLetter)
+}
+
+// settleDeadLetter discards or resolves a group dead letter: 204, 404 when it is not
+// pending.
+func (s *Server) settleDeadLetter(r *Request, settle func(context.Context, string, int64, string) error) (any, error) {
 	stream := r.PathValue("stream")
 	if err := r.Authorize(stream, ActionAdmin); err != nil {
 		return nil, err
@@ -234,7 +245,7 @@ func (s *Server) discardDeadLetter(r *Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.groups.DiscardDeadLetter(r.Context(), stream, id, r.Principal); err != nil {
+	if err := settle(r.Context(), stream, id, r.Principal); err != nil {
 		return nil, err
 	}
 	return &Status{Code: http.StatusNoContent}, nil
