@@ -106,7 +106,8 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 			rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = -1, -1, -1
 			rp.PreferredReadReplica = -1
 			rp.RecordBatches = []byte{} // empty, not null: librdkafka refuses a null record set
-			if t.Topic == "" { // v13+: an id no stream has
+			// v13+: an id no stream has.
+			if t.Topic == "" {
 				rp.ErrorCode = kerr.UnknownTopicID.Code
 				continue
 			}
