@@ -189,6 +189,46 @@ func (c *Client) InitProducer(ctx context.Context, producerID int64, epoch int16
 	return outID, outEpoch, nil
 }
 
+// ExpiredProducers is what ExpireProducers deleted.
+type ExpiredProducers struct {
+	// PartitionStates counts the (stream, partition, producer) sequence states.
+	PartitionStates int64
+	// Producers counts the producer ids forgotten.
+	Producers int64
+}
+
+// ExpireProducersOpts are ExpireProducers' per-call knobs. A nil value means the
+// defaults.
+type ExpireProducersOpts struct {
+	// Now is the time idleness is measured from. Defaults to the database's clock.
+	Now time.Time
+}
+
+// ExpireProducers forgets idempotent producers' state that has not been used for
+// idle (Kafka's producer.id.expiration.ms): a producer's sequences on a partition it
+// appended nothing to for idle, and a producer id with no partition state left that
+// took no id or epoch for idle. A producer that comes back afterwards is new to the
+// partition (its next batch must start at sequence 0, else ErrOutOfOrderSequence, and
+// its InitProducer gets a new id); a retry of a batch from before is no longer
+// recognised as one. The coordinator's leader runs it (streamd serve). idle must be
+// positive (else ErrInvalidArgument, nothing deleted).
+func (c *Client) ExpireProducers(ctx context.Context, idle time.Duration, opts *ExpireProducersOpts) (ExpiredProducers, error) {
+	var out ExpiredProducers
+	if idle <= 0 {
+		return out, invalid(ErrInvalidArgument, "expire producers: the idle time %v must be positive", idle)
+	}
+	var now *time.Time
+	if opts != nil && !opts.Now.IsZero() {
+		now = &opts.Now
+	}
+	err := c.pool.QueryRow(ctx, "SELECT partition_states, producers FROM streamd.expire_producers($1, $2)", idle, now).
+		Scan(&out.PartitionStates, &out.Producers)
+	if err != nil {
+		return ExpiredProducers{}, fmt.Errorf("expire producers: %w", sqlerr.Wrap(err))
+	}
+	return out, nil
+}
+
 // DeleteBefore deletes the records of a partition below offset (Kafka's
 // DeleteRecords): the log start moves to offset at once (fetches below it fail with
 // an *OffsetOutOfRangeError), then the rows are deleted in batches. offset -1 means

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,15 +22,22 @@ type kafkaConfig struct {
 	addr           string
 	advertisedAddr string
 	autoCreate     bool
+	// producerExpiration: the leader forgets idempotent producers idle this long
+	// (streams.Client.ExpireProducers), whether or not this instance serves Kafka.
+	producerExpiration time.Duration
 }
 
 func (c *serveConfig) kafkaFlags(f *pflag.FlagSet) {
 	f.StringVar(&c.kafka.addr, "kafka-addr", envOr("STREAMD_KAFKA_ADDR", ""), "serve the Kafka protocol on this address, e.g. 127.0.0.1:9092 (off when empty; loopback only: the Kafka listener has no authentication yet) ($STREAMD_KAFKA_ADDR)")
 	f.StringVar(&c.kafka.advertisedAddr, "kafka-advertised-addr", envOr("STREAMD_KAFKA_ADVERTISED_ADDR", ""), "host:port Kafka clients are told to connect to (default: the listener's address) ($STREAMD_KAFKA_ADVERTISED_ADDR)")
+	f.DurationVar(&c.kafka.producerExpiration, "producer-id-expiration", c.envDuration("producer-id-expiration", "STREAMD_PRODUCER_ID_EXPIRATION", 24*time.Hour), "the leader forgets an idempotent (Kafka) producer's sequences on a partition it appended nothing to for this long, as Kafka's producer.id.expiration.ms ($STREAMD_PRODUCER_ID_EXPIRATION)")
 	f.BoolVar(&c.kafka.autoCreate, "kafka-auto-create-topics", c.envBool("kafka-auto-create-topics", "STREAMD_KAFKA_AUTO_CREATE_TOPICS", false), "create a topic (one partition) when a Kafka client produces to or asks for a missing one ($STREAMD_KAFKA_AUTO_CREATE_TOPICS)")
 }
 
 func (c *serveConfig) validateKafka() error {
+	if c.kafka.producerExpiration <= 0 {
+		return fmt.Errorf("--producer-id-expiration %v must be positive", c.kafka.producerExpiration)
+	}
 	if c.kafka.addr == "" {
 		if c.kafka.advertisedAddr != "" || c.kafka.autoCreate {
 			return errors.New("--kafka-advertised-addr and --kafka-auto-create-topics need --kafka-addr")

@@ -24,10 +24,12 @@ import (
 	"github.com/streamd/streamd/cmd/streamd/internal/api"
 	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/internal/promreg"
 	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/retention"
 	schema "github.com/streamd/streamd/sql"
 	"github.com/streamd/streamd/streamconfig"
+	"github.com/streamd/streamd/streams"
 	"github.com/streamd/streamd/wakeup"
 )
 
@@ -255,10 +257,12 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	goColl, procColl := collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})
 	up := prometheus.NewGauge(prometheus.GaugeOpts{Name: "streamd_up", Help: "1 while streamd serve runs."})
 	up.Set(1)
-	reg.MustRegister(up)
+	if err := errors.Join(promreg.Register(reg, &goColl), promreg.Register(reg, &procColl), promreg.Register(reg, &up)); err != nil {
+		return err
+	}
 
 	apiSrv, err := api.New(pool, apiCfg)
 	if err != nil {
@@ -299,7 +303,10 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err != nil {
 		return err
 	}
-	fleet := newGauges(consumergroup.NewAdmin(pool), queues, reg)
+	fleet, err := newGauges(consumergroup.NewAdmin(pool), queues, reg)
+	if err != nil {
+		return err
+	}
 	// An empty --retention-streams (say, from an unset variable) means every stream,
 	// not none: pgx would send an empty list, which matches no stream.
 	retainer, err := retention.New(pool, &retention.Config{Logger: g.logger, Registerer: reg,
@@ -451,6 +458,14 @@ func coordinatorJobs(pool *pgxpool.Pool, groups *consumergroup.Admin, c *serveCo
 		Interval: c.reaperInterval,
 		Run: func(ctx context.Context) error {
 			_, err := groups.ExpireStaleMembers(ctx)
+			return err
+		},
+	}, {
+		// Idempotent producers' state (Kafka's producer.id.expiration.ms).
+		Name:     c.coordinatorName + "/producer-expiry",
+		Interval: c.retentionEvery,
+		Run: func(ctx context.Context) error {
+			_, err := streams.NewClient(pool, nil).ExpireProducers(ctx, c.kafka.producerExpiration, nil)
 			return err
 		},
 	}}

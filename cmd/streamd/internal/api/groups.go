@@ -31,6 +31,8 @@ func (s *Server) groupRoutes() {
 	s.Handle("GET /v1/streams/{stream}/groups/{group}", s.describeGroup)
 	s.Handle("DELETE /v1/streams/{stream}/groups/{group}", s.deleteGroup)
 	s.Handle("POST /v1/streams/{stream}/groups/{group}/reset-offsets", s.resetOffsets)
+	s.Handle("GET /v1/streams/{stream}/groups/{group}/offsets", s.exportOffsets)
+	s.Handle("PUT /v1/streams/{stream}/groups/{group}/offsets", s.setOffsets)
 	s.Handle("GET /v1/streams/{stream}/dead-letters", s.listDeadLetters)
 	s.Handle("POST /v1/streams/{stream}/dead-letters/{id}/replay", s.replayDeadLetter)
 	s.Handle("POST /v1/streams/{stream}/dead-letters/{id}/discard", s.discardDeadLetter)
@@ -122,6 +124,70 @@ func (s *Server) resetOffsets(r *Request) (any, error) {
 		changes = []consumergroup.OffsetChange{}
 	}
 	return map[string]any{"changes": changes, "executed": req.Execute}, nil
+}
+
+// exportOffsets is a group's committed offsets on the stream (the CLI's groups offsets
+// export), in the form setOffsets takes back.
+func (s *Server) exportOffsets(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionConsume); err != nil {
+		return nil, err
+	}
+	offs, err := s.groups.ExportOffsets(r.Context(), stream, r.PathValue("group"))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]partitionOffset, len(offs))
+	for i, o := range offs {
+		out[i] = partitionOffset{Partition: &o.Partition, Offset: &o.Offset}
+	}
+	return map[string]any{"offsets": out}, nil
+}
+
+// partitionOffset is one partition's committed offset in exportOffsets and setOffsets.
+type partitionOffset struct {
+	Partition *int32 `json:"partition"`
+	Offset    *int64 `json:"offset"`
+}
+
+// setOffsetsRequest is the body of PUT .../offsets: the offsets to set (an export, as
+// kafka-consumer-groups --reset-offsets --from-file reads one), a preview unless
+// execute, as reset-offsets.
+type setOffsetsRequest struct {
+	Execute bool              `json:"execute"`
+	Force   bool              `json:"force"`
+	Offsets []partitionOffset `json:"offsets"`
+}
+
+func (s *Server) setOffsets(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionAdmin); err != nil {
+		return nil, err
+	}
+	var req setOffsetsRequest
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if len(req.Offsets) == 0 {
+		return nil, fmt.Errorf("%w: offsets: give at least one {\"partition\", \"offset\"}", ErrBadRequest)
+	}
+	offs := make([]consumergroup.GroupOffset, len(req.Offsets))
+	for i, o := range req.Offsets {
+		if o.Partition == nil || o.Offset == nil {
+			return nil, fmt.Errorf("%w: offsets[%d]: both partition and offset are required", ErrBadRequest, i)
+		}
+		offs[i] = consumergroup.GroupOffset{Stream: stream, Partition: *o.Partition, Offset: *o.Offset}
+	}
+	changes, err := s.groups.SetOffsets(r.Context(), r.PathValue("group"), offs,
+		&consumergroup.SetOffsetsOpts{DryRun: !req.Execute, Force: req.Force})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]consumergroup.OffsetChange, len(changes))
+	for i, c := range changes {
+		out[i] = c.OffsetChange
+	}
+	return map[string]any{"changes": out, "executed": req.Execute}, nil
 }
 
 func (s *Server) listDeadLetters(r *Request) (any, error) {
