@@ -58,6 +58,7 @@ func (w *worker) redeliverIfAsked(ctx context.Context) bool {
 func (w *worker) processRedelivery(ctx context.Context, events []streams.Event, ids []int64) bool {
 	b := w.newBatch(events, 0)
 	b.Redelivered, b.DeadLetterIDs = true, ids
+	done := ids
 	err := w.attempt(ctx, b, w.c.cfg.retries())
 	if err != nil {
 		if ctx.Err() != nil || w.lost.Load() || w.stopping() {
@@ -67,18 +68,22 @@ func (w *worker) processRedelivery(ctx context.Context, events []streams.Event, 
 			if !w.block(ctx, b) {
 				return false
 			}
-		} else if !w.deadLetterEvents(ctx, events, 0, ids) {
-			return false
+		} else {
+			// Only those that succeeded alone: the others are pending again, and
+			// may be replayed again (by an operator) before this mark, which must
+			// not take that replay for handled.
+			var ok bool
+			if done, ok = w.deadLetterEvents(ctx, events, 0, ids); !ok {
+				return false
+			}
 		}
 	}
-	if b.txCommitted && err == nil {
+	if (b.txCommitted && err == nil) || len(done) == 0 {
 		return true
 	}
-	// The events handled (or, after the dead-lettering pass, those that succeeded
-	// alone; the others are pending again, which the mark skips).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if err := w.m.redeliveriesDone(cctx, w.c.pool, w.partition, ids); err != nil {
+	if err := w.m.redeliveriesDone(cctx, w.c.pool, w.partition, done); err != nil {
 		w.c.log.Warn("marking redeliveries done failed; partition dropped", "partition", w.partition, "error", err)
 		w.lost.Store(true)
 		w.c.signal()

@@ -351,15 +351,17 @@ func (w *worker) block(ctx context.Context, b *Batch) bool {
 // deadLetterEach retries the batch's events one at a time; each that still fails
 // goes to the dead letter queue (fenced like a commit).
 func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) bool {
-	return w.deadLetterEvents(ctx, res.Events, res.HighWatermark, nil)
+	_, ok := w.deadLetterEvents(ctx, res.Events, res.HighWatermark, nil)
+	return ok
 }
 
 // deadLetterEvents is deadLetterEach for events; ids, when set, are the events' dead
-// letters (a redelivery), and each single-event batch is a redelivery too.
-func (w *worker) deadLetterEvents(ctx context.Context, events []streams.Event, hwm int64, ids []int64) bool {
+// letters (a redelivery), each single-event batch is a redelivery too, and handled
+// lists the ids whose event succeeded alone (not dead-lettered again).
+func (w *worker) deadLetterEvents(ctx context.Context, events []streams.Event, hwm int64, ids []int64) (handled []int64, ok bool) {
 	for i := range events {
 		if w.stopping() {
-			return false // revoked: the rest go, uncommitted, to the next owner
+			return handled, false // revoked: the rest go, uncommitted, to the next owner
 		}
 		one := w.newBatch(events[i:i+1], hwm)
 		if ids != nil {
@@ -368,10 +370,13 @@ func (w *worker) deadLetterEvents(ctx context.Context, events []streams.Event, h
 		first := time.Now()
 		err := w.attempt(ctx, one, w.c.cfg.retries())
 		if err == nil {
+			if ids != nil {
+				handled = append(handled, ids[i])
+			}
 			continue
 		}
 		if ctx.Err() != nil || w.lost.Load() || w.stopping() {
-			return false
+			return handled, false
 		}
 		e := events[i]
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -390,12 +395,12 @@ func (w *worker) deadLetterEvents(ctx context.Context, events []streams.Event, h
 			if errors.Is(derr, ErrFenced) {
 				w.lost.Store(true)
 			}
-			return false
+			return handled, false
 		}
 		w.c.metrics.deadLettered.WithLabelValues(w.labels()...).Inc()
 		w.c.log.Warn("event dead-lettered", "partition", w.partition, "offset", e.Offset, "error", err)
 	}
-	return true
+	return handled, true
 }
 
 // commit commits next for the partition after a batch, even when ctx was cancelled

@@ -80,7 +80,10 @@ type DeadLetter struct {
 	Enabled bool `json:"enabled,omitempty"`
 	// MaxDeliveryAttempts before a record is dead-lettered (1 to 1000). Defaults to 0 (the group's setting).
 	MaxDeliveryAttempts int `json:"maxDeliveryAttempts,omitempty"`
-	// Stream is the dead-letter stream's name. Defaults to "" (the group's dead letter queue).
+	// Stream, when set, is a stream that also receives a copy of each of the
+	// groups' dead letters (with its provenance in headers, dlq_*), in the
+	// dead-lettering transaction; one that does not exist gets nothing. Defaults to ""
+	// (the dead letters are kept in the dead letter queue only).
 	Stream string `json:"stream,omitempty"`
 }
 

@@ -25,7 +25,7 @@ func newAdvisoriesCmd(g *globals) *cobra.Command {
 		Use:   "advisories",
 		Short: "Print streamd's advisories: dead letters, expired and fenced members, rebalances, unread events deleted, resets, tailer and leader changes",
 		Long: `Prints the advisories streamd appended to its stream streamd.advisories, one line
-each: time, type, key, payload (-o json prints one JSON object per line). The stream
+each: time, type, key, payload (-O json prints one JSON object per line). The stream
 is an ordinary stream: consumer groups, 'streamd fetch streamd.advisories' and Kafka
 clients (topic streamd.advisories) read it too. docs/advisories.md lists the types and
 their payloads.`,
@@ -98,6 +98,6 @@ their payloads.`,
 	f.DurationVar(&since, "since", time.Hour, "print the advisories of this last span (0s: from now on, with --follow)")
 	f.StringArrayVar(&types, "type", nil, "only advisories of this type (repeatable)")
 	f.BoolVar(&follow, "follow", false, "keep waiting for new advisories")
-	f.IntVar(&limit, "max", 0, "stop after this many advisories (0: no limit)")
+	f.IntVarP(&limit, "count", "c", 0, "exit after printing this many advisories (0: no limit)")
 	return cmd
 }

@@ -112,7 +112,7 @@ func TestCLIAdvisories(t *testing.T) {
 	require.NoError(t, err, out)
 	require.Contains(t, out, s+"/g")
 	require.NotContains(t, out, "streamd.group.dead_lettered")
-	out, err = run(t, ctx, "", "advisories", "--since", "1h", "-o", "json")
+	out, err = run(t, ctx, "", "advisories", "--since", "1h", "--output", "json")
 	require.NoError(t, err, out)
 	found := false
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {

@@ -200,8 +200,9 @@ CREATE OR REPLACE FUNCTION streamd.dead_letter_event(
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-    v_id  bigint;
+    v_now    timestamptz := coalesce(p_now, clock_timestamp());
+    v_id     bigint;
+    v_target text;
 BEGIN
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], v_now);
     INSERT INTO streamd.dead_letter_queue AS d (stream_name, group_id, partition, "offset", event_id, event_type, key, data,
@@ -230,6 +231,21 @@ BEGIN
     IF v_id IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'SD105',
             MESSAGE = format('dead letter: no event at offset %s of %s/%s', p_offset, p_stream_name, p_partition);
+    END IF;
+    -- dead_letter_config.stream: a copy goes to that stream too, with its provenance
+    -- in headers (a Kafka-style dead-letter topic, readable by any consumer). A
+    -- target that does not exist (or is read-only) gets nothing: the dead letter
+    -- itself is kept in any case.
+    SELECT c.dead_letter_config ->> 'stream' INTO v_target FROM streamd.stream_configurations c
+     WHERE c.stream_name = p_stream_name;
+    IF v_target IS NOT NULL AND EXISTS (SELECT 1 FROM streamd.streams s WHERE s.stream_name = v_target AND NOT s.read_only) THEN
+        PERFORM streamd.append(v_target, NULL, NULL, ARRAY[d.event_type], ARRAY[d.key], ARRAY[d.data::text], ARRAY[d.data_bytes],
+                    ARRAY[(coalesce(d.metadata, '{}') || jsonb_build_object(
+                        'dlq_origin_stream', d.stream_name, 'dlq_origin_partition', d.partition::text,
+                        'dlq_origin_offset', d."offset"::text, 'dlq_origin_event_id', d.event_id, 'dlq_group', d.group_id,
+                        'dlq_dead_letter_id', d.id::text, 'dlq_attempts', d.attempts::text, 'dlq_error', d.error))::text],
+                    NULL, NULL, NULL)
+           FROM streamd.dead_letter_queue d WHERE d.stream_name = p_stream_name AND d.id = v_id;
     END IF;
     PERFORM streamd.advise('streamd.group.dead_lettered', p_stream_name || '/' || p_group_id,
         (SELECT jsonb_build_object('stream', d.stream_name, 'group', d.group_id, 'partition', d.partition,

@@ -11,7 +11,8 @@
 -- dead_letter_config:
 --   enabled              boolean, default false
 --   maxDeliveryAttempts  integer 0 to 1000, default 0 (the group's or queue's own)
---   stream               a stream name, default none
+--   stream               a stream name, default none: a group's dead letters are also
+--                        appended there (dead_letter_event)
 --   backoff              duration between a failed attempt and the next, whole
 --                        seconds, 0 to 68 years, default none
 -- lifecycle_config:
