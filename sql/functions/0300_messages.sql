@@ -488,6 +488,7 @@ LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_now   timestamptz := coalesce(p_now, clock_timestamp());
     v_n     integer;
+    v_moved jsonb;
     v_force boolean := false;
     v_qdlq  text;
 BEGIN
@@ -526,9 +527,17 @@ BEGIN
                    FROM unnest(p_offsets, coalesce(p_errors, '{}'::text[])) WITH ORDINALITY u(o, err, i)
                    ORDER BY u.o, u.i) e ON e.o = d."offset"
         ORDER BY d."offset"
-        RETURNING 1
+        RETURNING stream_name, "offset", message_id, origin_offset, origin_attempts, last_error, dead_lettered_at, tenant_id
     )
-    SELECT count(*) INTO v_n FROM d;
+    SELECT (SELECT count(*) FROM d),
+           (SELECT jsonb_agg(jsonb_build_object('dead_letter_queue', i.stream_name, 'dead_letter_offset', i."offset",
+                                                'message_id', i.message_id, 'origin_offset', i.origin_offset,
+                                                'attempts', i.origin_attempts, 'error', i.last_error,
+                                                'dead_lettered_at', i.dead_lettered_at, 'tenant_id', i.tenant_id)
+                             ORDER BY i.origin_offset)
+              FROM ins i)
+      INTO v_n, v_moved;
+    PERFORM streamd.queue_dead_lettered(p_queue, v_moved);
     RETURN v_n;
     EXCEPTION WHEN unique_violation THEN
         IF v_force THEN
@@ -841,6 +850,8 @@ DECLARE
     v_q      streamd.queues;
     v_groups text[];
     v_tens   text[];
+    v_offs   bigint[];
+    v_ids    text[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
     PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
@@ -881,6 +892,8 @@ DECLARE
     v_q      streamd.queues;
     v_groups text[];
     v_tens   text[];
+    v_offs   bigint[];
+    v_ids    text[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
     PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
@@ -952,8 +965,6 @@ LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_now   timestamptz := coalesce(p_now, clock_timestamp());
     v_offs  bigint[];
-    v_n     integer;
-    v_force boolean := false;
 BEGIN
     PERFORM streamd.queue_get(p_dlq);
     IF p_limit IS NULL OR p_limit < 1 THEN
@@ -966,6 +977,32 @@ BEGIN
             AND EXISTS (SELECT 1 FROM streamd.queues oq WHERE oq.queue_name = m.origin_stream)
           ORDER BY m."offset" LIMIT p_limit
           FOR UPDATE OF m SKIP LOCKED) c;
+    IF v_offs IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN streamd.queue_redrive_offsets(p_dlq, v_offs, v_now);
+END;
+$$;
+
+-- Moves dead letters p_offs of p_dlq, locked by the caller or not in flight, whose
+-- origin queue exists, back to their origin queues (queue_redrive, and the targeted
+-- replay of queue_dead_letters_settle). Their records (queue_dead_letters) are marked
+-- replayed. Returns how many moved.
+CREATE OR REPLACE FUNCTION streamd.queue_redrive_offsets(p_dlq text, p_offs bigint[], p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+    v_now   timestamptz := coalesce(p_now, clock_timestamp());
+    v_offs  bigint[];
+    v_ids   text[];
+    v_n     integer;
+    v_force boolean := false;
+BEGIN
+    SELECT array_agg(c.o) INTO v_offs
+    FROM (SELECT m."offset" AS o FROM streamd.queue_messages m
+          WHERE m.stream_name = p_dlq AND m."offset" = ANY(p_offs) AND m.origin_stream IS NOT NULL
+            AND NOT (m.lease_token IS NOT NULL AND m.visibility_timeout > v_now)
+          ORDER BY m."offset"
+          FOR UPDATE OF m) c;
     IF v_offs IS NULL THEN
         RETURN 0;
     END IF;
@@ -1004,7 +1041,8 @@ BEGIN
         ORDER BY d."offset"
         RETURNING 1
     )
-    SELECT count(*) INTO v_n FROM ins;
+    SELECT (SELECT count(*) FROM ins), (SELECT coalesce(array_agg(d.message_id), '{}') FROM d) INTO v_n, v_ids;
+    PERFORM streamd.queue_dead_letters_mark(p_dlq, v_ids, 'replayed', NULL, v_now);
     RETURN v_n;
     EXCEPTION WHEN unique_violation THEN
         IF v_force THEN
@@ -1041,6 +1079,8 @@ DECLARE
     v_q      streamd.queues;
     v_groups text[];
     v_tens   text[];
+    v_offs   bigint[];
+    v_ids    text[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
     IF v_q.fifo THEN
@@ -1054,11 +1094,16 @@ BEGIN
             ORDER BY g.group_key, g.tenant_id FOR UPDATE OF g) l;
         v_now := coalesce(p_now, clock_timestamp()); -- after the group locks (the clock rule)
     END IF;
-    RETURN QUERY
-    DELETE FROM streamd.queue_messages m
-    WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)
-      AND NOT (m.lease_token IS NOT NULL AND m.visibility_timeout > v_now)
-    RETURNING m."offset";
+    WITH del AS (
+        DELETE FROM streamd.queue_messages m
+        WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)
+          AND NOT (m.lease_token IS NOT NULL AND m.visibility_timeout > v_now)
+        RETURNING m."offset", m.message_id
+    )
+    SELECT coalesce(array_agg(del."offset"), '{}'), coalesce(array_agg(del.message_id), '{}') INTO v_offs, v_ids FROM del;
+    -- The records of the dead letters deleted (queue_dead_letters) are marked discarded.
+    PERFORM streamd.queue_dead_letters_mark(p_queue, v_ids, 'discarded', NULL, v_now);
+    RETURN QUERY SELECT u.o FROM unnest(v_offs) u(o);
     IF v_q.fifo THEN
         PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
     END IF;
