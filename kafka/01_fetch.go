@@ -13,9 +13,11 @@ import (
 	"github.com/streamd/streamd/streams"
 )
 
-// Fetch v4 to v12: v13 names topics by id, which streams do not have. Fetch
-// sessions (v7+) are declined (session id 0): clients send full fetches.
-var fetchHandler = handler{key: 1, min: 4, max: 12, fn: handleFetch}
+// Fetch v4 to v16: v13+ names topics by id (KIP-516), resolved through the ids
+// Metadata hands out (topicID, derived from the name); an id no stream has is
+// UNKNOWN_TOPIC_ID. Fetch sessions (v7+) are declined (session id 0): clients send
+// full fetches.
+var fetchHandler = handler{key: 1, min: 4, max: 16, fn: handleFetch}
 
 const (
 	// fetchParallelism bounds the partitions of one Fetch read at once.
@@ -35,9 +37,16 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 		return resp, nil
 	}
 
+	if req.Version >= 13 {
+		if err := s.resolveTopicIDs(ctx, req); err != nil {
+			return nil, err
+		}
+	}
 	var names []string
 	for _, t := range req.Topics {
-		names = append(names, t.Topic)
+		if t.Topic != "" {
+			names = append(names, t.Topic)
+		}
 	}
 	allowed, err := r.decide(ctx, names)
 	if err != nil {
@@ -58,12 +67,14 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 		maxInterval = time.Second
 	}
 	for {
-		got := s.fetchOnce(ctx, req, resp, allowed)
+		got, failed := s.fetchOnce(ctx, req, resp, allowed)
 		if ctx.Err() != nil {
 			return nil, ctx.Err() // the client went away
 		}
 		left := time.Until(deadline)
-		if subs == nil || got >= int(req.MinBytes) || left <= 0 || r.c.draining.Err() != nil {
+		// A partition's error ends the wait, as Kafka answers at once: waiting would
+		// not change it.
+		if subs == nil || got >= int(req.MinBytes) || failed || left <= 0 || r.c.draining.Err() != nil {
 			return resp, nil
 		}
 		wait := min(left, interval)
@@ -77,9 +88,9 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 }
 
 // fetchOnce reads every partition of req into resp (replacing what a previous pass
-// put there) and returns the record bytes read. Partitions of topics the principal
-// may not read are TOPIC_AUTHORIZATION_FAILED.
-func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, allowed *access.Decisions) int {
+// put there) and returns the record bytes read and whether a partition failed.
+// Partitions of topics the principal may not read are TOPIC_AUTHORIZATION_FAILED.
+func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, allowed *access.Decisions) (int, bool) {
 	resp.Topics = resp.Topics[:0]
 	type job struct {
 		rp        *kmsg.FetchResponseTopicPartition
@@ -89,7 +100,7 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 	var jobs []job
 	for _, t := range req.Topics {
 		rt := kmsg.NewFetchResponseTopic()
-		rt.Topic = t.Topic
+		rt.Topic, rt.TopicID = t.Topic, t.TopicID
 		rt.Partitions = make([]kmsg.FetchResponseTopicPartition, len(t.Partitions))
 		resp.Topics = append(resp.Topics, rt)
 	}
@@ -101,6 +112,11 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 			rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = -1, -1, -1
 			rp.PreferredReadReplica = -1
 			rp.RecordBatches = []byte{} // empty, not null: librdkafka refuses a null record set
+			// v13+: an id no stream has.
+			if t.Topic == "" {
+				rp.ErrorCode = kerr.UnknownTopicID.Code
+				continue
+			}
 			if !allowed.Allows(t.Topic, access.Read) {
 				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
 				continue
@@ -139,7 +155,14 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 		}()
 	}
 	wg.Wait()
-	return total
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if p.ErrorCode != 0 {
+				return total, true
+			}
+		}
+	}
+	return total, false
 }
 
 // fetchPartition reads one partition from offset into rp and returns the bytes of
@@ -174,5 +197,30 @@ func (s *Server) fillHead(ctx context.Context, rp *kmsg.FetchResponseTopicPartit
 		rp.ErrorCode = errorCode(err)
 	default:
 		rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = res.HighWatermark, res.HighWatermark, res.LogStartOffset
+	}
+}
+
+// resolveTopicIDs names the topics of a v13+ request, which names them by id, from
+// the ids of the streams (cached; reloaded when an id is not in the cache, so a new
+// topic is found). A topic whose id no stream has keeps an empty name.
+func (s *Server) resolveTopicIDs(ctx context.Context, req *kmsg.FetchRequest) error {
+	s.topicIDs.mu.Lock()
+	defer s.topicIDs.mu.Unlock()
+	for reloaded := false; ; reloaded = true {
+		missing := false
+		for i := range req.Topics {
+			t := &req.Topics[i]
+			name, ok := s.topicIDs.names[t.TopicID]
+			t.Topic = name
+			missing = missing || !ok
+		}
+		if !missing || reloaded {
+			return nil
+		}
+		names, err := s.topicNamesByID(ctx)
+		if err != nil {
+			return err
+		}
+		s.topicIDs.names = names
 	}
 }

@@ -21,7 +21,7 @@ func fetchReq(topic string, partition int32, offset int64, maxWait time.Duration
 	req.MaxWaitMillis, req.MinBytes, req.MaxBytes = int32(maxWait/time.Millisecond), minBytes, 1<<20
 	req.SessionEpoch = -1
 	rt := kmsg.NewFetchRequestTopic()
-	rt.Topic = topic
+	rt.Topic, rt.TopicID = topic, topicID(topic) // by name up to v12, by id from v13
 	rp := kmsg.NewFetchRequestTopicPartition()
 	rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = partition, offset, 1<<20
 	rt.Partitions = append(rt.Partitions, rp)
@@ -80,9 +80,13 @@ func TestFetchLongPollAndOffsetOutOfRange(t *testing.T) {
 	p = resp.Topics[0].Partitions[0]
 	require.Equal(t, kerr.OffsetOutOfRange.Code, p.ErrorCode)
 	require.Equal(t, int64(1), p.HighWatermark)
-	resp, err = fetchReq("no-such-topic-y", 0, 0, 0, 1).RequestWith(ctx, cl)
+	// A topic no stream has, named by id (kgo sends v16): UNKNOWN_TOPIC_ID, at once
+	// although max.wait.ms is long.
+	start = time.Now()
+	resp, err = fetchReq("no-such-topic-y", 0, 0, 20*time.Second, 1).RequestWith(ctx, cl)
 	require.NoError(t, err)
-	require.Equal(t, kerr.UnknownTopicOrPartition.Code, resp.Topics[0].Partitions[0].ErrorCode)
+	require.Equal(t, kerr.UnknownTopicID.Code, resp.Topics[0].Partitions[0].ErrorCode)
+	require.Less(t, time.Since(start), 10*time.Second, "an error ends the long poll")
 }
 
 // Shutdown ends a long poll at once (answered, not cut): long before its max wait

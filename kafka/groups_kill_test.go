@@ -260,7 +260,19 @@ func TestKill9ChildGroupConsumers(t *testing.T) {
 			<-a.done
 			produceTopic(t, pool, topic, partitions, 100)
 			spawn()
-			waitFor("the later member processing", func() bool { return membersRecorded(t, pool, table) == 3 })
+			// Keep records coming until the later member processed some: the survivor
+			// may have read everything before the later member's join completed.
+			var fed time.Time
+			waitFor("the later member processing", func() bool {
+				if membersRecorded(t, pool, table) == 3 {
+					return true
+				}
+				if time.Since(fed) > 250*time.Millisecond {
+					produceTopic(t, pool, topic, partitions, 5)
+					fed = time.Now()
+				}
+				return false
+			})
 			produceTopic(t, pool, topic, partitions, 100)
 			waitFor("everything committed", func() bool { return groupLagZero(t, pool, topic, group) })
 

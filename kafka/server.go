@@ -194,6 +194,12 @@ type Server struct {
 	// fetchesWaiting counts the Fetch long polls waiting (tests wait on it).
 	fetchesWaiting atomic.Int64
 
+	// topicIDs caches the streams' topic ids for Fetch v13+ (01_fetch.go).
+	topicIDs struct {
+		mu    sync.Mutex
+		names map[[16]byte]string
+	}
+
 	mu    sync.Mutex
 	conns map[*conn]struct{}
 }
