@@ -537,7 +537,6 @@ BEGIN
                              ORDER BY i.origin_offset)
               FROM ins i)
       INTO v_n, v_moved;
-    PERFORM set_config('streamd.queue_trusted', 'off', true);
     PERFORM streamd.queue_dead_lettered(p_queue, v_moved);
     RETURN v_n;
     EXCEPTION WHEN unique_violation THEN
@@ -1043,7 +1042,6 @@ BEGIN
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM ins), (SELECT coalesce(array_agg(d.message_id), '{}') FROM d) INTO v_n, v_ids;
-    PERFORM set_config('streamd.queue_trusted', 'off', true);
     PERFORM streamd.queue_dead_letters_mark(p_dlq, v_ids, 'replayed', NULL, v_now);
     RETURN v_n;
     EXCEPTION WHEN unique_violation THEN

@@ -1,0 +1,100 @@
+package messages_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/messages"
+)
+
+// TestOffsetsArePerQueue: each queue numbers its messages from its own sequence
+// (L5: no global counter; migration 0086), so sends to one queue leave no gaps in
+// another's offsets. With the global sequence they shared, the second queue's first
+// offset came after the first queue's.
+func TestOffsetsArePerQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	a, b := newQueue(t, pool, nil), newQueue(t, pool, nil)
+	offsets := func(q string, n int) []int64 {
+		msgs := make([]messages.OutgoingMessage, n)
+		for i := range msgs {
+			msgs[i] = messages.OutgoingMessage{Data: data(i)}
+		}
+		res, err := c.Send(ctx, q, msgs...)
+		require.NoError(t, err)
+		out := make([]int64, n)
+		for i, r := range res {
+			out[i] = r.Offset
+		}
+		return out
+	}
+	require.Equal(t, []int64{1, 2, 3}, offsets(a, 3))
+	require.Equal(t, []int64{1, 2}, offsets(b, 2), "b's offsets are its own")
+	require.Equal(t, []int64{4}, offsets(a, 1))
+
+	// A queue made again after its deletion starts again; its sequence went with it.
+	require.NoError(t, c.DeleteQueue(ctx, b))
+	var seqs int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relkind = 'S'
+		AND relnamespace = 'streamd'::regnamespace AND relname = 'queue_offsets_' || md5($1)`, b).Scan(&seqs))
+	require.Zero(t, seqs, "the deleted queue's sequence is dropped")
+	require.NoError(t, c.CreateQueue(ctx, b, nil))
+	require.Equal(t, []int64{1}, offsets(b, 1))
+}
+
+// TestQueueSettingsApplyToQueuedMessages: a message stores its max delivery attempts
+// and dead-letter queue only when its sender gave them (migration 0086); otherwise the
+// queue's settings at the time of the delivery apply, so a dead-letter policy set
+// after the send catches the messages already queued, and a message sent with its
+// own keeps it.
+func TestQueueSettingsApplyToQueuedMessages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	q := newQueue(t, pool, &messages.QueueConfig{MaxDeliveryAttempts: 5})
+	dlq := newQueue(t, pool, nil)
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("queue's"), MessageID: "queue's"},
+		messages.OutgoingMessage{Data: data("own"), MessageID: "own", MaxDeliveryAttempts: 3})
+	require.NoError(t, err)
+	var stored []*int32
+	rows, err := pool.Query(ctx, `SELECT max_delivery_attempts FROM streamd.queue_messages WHERE stream_name = $1 ORDER BY "offset"`, q)
+	require.NoError(t, err)
+	for rows.Next() {
+		var v *int32
+		require.NoError(t, rows.Scan(&v))
+		stored = append(stored, v)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, stored, 2)
+	require.Nil(t, stored[0], "the queue's setting is not copied into the row")
+	require.Equal(t, int32(3), *stored[1])
+
+	require.NoError(t, c.CreateQueue(ctx, q, &messages.QueueConfig{MaxDeliveryAttempts: 1, DeadLetterQueue: dlq,
+		VisibilityTimeout: 30 * time.Second}))
+	got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 2})
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	for _, m := range got {
+		want := map[string]int{"queue's": 1, "own": 3}[m.MessageID]
+		require.Equal(t, want, m.MaxDeliveryAttempts, m.MessageID)
+	}
+	require.NoError(t, c.Nack(ctx, nil, got[0].Receipt, got[1].Receipt))
+	var inDLQ []string
+	rows, err = pool.Query(ctx, `SELECT message_id FROM streamd.messages WHERE stream_name = $1`, dlq)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		inDLQ = append(inDLQ, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"queue's"}, inDLQ, "the new policy dead-letters the queued message; the other has attempts left")
+	require.Equal(t, 1, count(t, pool, q))
+}
