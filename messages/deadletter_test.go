@@ -239,8 +239,8 @@ func TestQueueFunctionsDoNotScanTheTable(t *testing.T) {
 			require.NoError(t, err, st.sql)
 			var seq int64
 			require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(seq_scan, 0) FROM pg_stat_xact_user_tables
-				WHERE relid = 'streamd.messages'::regclass`).Scan(&seq))
-			require.Zero(t, seq, "%s scanned streamd.messages", st.sql)
+				WHERE relid = 'streamd.queue_messages'::regclass`).Scan(&seq))
+			require.Zero(t, seq, "%s scanned streamd.queue_messages", st.sql)
 		}()
 	}
 }

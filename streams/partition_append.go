@@ -57,8 +57,8 @@ type BatchPosition struct {
 
 // AppendPartition appends records to one partition of stream atomically (L2), all or
 // nothing, in a transaction of its own, with COPY: the path of Kafka's Produce. Each
-// record's Partition must be nil or partition. Records keep their RawHeaders exactly
-// (Produce and the Producer refuse them). A record without an EventID gets a random
+// record's Partition must be nil or partition. Records keep their RawHeaders and
+// KeyBytes exactly (Produce and the Producer refuse them). A record without an EventID gets a random
 // one. On a stream whose ValueFormat is "json", a record's Bytes must be JSON and are
 // stored as its Data.
 //
@@ -85,10 +85,13 @@ func (c *Client) AppendPartition(ctx context.Context, stream string, partition i
 		if r.Stream != stream || (r.Partition != nil && *r.Partition != partition) {
 			return nil, invalid(ErrInvalidArgument, "append to %s/%d: record %d names %s/%v", stream, partition, i, r.Stream, r.Partition)
 		}
-		raw := r.RawHeaders
-		r.RawHeaders = nil
+		raw, keyBytes := r.RawHeaders, r.KeyBytes
+		r.RawHeaders, r.KeyBytes = nil, nil
 		if err := validateRecord(&r); err != nil {
 			return nil, err
+		}
+		if keyBytes != nil && r.Key != "" {
+			return nil, invalid(ErrInvalidArgument, "append to %s/%d: record %d has both Key and KeyBytes", stream, partition, i)
 		}
 		var hkeys []string
 		var hvals [][]byte
@@ -126,7 +129,7 @@ func (c *Client) AppendPartition(ctx context.Context, stream string, partition i
 			hk, hv = hkeys, hvals
 		}
 		rows[i] = []any{stream, partition, nil, r.EventID, r.EventType, nullable(r.Key), data, r.Bytes,
-			meta, nil, nullable(r.CorrelationID), nullable(r.CausationID), version, hk, hv}
+			meta, nil, nullable(r.CorrelationID), nullable(r.CausationID), version, hk, hv, keyBytes}
 	}
 	var pid, first any
 	var epoch any
@@ -170,7 +173,7 @@ func (c *Client) AppendPartition(ctx context.Context, stream string, partition i
 	return pos, nil
 }
 
-var partitionCopyColumns = append(append([]string(nil), copyColumns...), "header_keys", "header_values")
+var partitionCopyColumns = append(append([]string(nil), copyColumns...), "header_keys", "header_values", "key_bytes")
 
 // InitProducer returns a new producer id (producerID < 0), or bumps the epoch of an
 // existing one (producerID and its current epoch), for AppendPartition's

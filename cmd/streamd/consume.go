@@ -128,7 +128,7 @@ or kcat's format string (-f '%p@%o %k=%s\n').`,
 			return errors.Join(err, printErr)
 		},
 	}
-	rf.register(cmd, "where each partition starts the first time this member gets it, overriding the group's committed offset: "+offsetHelp+" (default: stored, the committed offset)")
+	rf.register(cmd, "where each partition starts the first time this member gets it, overriding the group's committed offset: "+offsetHelp+", or stored (the default: the committed offset)")
 	f := cmd.Flags()
 	f.StringVar(&stream, "stream", "", "the stream (the argument's former flag)")
 	_ = f.MarkHidden("stream")

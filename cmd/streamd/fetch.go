@@ -49,6 +49,9 @@ or kcat's format string (-f '%p@%o %k=%s\n').`,
 			if err != nil {
 				return err
 			}
+			if rf.offset == "stored" {
+				return errors.New("--offset stored is a group's committed offset: fetch reads without a group (consume GROUP reads from it)")
+			}
 			if fromTime != "" {
 				if rf.offset != "" {
 					return errors.New("--from-time and --offset both say where to start: give one (--offset @T is --from-time T)")

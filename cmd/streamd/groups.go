@@ -254,6 +254,9 @@ all or nothing.`,
 				if err := a.ReplayDeadLetter(ctx, stream, id, resolvedBy); err != nil {
 					return err
 				}
+				if g.output == "json" {
+					return printJSON(cmd.OutOrStdout(), map[string]any{"id": id, "status": "replayed"})
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "dead letter %d replayed: its group's member for the partition redelivers it\n", id)
 				return nil
 			case "discard":

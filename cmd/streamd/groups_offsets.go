@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/csv"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -44,9 +43,7 @@ them back (a preview unless --execute):
 				return err
 			}
 			if g.output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(offs)
+				return printJSON(cmd.OutOrStdout(), offs)
 			}
 			w := csv.NewWriter(cmd.OutOrStdout())
 			for _, o := range offs {

@@ -122,6 +122,7 @@ func TestCLIFetchReadsAsKcat(t *testing.T) {
 		{[]string{"-o", "bogus"}, `--offset "bogus": not a position; want beginning, end`},
 		{[]string{"-o", "@yesterday"}, "neither milliseconds since the epoch nor an RFC 3339 time"},
 		{[]string{"-o", "e@1"}, "not supported"},
+		{[]string{"-o", "stored"}, "fetch reads without a group"},
 		{[]string{"-f", "%x"}, "unknown token %x"},
 		{[]string{"-p", "5"}, "has partitions 0 to 1"},
 		{[]string{"--follow", "-e"}, "contradict"},
@@ -176,7 +177,7 @@ func TestCLIConsumeReadsAsKcat(t *testing.T) {
 	}
 	consume := func(args ...string) (string, string) {
 		t.Helper()
-		out, errOut, err := runSplit(t, ctx, "", append([]string{"consume", "-f", `%o\n`, "--session-timeout", "5s"}, args...)...)
+		out, errOut, err := runSplit(t, ctx, "", append([]string{"consume", "-f", `%o\n`}, args...)...)
 		require.NoError(t, err, errOut)
 		return strings.ReplaceAll(strings.TrimSpace(out), "\n", " "), errOut
 	}
@@ -248,7 +249,7 @@ func TestCLIGroupsAllGroupsExportAndFromFile(t *testing.T) {
 	_, err = run(t, ctx, "3\n4\n", "produce", s, "-p", "1")
 	require.NoError(t, err)
 	for _, g := range []string{g1, g2} {
-		out, err := run(t, ctx, "", "consume", s, "-G", g, "-e", "--session-timeout", "5s")
+		out, err := run(t, ctx, "", "consume", s, "-G", g, "-e")
 		require.NoError(t, err, out)
 	}
 
@@ -374,4 +375,59 @@ func TestCLIRedriveTaskProgress(t *testing.T) {
 	require.ErrorContains(t, err, "was canceled")
 	_, err = run(t, ctx, "", "dlq", "task", "watch", dlq, "999999999")
 	require.ErrorIs(t, err, messages.ErrRedriveTaskNotFound)
+}
+
+// TestParseOffsetAndFormat: kcat's -o values and -f tokens, and the refusals that
+// name what was wrong.
+func TestParseOffsetAndFormat(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	for in, want := range map[string]offsetSpec{
+		"beginning":              {kind: offsetBeginning},
+		"end":                    {kind: offsetEnd},
+		"stored":                 {kind: offsetStored},
+		"0":                      {kind: offsetAbsolute},
+		"42":                     {kind: offsetAbsolute, n: 42},
+		"-3":                     {kind: offsetFromEnd, n: 3},
+		"@1795341600000":         {kind: offsetTime, t: time.UnixMilli(1795341600000)},
+		"s@1795341600000":        {kind: offsetTime, t: time.UnixMilli(1795341600000)},
+		"@2026-11-22T10:00:00Z":  {kind: offsetTime, t: at},
+		"s@2026-11-22T10:00:00Z": {kind: offsetTime, t: at},
+	} {
+		got, err := parseOffset(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want.kind, got.kind, in)
+		require.Equal(t, want.n, got.n, in)
+		require.True(t, want.t.Equal(got.t), "%s: %v", in, got.t)
+	}
+	for _, in := range []string{"", "begin", "1.5", "@", "@soon", "e@1", "--1"} {
+		_, err := parseOffset(in)
+		require.ErrorContains(t, err, "--offset", in)
+	}
+
+	ev := &streams.Event{Stream: "s", Partition: 2, Offset: 7, Key: "k", Data: []byte(`{"a": 1}`),
+		Timestamp: time.UnixMilli(1234), Headers: map[string]string{"y": "2", "x": "1"}}
+	for f, want := range map[string]string{
+		`%t/%p@%o %k=%s\n`:   "s/2@7 k={\"a\": 1}\n",
+		`%K %S %T %h`:        "1 8 1234 x=1,y=2",
+		`100%% \t\\ \q`:      "100% \t\\ \\q",
+		`plain`:              "plain",
+		`%s|%S|%k|%K`:        `{"a": 1}|8|k|1`,
+		`\r\n`:               "\r\n",
+		`%p%o%p`:             "272",
+		`%h,%k`:              "x=1,y=2,k",
+		`kcat's %k and %s\n`: "kcat's k and {\"a\": 1}\n",
+	} {
+		pieces, err := parseFormat(f)
+		require.NoError(t, err, f)
+		require.Equal(t, want, string(appendFormatted(nil, pieces, ev)), f)
+	}
+	raw := &streams.Event{Bytes: []byte("hi"), RawHeaders: []streams.Header{{Key: "b", Value: []byte("1")}, {Key: "a", Value: []byte("2")}}}
+	pieces, err := parseFormat(`%s %S %K [%k] %h`)
+	require.NoError(t, err)
+	require.Equal(t, "hi 2 -1 [] b=1,a=2", string(appendFormatted(nil, pieces, raw)), "bytes as is; no key; raw headers in order")
+	for _, f := range []string{"%", "abc%", "%x", "%d"} {
+		_, err := parseFormat(f)
+		require.ErrorContains(t, err, "--format", f)
+	}
 }

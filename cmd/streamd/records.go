@@ -39,7 +39,7 @@ type offsetSpec struct {
 	t    time.Time // offsetTime
 }
 
-const offsetHelp = "beginning, end, stored, an offset N, -N (N records before the end), or @T (a time: milliseconds since the epoch or RFC 3339)"
+const offsetHelp = "beginning, end, an offset N, -N (N records before the end), or @T (a time: milliseconds since the epoch or RFC 3339)"
 
 // parseOffset parses kcat's -o values: beginning | end | stored | N | -N | @T | s@T,
 // where T is milliseconds since the epoch or an RFC 3339 time. (kcat's e@T, stop at a
@@ -259,11 +259,13 @@ func appendFormatted(b []byte, pieces []formatPiece, e *streams.Event) []byte {
 			}
 			b = strconv.AppendInt(b, int64(n), 10)
 		case 'k':
-			b = append(b, e.Key...)
+			b = append(append(b, e.Key...), e.KeyBytes...) // at most one is set
 		case 'K':
 			n := -1
 			if e.Key != "" {
 				n = len(e.Key)
+			} else if e.KeyBytes != nil { // a Kafka key that is not text, or an empty one
+				n = len(e.KeyBytes)
 			}
 			b = strconv.AppendInt(b, int64(n), 10)
 		case 't':

@@ -213,9 +213,7 @@ A bad field is refused with its name, and nothing is written.`,
 // stream config set takes), else as a table of its settings, one row each.
 func printConfig(g *globals, cmd *cobra.Command, cfg *streamconfig.Config) error {
 	if g.output == "json" {
-		enc := json.NewEncoder(cmd.OutOrStdout())
-		enc.SetIndent("", "  ")
-		return enc.Encode(cfg)
+		return printJSON(cmd.OutOrStdout(), cfg)
 	}
 	// The rows come from the JSON form, so the table names the settings as set takes
 	// them and cannot miss a field.
@@ -240,4 +238,11 @@ func printConfig(g *globals, cmd *cobra.Command, cfg *streamconfig.Config) error
 			}
 		}
 	})
+}
+
+// printJSON writes v as indented JSON (--output json).
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

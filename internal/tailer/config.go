@@ -16,7 +16,7 @@ import (
 const DefaultPublication = "streamd_wakeups"
 
 // Kind says whether a Target is a log stream (streamd.events) or a queue
-// (streamd.messages).
+// (streamd.queue_messages).
 type Kind uint8
 
 const (

@@ -1,6 +1,7 @@
-// Package tailer reads committed inserts into streamd.events and streamd.messages
-// from PostgreSQL's logical replication stream (pgoutput, publication
-// streamd_wakeups) and hands each committed transaction's (stream, partition) and
+// Package tailer reads committed inserts into streamd.events and
+// streamd.queue_messages (the queues' storage; streamd.messages is its view) from
+// PostgreSQL's logical replication stream (pgoutput, publication streamd_wakeups)
+// and hands each committed transaction's (stream, partition) and
 // queue names to a handler, which turns them into wake-ups.
 //
 // Wake-ups are hints. Readers always read through SQL by offset range, so ordering

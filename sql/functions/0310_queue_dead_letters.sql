@@ -89,7 +89,7 @@ BEGIN
         SELECT d.message_id FROM streamd.queue_dead_letters d
          WHERE d.dead_letter_queue = p_dlq AND d.message_id = ANY (p_ids) AND d.status = 'pending'
          ORDER BY d.message_id FOR UPDATE) d;
-    SELECT coalesce(array_agg(m."offset" ORDER BY m."offset"), '{}') INTO v_offs FROM streamd.messages m
+    SELECT coalesce(array_agg(m."offset" ORDER BY m."offset"), '{}') INTO v_offs FROM streamd.queue_messages m
      WHERE m.stream_name = p_dlq AND m.message_id = ANY (v_pending);
     IF p_status = 'replayed' THEN
         PERFORM streamd.queue_redrive_offsets(p_dlq, v_offs, v_now);
@@ -100,7 +100,7 @@ BEGIN
         PERFORM streamd.queue_discard(p_dlq, v_offs, v_now);
         -- Deleted now (marked discarded by the delete), or gone before: settled.
         SELECT coalesce(array_agg(x.id), '{}') INTO v_moved FROM unnest(v_pending) x(id)
-         WHERE NOT EXISTS (SELECT 1 FROM streamd.messages m WHERE m.stream_name = p_dlq AND m.message_id = x.id);
+         WHERE NOT EXISTS (SELECT 1 FROM streamd.queue_messages m WHERE m.stream_name = p_dlq AND m.message_id = x.id);
     END IF;
     RETURN QUERY
     UPDATE streamd.queue_dead_letters d SET status = p_status, resolved_at = v_now, resolved_by = p_by
@@ -126,7 +126,7 @@ LANGUAGE sql STABLE AS $$
                    AS resolved_at,
                d.resolved_by
           FROM streamd.queue_dead_letters d
-          LEFT JOIN streamd.messages m ON m.stream_name = d.dead_letter_queue AND m.message_id = d.message_id
+          LEFT JOIN streamd.queue_messages m ON m.stream_name = d.dead_letter_queue AND m.message_id = d.message_id
          WHERE d.dead_letter_queue = p_dlq) x
      WHERE p_status IS NULL OR x.status = p_status
      ORDER BY x.first_failure_at, x.message_id

@@ -37,7 +37,9 @@ BEGIN
     EXECUTE format('GRANT SELECT, UPDATE ON streamd.stream_partitions TO %s', v_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON streamd.key_heads, streamd.snapshots TO %s', v_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON streamd.events TO %s', v_role);
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.messages, streamd.message_groups TO %s', v_role);
+    -- streamd.messages is a view of queue_messages that reads as the caller
+    -- (migration 0086); each queue's offsets come from a sequence of its own (below).
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.messages, streamd.queue_messages, streamd.message_groups TO %s', v_role);
     -- Consumer groups, their dead letters and projections, tenant-scoped (migrations
     -- 0061, 0063), and the group views, which read them as the caller.
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.consumer_groups, streamd.consumer_registrations,
