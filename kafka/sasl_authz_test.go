@@ -69,7 +69,7 @@ func TestSASLProduceAndFetchNeedTheirPermission(t *testing.T) {
 		req := kmsg.NewPtrFetchRequest()
 		req.MaxWaitMillis, req.MaxBytes = 0, 1<<20
 		rt := kmsg.NewFetchRequestTopic()
-		rt.Topic = topic
+		rt.Topic, rt.TopicID = topic, topicID(topic) // by name up to v12, by id from v13
 		rp := kmsg.NewFetchRequestTopicPartition()
 		rp.Partition, rp.PartitionMaxBytes = 0, 1<<20
 		rt.Partitions = append(rt.Partitions, rp)
