@@ -349,7 +349,7 @@ func TestWalLevelReplicaPollsOnly(t *testing.T) {
 
 // lineCounter counts log lines by message.
 type lineCounter struct {
-	buf syncBuffer
+	buf testdb.Buffer
 }
 
 func (l *lineCounter) count(substr string) int { return strings.Count(l.buf.String(), substr) }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -30,7 +29,7 @@ func startKafkaBroker(t *testing.T, url string) (*exec.Cmd, string) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "serve", "--http-addr", freeAddr(t), "--auth-disabled",
 		"--kafka-addr", kafkaAddr, "--retention-streams", "none")
 	cmd.Env = append(os.Environ(), "STREAMD_TEST_AS_MAIN=1", localpg.EnvDatabaseURL+"="+url)
-	var logs syncBuffer
+	var logs testdb.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
@@ -41,24 +40,6 @@ func startKafkaBroker(t *testing.T, url string) (*exec.Cmd, string) {
 		}
 	})
 	return cmd, kafkaAddr
-}
-
-// syncBuffer is a strings.Builder safe for the child's stdout and stderr at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestKafkaClientsSurviveKill9OfABroker: two `streamd serve` processes on one

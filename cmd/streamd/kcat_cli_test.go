@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,24 +20,6 @@ import (
 	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/streams"
 )
-
-// lockedBuffer is a bytes.Buffer that a command writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // runTo executes the CLI in-process like run, writing stdout and stderr to the given
 // writers.
@@ -136,7 +117,7 @@ func TestCLIFetchReadsAsKcat(t *testing.T) {
 
 	// --follow: from the end of every partition, waiting for new records; each
 	// partition's end is announced on stderr, once each time it gets there.
-	var fout, ferr lockedBuffer
+	var fout, ferr testdb.Buffer
 	done := make(chan error, 1)
 	go func() { // owner: the test; ends at -c 1
 		done <- runTo(t, ctx, &fout, &ferr, "", "fetch", s, "--follow", "-o", "end", "-c", "1", "-f", `%p@%o %s\n`)
@@ -341,7 +322,7 @@ func TestCLIRedriveTaskProgress(t *testing.T) {
 	require.NoError(t, err)
 	id := strconv.FormatInt(task.ID, 10)
 
-	var out, errOut lockedBuffer
+	var out, errOut testdb.Buffer
 	done := make(chan error, 1)
 	go func() { // owner: the test; ends when the task does
 		done <- runTo(t, ctx, &out, &errOut, "", "dlq", "task", "watch", dlq, id)

@@ -40,7 +40,7 @@ scrape_configs:
       - targets: ['%s']
 `, streamdAddr)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(conf), 0o644))
-	var logs syncBuffer
+	var logs testdb.Buffer
 	prom := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+promAddr)
 	prom.Stdout, prom.Stderr = &logs, &logs
