@@ -11,6 +11,7 @@ import (
 
 	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/streams"
+	"github.com/streamd/streamd/wakeup"
 )
 
 // Fetch v4 to v16: v13+ names topics by id (KIP-516), resolved through the ids
@@ -53,38 +54,49 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 		return nil, err
 	}
 	maxWait := time.Duration(req.MaxWaitMillis) * time.Millisecond
-	var subs *subscriptions
-	if maxWait > 0 && req.MinBytes > 0 {
+	longPoll := maxWait > 0 && req.MinBytes > 0
+	var sub *wakeup.Subscription // nil: the long poll only polls
+	if longPoll && s.cfg.Wakeups != nil {
 		// Subscribe before the first read, so a commit between it and the wait still
 		// ends the wait.
-		subs = s.subscribe(names)
-		defer subs.close()
+		sub = s.cfg.Wakeups.SubscribeStreams(names...)
+		defer sub.Close()
 	}
-	deadline := time.Now().Add(maxWait)
-	interval := 5 * time.Millisecond
-	maxInterval := 100 * time.Millisecond
-	if s.cfg.Wakeups != nil {
-		maxInterval = time.Second
+	opts := &wakeup.PollOpts{MinInterval: 5 * time.Millisecond, MaxInterval: 100 * time.Millisecond}
+	if sub != nil {
+		opts.MaxInterval = time.Second // the wake-ups carry it; polling is the safety net
 	}
-	for {
-		got, failed := s.fetchOnce(ctx, req, resp, allowed)
-		if ctx.Err() != nil {
-			return nil, ctx.Err() // the client went away
+	// The server's drain (shutdown) answers a waiting fetch at once.
+	pollCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(r.c.draining, cancel)()
+	waiting := false
+	defer func() {
+		if waiting {
+			s.fetchesWaiting.Add(-1)
 		}
-		left := time.Until(deadline)
+	}()
+	err = wakeup.Poll(pollCtx, sub, time.Now().Add(maxWait), opts, func() (bool, error) {
+		got, failed := s.fetchOnce(ctx, req, resp, allowed)
+		if err := ctx.Err(); err != nil {
+			return false, err // the client went away
+		}
 		// A partition's error ends the wait, as Kafka answers at once: waiting would
 		// not change it.
-		if subs == nil || got >= int(req.MinBytes) || failed || left <= 0 || r.c.draining.Err() != nil {
-			return resp, nil
+		done := !longPoll || got >= int(req.MinBytes) || failed || r.c.draining.Err() != nil
+		if !done && !waiting {
+			waiting = true
+			s.fetchesWaiting.Add(1)
 		}
-		wait := min(left, interval)
-		s.fetchesWaiting.Add(1)
-		woken := subs.wait(ctx, r.c.draining.Done(), wait)
-		s.fetchesWaiting.Add(-1)
-		if !woken {
-			interval = min(2*interval, maxInterval)
-		}
+		return done, nil
+	})
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
 	}
+	if err != nil && pollCtx.Err() == nil {
+		return nil, err
+	}
+	return resp, nil // enough bytes, the deadline, or the drain
 }
 
 // fetchOnce reads every partition of req into resp (replacing what a previous pass

@@ -80,7 +80,7 @@ type Subscription struct {
 	C         <-chan struct{}
 	c         chan struct{}
 	hub       *Hub
-	key       key
+	keys      []key
 	partition int32
 	once      sync.Once
 }
@@ -89,30 +89,42 @@ type Subscription struct {
 // before the read that may find nothing, so a commit between that read and the wait
 // still wakes the wait. Close the subscription when done.
 func (h *Hub) Subscribe(kind Kind, name string) *Subscription {
-	return h.subscribe(key{kind, name}, AnyPartition)
+	return h.subscribe([]key{{kind, name}}, AnyPartition)
+}
+
+// SubscribeStreams starts receiving wake-ups for any partition of any of streams,
+// on one subscription (a Kafka fetch that reads several topics waits on one channel).
+func (h *Hub) SubscribeStreams(streams ...string) *Subscription {
+	keys := make([]key, len(streams))
+	for i, s := range streams {
+		keys[i] = key{KindStream, s}
+	}
+	return h.subscribe(keys, AnyPartition)
 }
 
 // SubscribePartition starts receiving wake-ups for one partition of a stream only,
 // so that a consumer that owns a few partitions is not woken by the others.
 func (h *Hub) SubscribePartition(stream string, partition int32) *Subscription {
-	return h.subscribe(key{KindStream, stream}, partition)
+	return h.subscribe([]key{{KindStream, stream}}, partition)
 }
 
-func (h *Hub) subscribe(k key, partition int32) *Subscription {
+func (h *Hub) subscribe(keys []key, partition int32) *Subscription {
 	c := make(chan struct{}, 1)
-	s := &Subscription{C: c, c: c, hub: h, key: k, partition: partition}
+	s := &Subscription{C: c, c: c, hub: h, keys: keys, partition: partition}
 	h.mu.Lock()
-	byPart := h.subs[k]
-	if byPart == nil {
-		byPart = map[int32]map[*Subscription]struct{}{}
-		h.subs[k] = byPart
+	for _, k := range keys {
+		byPart := h.subs[k]
+		if byPart == nil {
+			byPart = map[int32]map[*Subscription]struct{}{}
+			h.subs[k] = byPart
+		}
+		set := byPart[partition]
+		if set == nil {
+			set = map[*Subscription]struct{}{}
+			byPart[partition] = set
+		}
+		set[s] = struct{}{}
 	}
-	set := byPart[partition]
-	if set == nil {
-		set = map[*Subscription]struct{}{}
-		byPart[partition] = set
-	}
-	set[s] = struct{}{}
 	h.mu.Unlock()
 	return s
 }
@@ -122,13 +134,15 @@ func (s *Subscription) Close() {
 	s.once.Do(func() {
 		h := s.hub
 		h.mu.Lock()
-		if byPart := h.subs[s.key]; byPart != nil {
-			delete(byPart[s.partition], s)
-			if len(byPart[s.partition]) == 0 {
-				delete(byPart, s.partition)
-			}
-			if len(byPart) == 0 {
-				delete(h.subs, s.key)
+		for _, k := range s.keys {
+			if byPart := h.subs[k]; byPart != nil {
+				delete(byPart[s.partition], s)
+				if len(byPart[s.partition]) == 0 {
+					delete(byPart, s.partition)
+				}
+				if len(byPart) == 0 {
+					delete(h.subs, k)
+				}
 			}
 		}
 		h.mu.Unlock()

@@ -37,6 +37,24 @@ func TestHubCoalescesAndSeparatesKinds(t *testing.T) {
 	require.Empty(t, h.subs[key{KindStream, "x"}])
 }
 
+// TestSubscribeStreams: one subscription over several streams is woken by a commit
+// to any partition of any of them, not by other streams or by a queue of the same
+// name, and Close removes it from every stream.
+func TestSubscribeStreams(t *testing.T) {
+	t.Parallel()
+	h := NewHub()
+	s := h.SubscribeStreams("a", "b", "a")
+	h.Notify(KindQueue, "a")
+	h.NotifyPartitions("c", 0)
+	require.Len(t, s.C, 0, "a queue a and a stream c are not watched")
+	h.NotifyPartitions("b", 3)
+	require.True(t, s.Wait(context.Background(), time.Millisecond), "b's partition 3")
+	h.Notify(KindStream, "a")
+	require.True(t, s.Wait(context.Background(), time.Millisecond), "a")
+	s.Close()
+	require.Empty(t, h.subs, "closed under every stream")
+}
+
 // TestPayloadRoundTrip: what the broadcaster encodes, the listener decodes to the
 // same streams, partitions and queues; a stream with more partitions than fit in one
 // line is split; "*" means everyone; junk lines are ignored.
