@@ -5,6 +5,10 @@ import "context"
 // CopyAppends returns how many batches were appended with COPY so far. Tests only.
 func CopyAppends() int64 { return copyAppends.Load() }
 
+// InsertAppends returns how many batches were appended by the one-statement path
+// (insertSQL) so far. Tests only.
+func InsertAppends() int64 { return insertAppends.Load() }
+
 // FetchDecodesItself reports whether a Fetch on db decodes its rows itself (the
 // formats db's connections get allow it) rather than through pgx's Scan. Tests only.
 func FetchDecodesItself(ctx context.Context, db DBTX) (bool, error) {
