@@ -9,12 +9,13 @@ TEST_TIMEOUT ?= 20m
 STREAMD   := $(GO) run ./cmd/streamd
 
 # (test-prometheus installs Debian's prometheus package when missing.)
-.PHONY: run test test-kcat test-kafka-franz-go fuzz-kafka test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-latency bench-peers bench-queue soak soak-groups soak-queue
+.PHONY: run test test-kcat test-kafka-clients test-kafka-franz-go fuzz-kafka test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-latency bench-peers bench-queue soak soak-groups soak-queue
 
 # Local development: without STREAMD_AUTH_TOKEN or STREAMD_AUTH_TOKEN_FILE the API
 # runs with authentication disabled (it listens on 127.0.0.1 unless
 # STREAMD_HTTP_ADDR says otherwise). Kafka clients connect to 127.0.0.1:9092
-# (STREAMD_KAFKA_ADDR).
+# (STREAMD_KAFKA_ADDR); with a token they authenticate with SASL (username admin,
+# password the token; docs/kafka.md "Security").
 # The built binary, not `go run`: Ctrl-C reaches streamd itself, which stops cleanly
 # and exits 0 (go run exited 1, and a SIGINT to it alone left the server running).
 run: build
@@ -78,10 +79,19 @@ bench-queue: db-start
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkQueuePhases -benchtime 300x ./messages/
 
 # librdkafka (Debian's kcat, installed when missing and apt-get is usable) produces and
-# consumes through the Kafka listener. make test runs the same test when kcat is there.
+# consumes through the Kafka listener, also with SASL PLAIN (TestKcatSASLPlain). make
+# test runs the same tests when kcat is there.
 test-kcat: db-start
 	@command -v kcat >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends kcat >/dev/null; } || { echo "need Debian's kcat package"; exit 1; }
 	STREAMD_KCAT_TEST=1 $(GO) test -count=1 -run TestKcat -v ./kafka/
+
+# The Python Kafka clients (Debian's python3-confluent-kafka and python3-kafka,
+# installed when missing and apt-get is usable): produce, group consume and commit
+# (TestPythonClients), and SASL SCRAM with confluent-kafka (TestPythonSCRAM). The Go
+# clients (franz-go, sarama, kafka-go) run in make test.
+test-kafka-clients: db-start
+	@/usr/bin/python3 -c 'import confluent_kafka, kafka' 2>/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-confluent-kafka python3-kafka >/dev/null; } || { echo "need Debian's python3-confluent-kafka and python3-kafka"; exit 1; }
+	STREAMD_KAFKA_CLIENTS_TEST=1 $(GO) test -count=1 -run 'TestPython' -v ./kafka/
 
 # franz-go's own pkg/kgo integration suite against streamd serve (docs/kafka.md records
 # the results). Long: up to KGO_SUITE_TIMEOUT (20m).

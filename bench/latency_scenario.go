@@ -161,7 +161,7 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		start("listener", l.Run)
 		hub = l.Hub
 		ready := func() bool { return l.Connected() }
-		if mode == "tailer" || mode == "group-tailer" {
+		if mode == "tailer" || mode == "group-tailer" || mode == "kafka-group" {
 			b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Logger: env.Logger})
 			if err != nil {
 				return nil, err
@@ -187,11 +187,16 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		lanes[i] = &latencyLane{partition: int32(i), acked: make([]atomic.Int64, n), seen: make([]atomic.Int64, n)}
 	}
 	readersDone := make(chan error, len(lanes))
-	if mode == "group-tailer" {
+	switch mode {
+	case "group-tailer":
 		if err := s.startGroup(rctx, env, hub, stream, lanes, n, &wg, readersDone); err != nil {
 			return nil, err
 		}
-	} else {
+	case "kafka-group": // the kafka scenario's (kafka_scenario.go)
+		if err := s.startKafkaGroup(rctx, env, hub, stream, lanes, n, &wg, readersDone); err != nil {
+			return nil, err
+		}
+	default:
 		for _, ln := range lanes {
 			wg.Add(1)
 			go func() { // owner: this run (waited for with wg); exits when rctx ends or its lane is all seen
@@ -286,13 +291,16 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 	}
 	rate := fmt.Sprintf("%d events at %.0f/s (paced at %d/s)", total, float64(total)/elapsed.Seconds(), latencyRate)
 	op := "commit returned → fetch returned the event"
-	if mode == "group-tailer" {
+	switch mode {
+	case "group-tailer":
 		op = "commit returned → the group's handler called with the event"
+	case "kafka-group":
+		op = "commit returned → a franz-go group consumer's poll returned the event (over a kafka.Server woken by the tailer)"
 	}
 	res := timingResult("latency", mode, name, mode == "listen", params, op, samples)
 	res.Note = fmt.Sprintf("%s; %d seen before the producer's commit returned (counted as 0)", rate, early)
 	out := []Result{res}
-	if hub != nil && mode != "group-tailer" {
+	if hub != nil && mode != "group-tailer" && mode != "kafka-group" {
 		wr := timingResult("latency", mode+"-wakeup", name+" wake-up", mode == "listen", params,
 			"commit returned → reader woken, or the event fetched if sooner", wakeSamples)
 		wr.Note = rate

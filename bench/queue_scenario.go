@@ -258,7 +258,7 @@ func (q *queueRun) run(ctx context.Context, system string, workers int) (queueCa
 	if c.load.records != int64(q.n) {
 		return c, fmt.Errorf("drained %d of %d messages", c.load.records, q.n)
 	}
-	table := "streamd.messages"
+	table := "streamd.queue_messages"
 	switch system {
 	case "raw-skip-locked":
 		table = q.raw

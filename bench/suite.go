@@ -50,6 +50,10 @@ type Suite struct {
 	// LatencyDuration is how long each latency mode runs; 0 leaves the latency
 	// scenario out of the suite.
 	LatencyDuration time.Duration `json:"latency_duration,omitempty"`
+	// KafkaLatencyDuration is how long each of the kafka scenario's end-to-end modes
+	// runs (native group and franz-go group, 1,000 events/s through the tailer); 0
+	// leaves them out.
+	KafkaLatencyDuration time.Duration `json:"kafka_latency_duration,omitempty"`
 }
 
 // QuickSuite is `make bench`: its produce, producer, appendpath, fetch and profile
@@ -75,6 +79,8 @@ func QuickSuite() Suite {
 		QueueWorkers:      []int{1, 4, 16},
 		QueueMessages:     20_000,
 		GrowthLogEvents:   []int64{0, 500_000},
+		// Needs wal_level=logical (the tailer); a quiet server creates its slot at once.
+		KafkaLatencyDuration: 5 * time.Second,
 	}
 }
 
@@ -93,6 +99,7 @@ func FullSuite() Suite {
 	s.QueueMessages = 100_000
 	s.GrowthLogEvents = []int64{0, 10_000_000, 50_000_000}
 	s.LatencyDuration = 20 * time.Second
+	s.KafkaLatencyDuration = 20 * time.Second
 	return s
 }
 
@@ -124,6 +131,8 @@ func TinySuite() Suite {
 		// shared test cluster's constant writes: TestLatencyScenario runs it on a
 		// private cluster instead.
 		LatencyDuration: 0,
+		// Likewise the kafka scenario's end-to-end modes (TestKafkaScenarioEndToEnd).
+		KafkaLatencyDuration: 0,
 	}
 }
 

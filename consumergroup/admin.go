@@ -256,7 +256,12 @@ func setPaused(ctx context.Context, db streams.DBTX, stream, group string, parti
 	return nil
 }
 
-// DeadLetter is an event a group's handler gave up on.
+// DeadLetter is an event a group's handler gave up on (seeds 000 and 001). Status is
+// pending (waiting for an operator), replayed (redelivered, or to be redelivered, to
+// its group only: RedeliveredAt says when its handler took it), discarded, or resolved
+// (dealt with by hand, without replay); ResolvedAt and ResolvedBy say when and who.
+// There is one per (group, event): the event failing again after a replay adds to
+// Attempts and makes it pending again.
 type DeadLetter struct {
 	ID             int64           `json:"id"`
 	Stream         string          `json:"stream"`
@@ -268,19 +273,35 @@ type DeadLetter struct {
 	Key            string          `json:"key,omitempty"`
 	Data           json.RawMessage `json:"data,omitempty"`
 	Error          string          `json:"error"`
+	ErrorDetail    string          `json:"error_detail,omitempty"`
 	Attempts       int             `json:"attempts"`
 	FirstFailureAt time.Time       `json:"first_failure_at"`
 	LastFailureAt  time.Time       `json:"last_failure_at"`
 	Status         string          `json:"status"`
 	ResolvedAt     *time.Time      `json:"resolved_at,omitempty"`
 	ResolvedBy     string          `json:"resolved_by,omitempty"`
+	RedeliveredAt  *time.Time      `json:"redelivered_at,omitempty"`
 }
 
+// The statuses of a dead letter (DeadLetter.Status), for groups and queues alike.
+const (
+	DeadLetterPending   = "pending"
+	DeadLetterReplayed  = "replayed"
+	DeadLetterDiscarded = "discarded"
+	DeadLetterResolved  = "resolved"
+)
+
 // DeadLetters lists a stream's dead letters of group ("" for all groups) with status
-// ("" for all), oldest first.
+// ("" for all), oldest first. ErrInvalidArgument for an unknown status.
 func (a *Admin) DeadLetters(ctx context.Context, stream, group, status string) ([]DeadLetter, error) {
+	switch status {
+	case "", DeadLetterPending, DeadLetterReplayed, DeadLetterDiscarded, DeadLetterResolved:
+	default:
+		return nil, fmt.Errorf("%w: dead letter status %q: want pending, replayed, discarded or resolved", ErrInvalidArgument, status)
+	}
 	rows, err := a.pool.Query(ctx, `SELECT id, stream_name, group_id, partition, "offset", event_id, event_type,
-		coalesce(key, ''), data, error, attempts, first_failure_at, last_failure_at, status, resolved_at, coalesce(resolved_by, '')
+		coalesce(key, ''), data, error, coalesce(error_detail, ''), attempts, first_failure_at, last_failure_at, status,
+		resolved_at, coalesce(resolved_by, ''), redelivered_at
 		FROM streamd.dead_letter_queue WHERE stream_name = $1 AND ($2 = '' OR group_id = $2) AND ($3 = '' OR status = $3)
 		ORDER BY id`, stream, group, status)
 	if err != nil {
@@ -290,7 +311,8 @@ func (a *Admin) DeadLetters(ctx context.Context, stream, group, status string) (
 		var d DeadLetter
 		var data []byte
 		err := r.Scan(&d.ID, &d.Stream, &d.Group, &d.Partition, &d.Offset, &d.EventID, &d.EventType, &d.Key, &data,
-			&d.Error, &d.Attempts, &d.FirstFailureAt, &d.LastFailureAt, &d.Status, &d.ResolvedAt, &d.ResolvedBy)
+			&d.Error, &d.ErrorDetail, &d.Attempts, &d.FirstFailureAt, &d.LastFailureAt, &d.Status, &d.ResolvedAt,
+			&d.ResolvedBy, &d.RedeliveredAt)
 		d.Data = data
 		return d, err
 	})
@@ -300,65 +322,25 @@ func (a *Admin) DeadLetters(ctx context.Context, stream, group, status string) (
 	return out, nil
 }
 
-// ReplayDeadLetter appends a pending dead letter's event to its stream again (same
-// key, type, payload and headers; a new event id; header "dlq_replay_of" names the
-// original) and marks it replayed by resolvedBy, in one transaction. Every group of the
-// stream sees the replayed event. ErrDeadLetterNotFound when it is not pending.
-func (a *Admin) ReplayDeadLetter(ctx context.Context, stream string, id int64, resolvedBy string) (streams.Position, error) {
-	var pos streams.Position
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		var key, eventType, eventID string
-		var data, bin, meta []byte
-		err := tx.QueryRow(ctx, `SELECT coalesce(key, ''), event_type, event_id, data, data_bytes, metadata
-			FROM streamd.dead_letter_queue WHERE stream_name = $1 AND id = $2 AND status = 'pending' FOR UPDATE`,
-			stream, id).Scan(&key, &eventType, &eventID, &data, &bin, &meta)
-		if err == pgx.ErrNoRows {
-			return ErrDeadLetterNotFound
-		}
-		if err != nil {
-			return err
-		}
-		headers := map[string]string{}
-		if meta != nil {
-			var obj map[string]any
-			if json.Unmarshal(meta, &obj) == nil {
-				for k, v := range obj {
-					if s, ok := v.(string); ok {
-						headers[k] = s
-					} else {
-						b, _ := json.Marshal(v)
-						headers[k] = string(b)
-					}
-				}
-			}
-		}
-		headers["dlq_replay_of"] = eventID
-		ps, err := streams.ProduceTx(ctx, tx, streams.Record{Stream: stream, Key: key, EventType: eventType,
-			Data: data, Bytes: bin, Headers: headers})
-		if err != nil {
-			return err
-		}
-		pos = ps[0]
-		_, err = tx.Exec(ctx, `UPDATE streamd.dead_letter_queue SET status = 'replayed', resolved_at = now(), resolved_by = $3
-			WHERE stream_name = $1 AND id = $2`, stream, id, resolvedBy)
-		return err
-	})
-	if err != nil {
-		return pos, fmt.Errorf("replay dead letter %d of %s: %w", id, stream, sqlerr.Wrap(err))
-	}
-	return pos, nil
+// ReplayDeadLetter redelivers a pending dead letter to its group only: it is marked
+// replayed by resolvedBy, and the member that owns its partition in that group hands
+// it to its handler before its next fetch (Batch.Redelivered), as stored (same
+// partition, offset, id and payload). Nothing is appended to the stream: no other
+// group sees it. A group without live members gets it when a member owns the
+// partition again. ErrDeadLetterNotFound when it is not pending.
+func (a *Admin) ReplayDeadLetter(ctx context.Context, stream string, id int64, resolvedBy string) error {
+	return settleDeadLetter(ctx, a.pool, stream, id, DeadLetterReplayed, resolvedBy)
 }
 
 // DiscardDeadLetter marks a pending dead letter discarded by resolvedBy.
 // ErrDeadLetterNotFound when it is not pending.
 func (a *Admin) DiscardDeadLetter(ctx context.Context, stream string, id int64, resolvedBy string) error {
-	tag, err := a.pool.Exec(ctx, `UPDATE streamd.dead_letter_queue SET status = 'discarded', resolved_at = now(), resolved_by = $3
-		WHERE stream_name = $1 AND id = $2 AND status = 'pending'`, stream, id, resolvedBy)
-	if err != nil {
-		return fmt.Errorf("discard dead letter %d of %s: %w", id, stream, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("discard dead letter %d of %s: %w", id, stream, ErrDeadLetterNotFound)
-	}
-	return nil
+	return settleDeadLetter(ctx, a.pool, stream, id, DeadLetterDiscarded, resolvedBy)
+}
+
+// ResolveDeadLetter marks a pending dead letter resolved by resolvedBy: dealt with
+// without a replay (seed 000's resolved). ErrDeadLetterNotFound when it is not
+// pending.
+func (a *Admin) ResolveDeadLetter(ctx context.Context, stream string, id int64, resolvedBy string) error {
+	return settleDeadLetter(ctx, a.pool, stream, id, DeadLetterResolved, resolvedBy)
 }

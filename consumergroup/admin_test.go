@@ -144,26 +144,43 @@ func TestDeleteGroupRejectsInvalidGroupID(t *testing.T) {
 }
 
 // TestDeadLetterAndReplay: with ErrorDeadLetter, an event whose handler always fails
-// is moved to the dead letter queue after the retries and the partition goes on; the
-// replay appends it again (handled this time) and marks it replayed.
+// is moved to the dead letter queue after the retries and the partition goes on. The
+// replay redelivers it to that group only: its handler gets it as stored (same
+// partition, offset and id, Batch.Redelivered), another group of the stream sees
+// nothing, and nothing is appended to the stream. A redelivery that fails again makes
+// the same dead letter pending again, with its attempts added; replayed again and
+// handled, it is marked redelivered.
 func TestDeadLetterAndReplay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	stream := newStream(t, pool, 1)
-	group := testdb.Name("g")
+	group, other := testdb.Name("g"), testdb.Name("other")
 	pos := produce(t, pool, stream, 0, 10)
 	poison := pos[4].Offset
-	var healed atomic.Bool
-	var h handled
+	var healed, failAgain atomic.Bool
+	var h, o handled
+	var redelivered atomic.Int32
+	var redeliveredEvent atomic.Pointer[streams.Event]
 	cfg := testConfig(stream, group)
 	cfg.OnHandlerError = ErrorDeadLetter
 	cfg.MaxRetries = 2
 	c, err := New(pool, cfg)
 	require.NoError(t, err)
 	runConsumer(t, c, func(ctx context.Context, b *Batch) error {
+		if b.Redelivered {
+			if len(b.DeadLetterIDs) != len(b.Events) {
+				return nil // not marked redelivered: the wait below fails
+			}
+			if failAgain.Load() {
+				return errors.New("poison again")
+			}
+			redelivered.Add(1)
+			redeliveredEvent.Store(&b.Events[0])
+			return nil
+		}
 		for _, e := range b.Events {
-			if e.Offset == poison && e.Headers["dlq_replay_of"] == "" && !healed.Load() {
+			if e.Offset == poison && !healed.Load() {
 				return errors.New("poison")
 			}
 		}
@@ -172,7 +189,17 @@ func TestDeadLetterAndReplay(t *testing.T) {
 		}
 		return nil
 	})
-	waitFor(t, 10*time.Second, "lag 0", func() bool { return groupLag(t, pool, stream, group) == 0 })
+	oc, err := New(pool, testConfig(stream, other))
+	require.NoError(t, err)
+	runConsumer(t, oc, func(ctx context.Context, b *Batch) error {
+		for _, e := range b.Events {
+			o.add(e.Partition, e.Offset)
+		}
+		return nil
+	})
+	waitFor(t, 10*time.Second, "lag 0", func() bool {
+		return groupLag(t, pool, stream, group) == 0 && groupLag(t, pool, stream, other) == 0
+	})
 	admin := NewAdmin(pool)
 	dl, err := admin.DeadLetters(ctx, stream, group, "pending")
 	require.NoError(t, err)
@@ -180,26 +207,104 @@ func TestDeadLetterAndReplay(t *testing.T) {
 	require.Equal(t, poison, dl[0].Offset)
 	require.Equal(t, 3, dl[0].Attempts)
 	require.Contains(t, dl[0].Error, "poison")
+	require.Contains(t, dl[0].ErrorDetail, "*errors.errorString")
 	for i, p := range pos {
 		if i != 4 {
 			require.NotZero(t, h.seen[[2]int64{0, p.Offset}], "event %d handled despite the poison one", p.Offset)
 		}
 	}
 
-	replayed, err := admin.ReplayDeadLetter(ctx, stream, dl[0].ID, "test")
-	require.NoError(t, err)
-	waitFor(t, 10*time.Second, "replayed event handled", func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.seen[[2]int64{0, replayed.Offset}] > 0
+	// Replayed, failing again: pending again, the same record, attempts added.
+	failAgain.Store(true)
+	require.NoError(t, admin.ReplayDeadLetter(ctx, stream, dl[0].ID, "test"))
+	waitFor(t, 10*time.Second, "pending again", func() bool {
+		again, err := admin.DeadLetters(ctx, stream, group, "pending")
+		require.NoError(t, err)
+		return len(again) == 1 && again[0].Attempts > 3
 	})
-	_, err = admin.ReplayDeadLetter(ctx, stream, dl[0].ID, "test")
-	require.ErrorIs(t, err, ErrDeadLetterNotFound, "a dead letter is replayed once")
-	require.ErrorIs(t, admin.DiscardDeadLetter(ctx, stream, dl[0].ID, "test"), ErrDeadLetterNotFound)
-	dl, err = admin.DeadLetters(ctx, stream, group, "replayed")
+	again, err := admin.DeadLetters(ctx, stream, group, "")
 	require.NoError(t, err)
-	require.Len(t, dl, 1)
-	require.Equal(t, "test", dl[0].ResolvedBy)
+	require.Len(t, again, 1, "one dead letter per (group, event)")
+	require.Equal(t, dl[0].ID, again[0].ID)
+	require.Contains(t, again[0].Error, "poison again")
+	require.Empty(t, again[0].ResolvedBy)
+
+	failAgain.Store(false)
+	require.NoError(t, admin.ReplayDeadLetter(ctx, stream, dl[0].ID, "test"))
+	waitFor(t, 10*time.Second, "redelivered", func() bool { return redelivered.Load() == 1 })
+	e := redeliveredEvent.Load()
+	require.Equal(t, poison, e.Offset)
+	require.Equal(t, dl[0].EventID, e.EventID)
+	require.Equal(t, int32(0), e.Partition)
+	waitFor(t, 10*time.Second, "marked redelivered", func() bool {
+		done, err := admin.DeadLetters(ctx, stream, group, "replayed")
+		require.NoError(t, err)
+		return len(done) == 1 && done[0].RedeliveredAt != nil
+	})
+	done, err := admin.DeadLetters(ctx, stream, group, "replayed")
+	require.NoError(t, err)
+	require.Equal(t, "test", done[0].ResolvedBy)
+
+	_, err = NewAdmin(pool).DeadLetters(ctx, stream, group, "bogus")
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorIs(t, admin.ReplayDeadLetter(ctx, stream, dl[0].ID, "test"), ErrDeadLetterNotFound, "a dead letter is replayed once")
+	require.ErrorIs(t, admin.DiscardDeadLetter(ctx, stream, dl[0].ID, "test"), ErrDeadLetterNotFound)
+	require.ErrorIs(t, admin.ResolveDeadLetter(ctx, stream, dl[0].ID, "test"), ErrDeadLetterNotFound)
+
+	// Nothing was appended, and the other group saw each event once.
+	var next int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT next_offset FROM streamd.stream_partitions WHERE stream_name = $1", stream).Scan(&next))
+	require.Equal(t, int64(10), next)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	require.Len(t, o.seen, 10)
+	for k, n := range o.seen {
+		require.Equal(t, 1, n, "the other group handled %v once", k)
+	}
+	require.Equal(t, int32(1), redelivered.Load(), "redelivered once")
+}
+
+// TestResolveAndDiscardDeadLetters: seed 000's resolved (dealt with, no replay) and
+// discarded, each recording who and when; a settled dead letter is not settled again.
+func TestResolveAndDiscardDeadLetters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	pos := produce(t, pool, stream, 0, 3)
+	cfg := testConfig(stream, group)
+	cfg.OnHandlerError = ErrorDeadLetter
+	cfg.MaxRetries = NoRetries
+	c, err := New(pool, cfg)
+	require.NoError(t, err)
+	runConsumer(t, c, func(ctx context.Context, b *Batch) error {
+		for _, e := range b.Events {
+			if e.Offset != pos[0].Offset {
+				return errors.New("poison")
+			}
+		}
+		return nil
+	})
+	admin := NewAdmin(pool)
+	var dl []DeadLetter
+	waitFor(t, 10*time.Second, "two dead letters", func() bool {
+		dl, err = admin.DeadLetters(ctx, stream, group, "pending")
+		require.NoError(t, err)
+		return len(dl) == 2
+	})
+	require.NoError(t, admin.ResolveDeadLetter(ctx, stream, dl[0].ID, "alice"))
+	require.NoError(t, admin.DiscardDeadLetter(ctx, stream, dl[1].ID, "bob"))
+	resolved, err := admin.DeadLetters(ctx, stream, group, "resolved")
+	require.NoError(t, err)
+	require.Len(t, resolved, 1)
+	require.Equal(t, "alice", resolved[0].ResolvedBy)
+	require.NotNil(t, resolved[0].ResolvedAt)
+	discarded, err := admin.DeadLetters(ctx, stream, group, "discarded")
+	require.NoError(t, err)
+	require.Len(t, discarded, 1)
+	require.Equal(t, "bob", discarded[0].ResolvedBy)
+	require.ErrorIs(t, admin.ReplayDeadLetter(ctx, stream, dl[0].ID, "x"), ErrDeadLetterNotFound)
 }
 
 // TestNoRetries: MaxRetries NoRetries hands a failing batch to OnHandlerError at its

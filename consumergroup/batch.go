@@ -22,8 +22,19 @@ type Batch struct {
 	MemberEpoch int64
 	// Events are in offset order; never empty.
 	Events []streams.Event
-	// HighWatermark is the partition's log end when the batch was fetched.
+	// HighWatermark is the partition's log end when the batch was fetched (0 for a
+	// redelivery).
 	HighWatermark int64
+	// Redelivered is true for a batch of this group's dead letters that an operator
+	// replayed (Admin.ReplayDeadLetter): redelivered to this group only, before the
+	// partition's next fetch. Events are the dead-lettered events as stored (their
+	// partition, offset, id, key, payload and headers), in offset order; committing
+	// the batch (Commit, CommitTx, or the worker after the handler returned nil) marks
+	// them redelivered and moves no offset.
+	Redelivered bool
+	// DeadLetterIDs are the dead letters of a redelivered batch, one per event (nil
+	// otherwise).
+	DeadLetterIDs []int64
 
 	w           *worker
 	txCommitted bool
@@ -38,9 +49,13 @@ func (w *worker) newBatch(events []streams.Event, hwm int64) *Batch {
 // stores (G5).
 func (b *Batch) NextOffset() int64 { return b.Events[len(b.Events)-1].Offset + 1 }
 
-// Commit commits the batch (NextOffset) now, for CommitManual mode. ErrFenced when
-// this member no longer owns the partition at its epoch; nothing is written then.
+// Commit commits the batch (NextOffset) now, for CommitManual mode (a redelivered
+// batch: marks its dead letters redelivered). ErrFenced when this member no longer
+// owns the partition at its epoch; nothing is written then.
 func (b *Batch) Commit(ctx context.Context) error {
+	if b.Redelivered {
+		return b.w.m.redeliveriesDone(ctx, b.w.c.pool, b.Partition, b.DeadLetterIDs)
+	}
 	return b.w.c.commitRetry(ctx, b.w.m, []PartitionOffset{{Partition: b.Partition, Offset: b.NextOffset()}})
 }
 
@@ -65,7 +80,17 @@ func (b *Batch) Commit(ctx context.Context) error {
 // That holds when the attempts overlap too: while an earlier attempt's transaction is
 // still open (its COMMIT in flight), CommitTx waits for it, and returns
 // ErrAlreadyCommitted if it committed.
+//
+// A redelivered batch's CommitTx marks its dead letters redelivered inside tx instead
+// (fenced the same way), and moves no offset.
 func (b *Batch) CommitTx(ctx context.Context, tx pgx.Tx) error {
+	if b.Redelivered {
+		if err := b.w.m.redeliveriesDone(ctx, tx, b.Partition, b.DeadLetterIDs); err != nil {
+			return err
+		}
+		b.txCommitted = true
+		return nil
+	}
 	if err := b.w.m.commitBatch(ctx, tx, b.Partition, b.Events[0].Offset, b.NextOffset(), nil); err != nil {
 		return err
 	}

@@ -195,3 +195,23 @@ func (c *Classic) DeleteOffsets(ctx context.Context, group string, partitions []
 	}
 	return res, nil
 }
+
+// GroupStreams returns the streams of a group id, sorted: those it has a streamd
+// group on (native and KIP-848 members, committed offsets) and those its classic
+// members subscribe to, live or not. None for an unknown group. The Kafka listener
+// authorizes group requests against them.
+func (c *Classic) GroupStreams(ctx context.Context, group string) ([]string, error) {
+	rows, err := c.pool.Query(ctx, `
+		SELECT stream_name FROM streamd.consumer_groups WHERE group_id = $1
+		UNION
+		SELECT unnest(topics) FROM streamd.kafka_group_members WHERE group_id = $1
+		ORDER BY 1`, group)
+	if err != nil {
+		return nil, fmt.Errorf("streams of group %s: %w", group, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("streams of group %s: %w", group, err)
+	}
+	return out, nil
+}

@@ -57,6 +57,11 @@ type Consumer struct {
 	// wake is signalled (never blocking) by the listener and by workers to make the
 	// session loop heartbeat at once.
 	wake chan struct{}
+	// redeliverGen grows whenever dead letters may have been replayed to the group
+	// (the group's channel said 'redeliver', or the listener reconnected and may have
+	// missed it); each worker looks for redeliveries when it sees a new value
+	// (redeliver.go).
+	redeliverGen atomic.Int64
 
 	mu     sync.Mutex
 	member *member           // the current membership; nil between sessions

@@ -38,6 +38,7 @@
 //	batch.go     Batch, Commit, CommitTx
 //	listener.go  the LISTEN connection that wakes the session loop
 //	admin.go     Admin: list, describe, reset offsets, delete, pause, dead letters
+//	admin_offsets.go  Admin: export a group's offsets, set them back (kafka-consumer-groups --export, --from-file)
 //	config.go    Config and its validation; metrics.go the Prometheus collectors
 //	classic.go   Classic: the coordinator of Kafka classic-protocol groups (package kafka)
 //	classic_admin.go  their listing, description, deletion and offset deletion

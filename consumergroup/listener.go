@@ -5,13 +5,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/streamd/streamd/internal/backoff"
 )
 
 // listen holds a dedicated connection LISTENing on the group's channel and wakes the
 // session loop on every notification (assignment changed, member joined or left), so
-// members react well under a heartbeat interval. It reconnects with backoff, waking
+// members react well under a heartbeat interval; a 'redeliver' notification (a dead
+// letter replayed) tells the workers instead (Consumer.redeliverGen). It reconnects with backoff, waking
 // the loop after each (re)connect since notifications may have been missed. Owned by
 // Run; returns when ctx ends.
 func (c *Consumer) listen(ctx context.Context) {
@@ -24,10 +26,16 @@ func (c *Consumer) listen(ctx context.Context) {
 		}
 		if err == nil {
 			b.Reset()
+			c.redeliverGen.Add(1) // a replay may have been missed while not listening
 			c.signal()
 			for err == nil {
-				_, err = conn.WaitForNotification(ctx)
+				var n *pgconn.Notification
+				n, err = conn.WaitForNotification(ctx)
 				if err == nil {
+					if n.Payload == "redeliver" {
+						c.redeliverGen.Add(1) // the workers look; the session has nothing to do
+						continue
+					}
 					c.signal()
 				}
 			}

@@ -139,11 +139,11 @@ func (m *member) commitBatch(ctx context.Context, db streams.DBTX, partition int
 
 // deadLetter copies the event at (partition, offset) into the dead letter queue,
 // fenced like a commit.
-func (m *member) deadLetter(ctx context.Context, db streams.DBTX, partition int32, offset int64, cause string,
+func (m *member) deadLetter(ctx context.Context, db streams.DBTX, partition int32, offset int64, cause, detail string,
 	attempts int, firstFailure time.Time) (int64, error) {
 	var id int64
-	err := db.QueryRow(ctx, "SELECT streamd.dead_letter_event($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL)",
-		m.stream, m.group, m.consumerID, m.epoch, partition, offset, cause, attempts, firstFailure).Scan(&id)
+	err := db.QueryRow(ctx, "SELECT streamd.dead_letter_event($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL)",
+		m.stream, m.group, m.consumerID, m.epoch, partition, offset, cause, detail, attempts, firstFailure).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("dead letter %s/%d@%d for group %s: %w", m.stream, partition, offset, m.group, fenced(err, m, partition))
 	}

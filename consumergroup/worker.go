@@ -41,12 +41,15 @@ type worker struct {
 	// fetched counts the fetches that returned events, dropped the batches fetched
 	// and never handed to the handler (paused, stopped); read by tests.
 	fetched, dropped atomic.Int64
+	// redeliverSeen is the Consumer's redeliverGen when the worker last found no
+	// redeliveries (-1: not yet looked). Owned by run.
+	redeliverSeen int64
 }
 
 func newWorker(ctx context.Context, c *Consumer, m *member, k *committer, p int32, h Handler, paused bool) *worker {
 	wctx, cancel := context.WithCancel(ctx)
 	return &worker{c: c, m: m, k: k, partition: p, h: h, ctx: wctx, cancelFn: cancel,
-		stopCh: make(chan struct{}), paused: paused, pauseCh: make(chan struct{}, 1)}
+		stopCh: make(chan struct{}), paused: paused, pauseCh: make(chan struct{}, 1), redeliverSeen: -1}
 }
 
 func (w *worker) stop() { w.stopOnce.Do(func() { close(w.stopCh) }) }
@@ -182,6 +185,11 @@ func (w *worker) run() {
 			case <-w.stopCh:
 			}
 			continue
+		}
+		// Redeliveries (dead letters sent back) come before the next batch; the
+		// batch fetched ahead, if any, waits for them.
+		if !w.redeliverIfAsked(ctx) {
+			return
 		}
 		if ahead == nil {
 			ahead = w.fetch(fetchCtx, pos, opts)
@@ -426,11 +434,20 @@ func (w *worker) block(ctx context.Context, b *Batch) bool {
 // deadLetterEach retries the batch's events one at a time; each that still fails
 // goes to the dead letter queue (fenced like a commit).
 func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) bool {
-	for i := range res.Events {
+	return w.deadLetterEvents(ctx, res.Events, res.HighWatermark, nil)
+}
+
+// deadLetterEvents is deadLetterEach for events; ids, when set, are the events' dead
+// letters (a redelivery), and each single-event batch is a redelivery too.
+func (w *worker) deadLetterEvents(ctx context.Context, events []streams.Event, hwm int64, ids []int64) bool {
+	for i := range events {
 		if w.stopping() {
 			return false // revoked: the rest go, uncommitted, to the next owner
 		}
-		one := w.newBatch(res.Events[i:i+1], res.HighWatermark)
+		one := w.newBatch(events[i:i+1], hwm)
+		if ids != nil {
+			one.Redelivered, one.DeadLetterIDs = true, ids[i:i+1]
+		}
 		first := time.Now()
 		err := w.attempt(ctx, one, w.c.cfg.retries())
 		if err == nil {
@@ -439,13 +456,13 @@ func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) b
 		if ctx.Err() != nil || w.lost.Load() || w.stopping() {
 			return false
 		}
-		e := res.Events[i]
+		e := events[i]
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		var derr error
 		// A lost connection or a restarted server is retried, as a commit is;
 		// giving up would hand a healthy partition back for a blip.
 		for bo := backoff.NewJittered(50*time.Millisecond, time.Second); ; {
-			_, derr = w.m.deadLetter(dctx, w.c.pool, w.partition, e.Offset, err.Error(), w.c.cfg.retries()+1, first)
+			_, derr = w.m.deadLetter(dctx, w.c.pool, w.partition, e.Offset, err.Error(), errorDetail(err), w.c.cfg.retries()+1, first)
 			if derr == nil || errors.Is(derr, ErrFenced) || !sqlerr.Retriable(derr) || !bo.Wait(dctx) {
 				break
 			}

@@ -29,16 +29,23 @@ func TestTenantScopeEverywhere(t *testing.T) {
 	// insert is one row of the table for tenant (and a suffix that keeps keys apart).
 	type table struct {
 		name, insert string
+		col          string // the column holding the test's stream name ("": stream_name)
 	}
 	tables := []table{
-		{"consumer_groups", `INSERT INTO streamd.consumer_groups (stream_name, group_id, tenant_id) VALUES ($1, 'g-' || $2, $2)`},
-		{"consumer_registrations", `INSERT INTO streamd.consumer_registrations (stream_name, group_id, consumer_id, member_epoch, tenant_id) VALUES ($1, 'g-' || $2, 'm', 1, $2)`},
-		{"consumer_partitions", `INSERT INTO streamd.consumer_partitions (stream_name, group_id, partition, tenant_id) VALUES ($1, 'g-' || $2, 0, $2)`},
-		{"consumer_offsets", `INSERT INTO streamd.consumer_offsets (stream_name, group_id, partition, "offset", committed_by, tenant_id) VALUES ($1, 'g-' || $2, 0, 0, 'm', $2)`},
-		{"dead_letter_queue", `INSERT INTO streamd.dead_letter_queue (stream_name, group_id, partition, "offset", event_id, data, error, tenant_id) VALUES ($1, 'g-' || $2, 0, 0, 'e', '{"secret": 1}', 'boom', $2)`},
-		{"key_heads", `INSERT INTO streamd.key_heads (stream_name, key, tenant_id) VALUES ($1, 'k-' || $2, $2)`},
-		{"snapshots", `INSERT INTO streamd.snapshots (stream_name, key, key_version, data, tenant_id) VALUES ($1, 'k-' || $2, 1, '{}', $2)`},
-		{"projections", `INSERT INTO streamd.projections (projection_type, aggregate_id, state, last_event_id, stream_name, partition, last_offset, tenant_id) VALUES ('p', $1 || $2, '{}', 'e', $1, 0, 0, $2)`},
+		{"consumer_groups", `INSERT INTO streamd.consumer_groups (stream_name, group_id, tenant_id) VALUES ($1, 'g-' || $2, $2)`, ""},
+		{"consumer_registrations", `INSERT INTO streamd.consumer_registrations (stream_name, group_id, consumer_id, member_epoch, tenant_id) VALUES ($1, 'g-' || $2, 'm', 1, $2)`, ""},
+		{"consumer_partitions", `INSERT INTO streamd.consumer_partitions (stream_name, group_id, partition, tenant_id) VALUES ($1, 'g-' || $2, 0, $2)`, ""},
+		{"consumer_offsets", `INSERT INTO streamd.consumer_offsets (stream_name, group_id, partition, "offset", committed_by, tenant_id) VALUES ($1, 'g-' || $2, 0, 0, 'm', $2)`, ""},
+		{"dead_letter_queue", `INSERT INTO streamd.dead_letter_queue (stream_name, group_id, partition, "offset", event_id, data, error, tenant_id) VALUES ($1, 'g-' || $2, 0, 0, 'e', '{"secret": 1}', 'boom', $2)`, ""},
+		{"key_heads", `INSERT INTO streamd.key_heads (stream_name, key, tenant_id) VALUES ($1, 'k-' || $2, $2)`, ""},
+		{"snapshots", `INSERT INTO streamd.snapshots (stream_name, key, key_version, data, tenant_id) VALUES ($1, 'k-' || $2, 1, '{}', $2)`, ""},
+		{"projections", `INSERT INTO streamd.projections (projection_type, aggregate_id, state, last_event_id, stream_name, partition, last_offset, tenant_id) VALUES ('p', $1 || $2, '{}', 'e', $1, 0, 0, $2)`, ""},
+		{"queue_dead_letters", `INSERT INTO streamd.queue_dead_letters (dead_letter_queue, message_id, origin_queue, error, first_failure_at, last_failure_at, tenant_id) VALUES ($1, 'm-' || $2, 'q', 'boom', now(), now(), $2)`, "dead_letter_queue"},
+	}
+	for i := range tables {
+		if tables[i].col == "" {
+			tables[i].col = "stream_name"
+		}
 	}
 	for _, tb := range tables {
 		for _, tenant := range []string{acmeID, globexID} {
@@ -48,7 +55,7 @@ func TestTenantScopeEverywhere(t *testing.T) {
 	}
 
 	for _, tb := range tables {
-		scope := `FROM streamd.` + tb.name + ` WHERE stream_name = $1`
+		scope := `FROM streamd.` + tb.name + ` WHERE ` + tb.col + ` = $1`
 		var n int
 		var tenants []string
 		rows, err := acme.Query(ctx, `SELECT tenant_id `+scope, stream)
@@ -57,10 +64,10 @@ func TestTenantScopeEverywhere(t *testing.T) {
 		require.NoError(t, err, tb.name)
 		require.Equal(t, []string{acmeID}, tenants, "%s: a tenant sees its own rows only", tb.name)
 
-		tag, err := acme.Exec(ctx, `UPDATE streamd.`+tb.name+` SET tenant_id = tenant_id WHERE stream_name = $1`, stream)
+		tag, err := acme.Exec(ctx, `UPDATE streamd.`+tb.name+` SET tenant_id = tenant_id WHERE `+tb.col+` = $1`, stream)
 		require.NoError(t, err, tb.name)
 		require.EqualValues(t, 1, tag.RowsAffected(), "%s: an update changes its own row only", tb.name)
-		_, err = acme.Exec(ctx, `UPDATE streamd.`+tb.name+` SET tenant_id = $2 WHERE stream_name = $1`, stream, globexID)
+		_, err = acme.Exec(ctx, `UPDATE streamd.`+tb.name+` SET tenant_id = $2 WHERE `+tb.col+` = $1`, stream, globexID)
 		require.Equal(t, "42501", pgCode(err), "%s: a row cannot be handed to another tenant: %v", tb.name, err)
 		_, err = acme.Exec(ctx, tb.insert, stream, globexID+"-2")
 		require.Equal(t, "42501", pgCode(err), "%s: no row of another tenant can be inserted: %v", tb.name, err)
@@ -85,11 +92,11 @@ func TestTenantScopeEverywhere(t *testing.T) {
 		if !may {
 			continue
 		}
-		tag, err := acme.Exec(ctx, `DELETE FROM streamd.`+tables[i].name+` WHERE stream_name = $1`, stream)
+		tag, err := acme.Exec(ctx, `DELETE FROM streamd.`+tables[i].name+` WHERE `+tables[i].col+` = $1`, stream)
 		require.NoError(t, err, tables[i].name)
 		require.EqualValues(t, 1, tag.RowsAffected(), "%s: a delete removes its own row only", tables[i].name)
 		var n int
-		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM streamd.`+tables[i].name+` WHERE stream_name = $1`, stream).Scan(&n))
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM streamd.`+tables[i].name+` WHERE `+tables[i].col+` = $1`, stream).Scan(&n))
 		require.Equal(t, 1, n, tables[i].name)
 	}
 }

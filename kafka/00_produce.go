@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -32,6 +33,14 @@ func handleProduce(ctx context.Context, r *request) (kmsg.Response, error) {
 		defer cancel()
 	}
 
+	topics := make([]string, len(req.Topics))
+	for i, t := range req.Topics {
+		topics[i] = t.Topic
+	}
+	allowed, err := r.decide(ctx, topics)
+	if err != nil {
+		return nil, err
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, produceParallelism)
 	for _, t := range req.Topics {
@@ -51,12 +60,15 @@ func handleProduce(ctx context.Context, r *request) (kmsg.Response, error) {
 				rp.ErrorCode = kerr.TransactionalIDAuthorizationFailed.Code
 				setMessage(rp, "transactions are not supported by streamd")
 				continue
+			case !allowed.Allows(t.Topic, access.Write):
+				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				continue
 			}
 			wg.Add(1)
 			sem <- struct{}{}
 			go func() { // owner: handleProduce, which waits for it below
 				defer func() { <-sem; wg.Done() }()
-				s.producePartition(ctx, t.Topic, p.Partition, p.Records, rp)
+				s.producePartition(ctx, t.Topic, p.Partition, p.Records, rp, r.isAdmin())
 			}()
 		}
 		resp.Topics = append(resp.Topics, rt)
@@ -68,8 +80,9 @@ func handleProduce(ctx context.Context, r *request) (kmsg.Response, error) {
 	return resp, nil
 }
 
-// producePartition appends one partition's batch, all or nothing, and fills rp.
-func (s *Server) producePartition(ctx context.Context, topic string, partition int32, raw []byte, rp *kmsg.ProduceResponseTopicPartition) {
+// producePartition appends one partition's batch, all or nothing, and fills rp. It
+// may create a missing topic (Config.AutoCreateTopics) when mayCreate.
+func (s *Server) producePartition(ctx context.Context, topic string, partition int32, raw []byte, rp *kmsg.ProduceResponseTopicPartition, mayCreate bool) {
 	fail := func(code int16, err error) {
 		rp.ErrorCode = code
 		setMessage(rp, err.Error())
@@ -83,18 +96,14 @@ func (s *Server) producePartition(ctx context.Context, topic string, partition i
 		}
 		return
 	}
-	records, err := toStreamRecords(recs)
-	if err != nil {
-		fail(kerr.InvalidRecord.Code, err)
-		return
-	}
+	records := toStreamRecords(recs)
 	var opts *streams.AppendPartitionOpts
 	if batch.ProducerID >= 0 {
 		opts = &streams.AppendPartitionOpts{Producer: &streams.ProducerSequence{
 			ProducerID: batch.ProducerID, Epoch: batch.ProducerEpoch, FirstSequence: batch.FirstSequence}}
 	}
 	pos, err := s.streams.AppendPartition(ctx, topic, partition, records, opts)
-	if errors.Is(err, streams.ErrStreamNotFound) && s.cfg.AutoCreateTopics {
+	if errors.Is(err, streams.ErrStreamNotFound) && s.cfg.AutoCreateTopics && mayCreate {
 		if _, cerr := s.autoCreate(ctx, topic); cerr == nil {
 			pos, err = s.streams.AppendPartition(ctx, topic, partition, records, opts)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -38,6 +39,10 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 	for _, t := range req.Topics {
 		names = append(names, t.Topic)
 	}
+	allowed, err := r.decide(ctx, names)
+	if err != nil {
+		return nil, err
+	}
 	maxWait := time.Duration(req.MaxWaitMillis) * time.Millisecond
 	var subs *subscriptions
 	if maxWait > 0 && req.MinBytes > 0 {
@@ -53,7 +58,7 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 		maxInterval = time.Second
 	}
 	for {
-		got := s.fetchOnce(ctx, req, resp)
+		got := s.fetchOnce(ctx, req, resp, allowed)
 		if ctx.Err() != nil {
 			return nil, ctx.Err() // the client went away
 		}
@@ -72,8 +77,9 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 }
 
 // fetchOnce reads every partition of req into resp (replacing what a previous pass
-// put there) and returns the record bytes read.
-func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse) int {
+// put there) and returns the record bytes read. Partitions of topics the principal
+// may not read are TOPIC_AUTHORIZATION_FAILED.
+func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, allowed *access.Decisions) int {
 	resp.Topics = resp.Topics[:0]
 	type job struct {
 		rp        *kmsg.FetchResponseTopicPartition
@@ -95,6 +101,10 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 			rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = -1, -1, -1
 			rp.PreferredReadReplica = -1
 			rp.RecordBatches = []byte{} // empty, not null: librdkafka refuses a null record set
+			if !allowed.Allows(t.Topic, access.Read) {
+				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				continue
+			}
 			jobs = append(jobs, job{rp: rp, topic: t.Topic, partition: p})
 		}
 	}

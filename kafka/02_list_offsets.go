@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/streams"
 )
 
@@ -21,8 +22,27 @@ func handleListOffsets(ctx context.Context, r *request) (kmsg.Response, error) {
 	req := r.kreq.(*kmsg.ListOffsetsRequest)
 	resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
 	s := r.s
+	topics := make([]string, len(req.Topics))
+	for i, t := range req.Topics {
+		topics[i] = t.Topic
+	}
+	allowed, err := r.decide(ctx, topics)
+	if err != nil {
+		return nil, err
+	}
 	for _, t := range req.Topics {
 		rt := kmsg.NewListOffsetsResponseTopic()
+		if !allowed.Allows(t.Topic, access.Read) {
+			for _, p := range t.Partitions {
+				rp := kmsg.NewListOffsetsResponseTopicPartition()
+				rp.Partition, rp.Timestamp, rp.Offset, rp.LeaderEpoch = p.Partition, -1, -1, -1
+				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			rt.Topic = t.Topic
+			resp.Topics = append(resp.Topics, rt)
+			continue
+		}
 		rt.Topic = t.Topic
 		info, infoErr := s.streams.DescribeStream(ctx, t.Topic)
 		for _, p := range t.Partitions {

@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/brokers"
 	"github.com/streamd/streamd/streams"
 )
@@ -46,15 +47,38 @@ func handleMetadata(ctx context.Context, r *request) (kmsg.Response, error) {
 	for _, st := range all {
 		partitions[st.Name] = st.Partitions
 	}
-
-	// v0: an empty list means every topic; v1+: null means every topic.
-	if req.Topics == nil || (req.Version == 0 && len(req.Topics) == 0) {
+	// A principal sees the topics it may read or write ("describe" in Kafka's terms).
+	everyTopic := req.Topics == nil || (req.Version == 0 && len(req.Topics) == 0) // v0: empty; v1+: null
+	var names []string
+	if everyTopic {
 		for _, st := range all {
-			resp.Topics = append(resp.Topics, topicMetadata(live, st.Name, st.Partitions))
+			names = append(names, st.Name)
+		}
+	} else {
+		for _, t := range req.Topics {
+			if t.Topic != nil {
+				names = append(names, *t.Topic)
+			}
+		}
+	}
+	allowed, err := r.decide(ctx, names)
+	if err != nil {
+		return nil, err
+	}
+	describable := func(name string) bool {
+		return allowed.Allows(name, access.Read) || allowed.Allows(name, access.Write)
+	}
+
+	if everyTopic {
+		for _, st := range all {
+			if describable(st.Name) {
+				resp.Topics = append(resp.Topics, topicMetadata(live, st.Name, st.Partitions))
+			}
 		}
 		return resp, nil
 	}
-	autoCreate := s.cfg.AutoCreateTopics && (req.Version < 4 || req.AllowAutoTopicCreation)
+	// Creating topics is AdminPrincipal's (as CreateTopics).
+	autoCreate := s.cfg.AutoCreateTopics && (req.Version < 4 || req.AllowAutoTopicCreation) && r.isAdmin()
 	for _, t := range req.Topics {
 		if t.Topic == nil {
 			mt := kmsg.NewMetadataResponseTopic()
@@ -64,6 +88,14 @@ func handleMetadata(ctx context.Context, r *request) (kmsg.Response, error) {
 			continue
 		}
 		name := *t.Topic
+		if !describable(name) {
+			// Also for a topic that does not exist: a refusal tells nobody which exist.
+			mt := kmsg.NewMetadataResponseTopic()
+			mt.Topic = &name
+			mt.ErrorCode = kerr.TopicAuthorizationFailed.Code
+			resp.Topics = append(resp.Topics, mt)
+			continue
+		}
 		n, ok := partitions[name]
 		if !ok && autoCreate {
 			var err error

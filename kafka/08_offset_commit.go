@@ -3,8 +3,10 @@ package kafka
 import (
 	"context"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/consumergroup"
 )
 
@@ -32,7 +34,18 @@ func handleOffsetCommit(ctx context.Context, r *request) (kmsg.Response, error) 
 				Stream: t.Topic, Partition: p.Partition, Offset: p.Offset, Metadata: groupString(p.Metadata)})
 		}
 	}
-	results, err := r.s.commitOffsets(ctx, commit)
+	topics := make([]string, len(req.Topics))
+	for i, t := range req.Topics {
+		topics[i] = t.Topic
+	}
+	ok, err := r.groupAllowed(ctx, req.Group, topics, access.Read)
+	if err != nil {
+		return nil, err
+	}
+	var results []consumergroup.StreamPartitionResult
+	if ok {
+		results, err = r.s.commitOffsets(ctx, commit)
+	}
 	i := 0
 	for _, t := range req.Topics {
 		rt := kmsg.NewOffsetCommitResponseTopic()
@@ -40,9 +53,12 @@ func handleOffsetCommit(ctx context.Context, r *request) (kmsg.Response, error) 
 		for _, p := range t.Partitions {
 			rp := kmsg.NewOffsetCommitResponseTopicPartition()
 			rp.Partition = p.Partition
-			if err != nil {
+			switch {
+			case !ok:
+				rp.ErrorCode = kerr.GroupAuthorizationFailed.Code
+			case err != nil:
 				rp.ErrorCode = errorCode(err)
-			} else {
+			default:
 				rp.ErrorCode = errorCode(results[i].Err)
 			}
 			i++

@@ -3,8 +3,10 @@ package kafka
 import (
 	"context"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/consumergroup"
 )
 
@@ -26,7 +28,10 @@ func handleOffsetFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 				topics[t.Topic] = t.Partitions
 			}
 		}
-		fetched, code := r.s.fetchOffsets(ctx, req.Group, names, topics)
+		fetched, code, err := r.fetchOffsets(ctx, req.Group, names, topics)
+		if err != nil {
+			return nil, err
+		}
 		resp.ErrorCode = code
 		for _, f := range fetched {
 			rt := kmsg.NewOffsetFetchResponseTopic()
@@ -50,7 +55,10 @@ func handleOffsetFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 				topics[t.Topic] = t.Partitions
 			}
 		}
-		fetched, code := r.s.fetchOffsets(ctx, g.Group, names, topics)
+		fetched, code, err := r.fetchOffsets(ctx, g.Group, names, topics)
+		if err != nil {
+			return nil, err
+		}
 		rg := kmsg.NewOffsetFetchResponseGroup()
 		rg.Group, rg.ErrorCode = g.Group, code
 		for _, f := range fetched {
@@ -81,7 +89,22 @@ type fetchedPartition struct {
 
 // fetchOffsets returns the committed offsets of the requested topics and partitions
 // in request order (-1 where none), or every committed offset of the group when
-// names is nil; and the group-level error code.
+// names is nil; and the group-level error code (GROUP_AUTHORIZATION_FAILED when the
+// principal may not read the group, see groupAllowed). An error reading the
+// authorization closes the connection.
+func (r *request) fetchOffsets(ctx context.Context, group string, names []string, topics map[string][]int32) ([]fetchedTopic, int16, error) {
+	ok, err := r.groupAllowed(ctx, group, names, access.Read)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !ok {
+		return nil, kerr.GroupAuthorizationFailed.Code, nil
+	}
+	fetched, code := r.s.fetchOffsets(ctx, group, names, topics)
+	return fetched, code, nil
+}
+
+// fetchOffsets is request.fetchOffsets once authorized.
 func (s *Server) fetchOffsets(ctx context.Context, group string, names []string, topics map[string][]int32) ([]fetchedTopic, int16) {
 	offs, err := s.groups.FetchOffsets(ctx, group, names)
 	if err != nil {

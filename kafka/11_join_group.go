@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/consumergroup"
 )
 
@@ -29,6 +30,11 @@ func handleJoinGroup(ctx context.Context, r *request) (kmsg.Response, error) {
 		resp.ErrorCode = kerr.InvalidSessionTimeout.Code
 		return resp, nil
 	}
+	topics := subscribedTopics(req.ProtocolType, req.Protocols)
+	if ok, err := r.groupAllowed(ctx, req.Group, topics, access.Read); err != nil || !ok {
+		resp.ErrorCode = kerr.GroupAuthorizationFailed.Code
+		return resp, err
+	}
 	join := &consumergroup.ClassicJoin{
 		Group:                req.Group,
 		MemberID:             req.MemberID,
@@ -38,7 +44,7 @@ func handleJoinGroup(ctx context.Context, r *request) (kmsg.Response, error) {
 		SessionTimeout:       time.Duration(req.SessionTimeoutMillis) * time.Millisecond,
 		RebalanceTimeout:     time.Duration(rebalance) * time.Millisecond,
 		ProtocolType:         req.ProtocolType,
-		Topics:               subscribedTopics(req.ProtocolType, req.Protocols),
+		Topics:               topics,
 		RequireKnownMemberID: req.Version >= 4,
 	}
 	for _, p := range req.Protocols {

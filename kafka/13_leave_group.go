@@ -3,8 +3,10 @@ package kafka
 import (
 	"context"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/consumergroup"
 )
 
@@ -15,6 +17,10 @@ var leaveGroupHandler = handler{key: 13, min: 0, max: 5, fn: handleLeaveGroup}
 func handleLeaveGroup(ctx context.Context, r *request) (kmsg.Response, error) {
 	req := r.kreq.(*kmsg.LeaveGroupRequest)
 	resp := req.ResponseKind().(*kmsg.LeaveGroupResponse)
+	if ok, err := r.groupAllowed(ctx, req.Group, nil, access.Read); err != nil || !ok {
+		resp.ErrorCode = kerr.GroupAuthorizationFailed.Code
+		return resp, err
+	}
 	var leavers []consumergroup.ClassicLeaver
 	if req.Version < 3 {
 		leavers = []consumergroup.ClassicLeaver{{MemberID: req.MemberID}}

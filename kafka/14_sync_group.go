@@ -3,8 +3,10 @@ package kafka
 import (
 	"context"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/consumergroup"
 )
 
@@ -15,6 +17,11 @@ var syncGroupHandler = handler{key: 14, min: 0, max: 5, fn: handleSyncGroup}
 func handleSyncGroup(ctx context.Context, r *request) (kmsg.Response, error) {
 	req := r.kreq.(*kmsg.SyncGroupRequest)
 	resp := req.ResponseKind().(*kmsg.SyncGroupResponse)
+	if ok, err := r.groupAllowed(ctx, req.Group, nil, access.Read); err != nil || !ok {
+		resp.ErrorCode = kerr.GroupAuthorizationFailed.Code
+		resp.MemberAssignment = []byte{}
+		return resp, err
+	}
 	sync := &consumergroup.ClassicSync{
 		Group:        req.Group,
 		MemberID:     req.MemberID,

@@ -3,7 +3,10 @@ package kafka
 import (
 	"context"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/access"
 )
 
 // DescribeGroups up to v5 (v6 answers GROUP_ID_NOT_FOUND instead of the Dead state):
@@ -18,6 +21,14 @@ func handleDescribeGroups(ctx context.Context, r *request) (kmsg.Response, error
 		rg := kmsg.NewDescribeGroupsResponseGroup()
 		rg.Group = id
 		rg.AuthorizedOperations = -2147483648 // not asked for, or not computed
+		if ok, err := r.groupAllowed(ctx, id, nil, access.Read); err != nil || !ok {
+			if err != nil {
+				return nil, err
+			}
+			rg.ErrorCode = kerr.GroupAuthorizationFailed.Code
+			resp.Groups = append(resp.Groups, rg)
+			continue
+		}
 		g, err := r.s.groups.DescribeKafkaGroup(ctx, id)
 		if err != nil {
 			rg.ErrorCode = errorCode(err)

@@ -6,11 +6,13 @@ import (
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/access"
 )
 
 // ListGroups up to v5: every group id, classic ("classic") or streamd's own and
 // KIP-848 ("consumer"), filtered by state (v4+) and type (v5+), case-insensitively
-// as Kafka does.
+// as Kafka does, and to the groups the principal may read (groupAllowed).
 var listGroupsHandler = handler{key: 16, min: 0, max: 5, fn: handleListGroups}
 
 func handleListGroups(ctx context.Context, r *request) (kmsg.Response, error) {
@@ -26,6 +28,11 @@ func handleListGroups(ctx context.Context, r *request) (kmsg.Response, error) {
 	}
 	for _, g := range groups {
 		if !matches(req.StatesFilter, g.State) || !matches(req.TypesFilter, g.Type) {
+			continue
+		}
+		if ok, err := r.groupAllowed(ctx, g.Group, nil, access.Read); err != nil {
+			return nil, err
+		} else if !ok {
 			continue
 		}
 		rg := kmsg.NewListGroupsResponseGroup()

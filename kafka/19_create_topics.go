@@ -39,6 +39,8 @@ func handleCreateTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 			partitions = s.cfg.DefaultPartitions
 		}
 		switch {
+		case !r.isAdmin():
+			fail(kerr.TopicAuthorizationFailed.Code, "only the admin principal may create topics")
 		case seen[t.Topic] > 1:
 			fail(kerr.InvalidRequest.Code, "the topic is named more than once in the request")
 		case !streams.ValidName(t.Topic):

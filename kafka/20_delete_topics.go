@@ -5,10 +5,12 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/access"
 )
 
 // DeleteTopics v0 to v6 (by name; v6's topic ids are unknown: streams have none).
-// Deleting a topic deletes the stream and its events.
+// Deleting a topic deletes the stream and its events; it needs admin on the stream.
 var deleteTopicsHandler = handler{key: 20, min: 0, max: 6, fn: handleDeleteTopics}
 
 func handleDeleteTopics(ctx context.Context, r *request) (kmsg.Response, error) {
@@ -25,11 +27,23 @@ func handleDeleteTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 	for _, t := range req.Topics {
 		targets = append(targets, target{name: t.Topic, id: t.TopicID})
 	}
+	var names []string
+	for _, t := range targets {
+		if t.name != nil {
+			names = append(names, *t.name)
+		}
+	}
+	allowed, err := r.decide(ctx, names)
+	if err != nil {
+		return nil, err
+	}
 	for _, t := range targets {
 		rt := kmsg.NewDeleteTopicsResponseTopic()
 		rt.Topic, rt.TopicID = t.name, t.id
 		if t.name == nil {
 			rt.ErrorCode = kerr.UnknownTopicID.Code
+		} else if !allowed.Allows(*t.name, access.Admin) {
+			rt.ErrorCode = kerr.TopicAuthorizationFailed.Code
 		} else if err := r.s.streams.DeleteStream(ctx, *t.name); err != nil {
 			rt.ErrorCode = errorCode(err)
 			msg := err.Error()

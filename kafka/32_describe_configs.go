@@ -7,21 +7,41 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/access"
 )
 
-// DescribeConfigs v0 to v4: a topic's mapped configs (configs.go); a broker has
-// none to show (its settings are streamd serve's flags).
+// DescribeConfigs v0 to v4: a topic's mapped configs (configs.go; read on the
+// stream needed); a broker has none to show (its settings are streamd serve's flags;
+// AdminPrincipal only).
 var describeConfigsHandler = handler{key: 32, min: 0, max: 4, fn: handleDescribeConfigs}
 
 func handleDescribeConfigs(ctx context.Context, r *request) (kmsg.Response, error) {
 	req := r.kreq.(*kmsg.DescribeConfigsRequest)
 	resp := req.ResponseKind().(*kmsg.DescribeConfigsResponse)
+	var topics []string
+	for _, res := range req.Resources {
+		if res.ResourceType == kmsg.ConfigResourceTypeTopic {
+			topics = append(topics, res.ResourceName)
+		}
+	}
+	allowed, err := r.decide(ctx, topics)
+	if err != nil {
+		return nil, err
+	}
 	for _, res := range req.Resources {
 		rr := kmsg.NewDescribeConfigsResponseResource()
 		rr.ResourceType, rr.ResourceName = res.ResourceType, res.ResourceName
 		switch res.ResourceType {
 		case kmsg.ConfigResourceTypeBroker, kmsg.ConfigResourceTypeBrokerLogger:
+			if !r.isAdmin() {
+				rr.ErrorCode = kerr.ClusterAuthorizationFailed.Code
+			}
 		case kmsg.ConfigResourceTypeTopic:
+			if !allowed.Allows(res.ResourceName, access.Read) {
+				rr.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				break
+			}
 			var settings *topicSettings
 			err := pgx.BeginFunc(ctx, r.s.pool, func(tx pgx.Tx) error {
 				var err error

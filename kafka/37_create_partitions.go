@@ -9,19 +9,34 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/streams"
 )
 
 // CreatePartitions v0 to v3: grows a stream's partition count (keys move, as in
-// Kafka). Fewer or as many partitions as the topic has is INVALID_PARTITIONS.
+// Kafka). Fewer or as many partitions as the topic has is INVALID_PARTITIONS. Needs
+// admin on the stream.
 var createPartitionsHandler = handler{key: 37, min: 0, max: 3, fn: handleCreatePartitions}
 
 func handleCreatePartitions(ctx context.Context, r *request) (kmsg.Response, error) {
 	req := r.kreq.(*kmsg.CreatePartitionsRequest)
 	resp := req.ResponseKind().(*kmsg.CreatePartitionsResponse)
+	topics := make([]string, len(req.Topics))
+	for i, t := range req.Topics {
+		topics[i] = t.Topic
+	}
+	allowed, err := r.decide(ctx, topics)
+	if err != nil {
+		return nil, err
+	}
 	for _, t := range req.Topics {
 		rt := kmsg.NewCreatePartitionsResponseTopic()
 		rt.Topic = t.Topic
+		if !allowed.Allows(t.Topic, access.Admin) {
+			rt.ErrorCode = kerr.TopicAuthorizationFailed.Code
+			resp.Topics = append(resp.Topics, rt)
+			continue
+		}
 		err := pgx.BeginFunc(ctx, r.s.pool, func(tx pgx.Tx) error {
 			info, err := streams.DescribeStreamTx(ctx, tx, t.Topic)
 			if err != nil {

@@ -7,20 +7,42 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/access"
 )
 
 // IncrementalAlterConfigs v0 to v1: SET and DELETE (back to the default) of a
 // topic's mapped configs, all of a resource's changes in one transaction.
 // APPEND and SUBTRACT (list configs) apply to cleanup.policy only. Broker configs
-// are streamd serve's flags: refused.
+// are streamd serve's flags: refused. Needs admin on the stream (a broker resource:
+// AdminPrincipal, else CLUSTER_AUTHORIZATION_FAILED).
 var incrementalAlterConfigsHandler = handler{key: 44, min: 0, max: 1, fn: handleIncrementalAlterConfigs}
 
 func handleIncrementalAlterConfigs(ctx context.Context, r *request) (kmsg.Response, error) {
 	req := r.kreq.(*kmsg.IncrementalAlterConfigsRequest)
 	resp := req.ResponseKind().(*kmsg.IncrementalAlterConfigsResponse)
+	var topics []string
+	for _, res := range req.Resources {
+		if res.ResourceType == kmsg.ConfigResourceTypeTopic {
+			topics = append(topics, res.ResourceName)
+		}
+	}
+	allowed, err := r.decide(ctx, topics)
+	if err != nil {
+		return nil, err
+	}
 	for _, res := range req.Resources {
 		rr := kmsg.NewIncrementalAlterConfigsResponseResource()
 		rr.ResourceType, rr.ResourceName = res.ResourceType, res.ResourceName
+		denied := kerr.TopicAuthorizationFailed.Code
+		if res.ResourceType != kmsg.ConfigResourceTypeTopic {
+			denied = kerr.ClusterAuthorizationFailed.Code
+		}
+		if !r.isAdmin() && (res.ResourceType != kmsg.ConfigResourceTypeTopic || !allowed.Allows(res.ResourceName, access.Admin)) {
+			rr.ErrorCode = denied
+			resp.Resources = append(resp.Resources, rr)
+			continue
+		}
 		if res.ResourceType != kmsg.ConfigResourceTypeTopic {
 			rr.ErrorCode = kerr.InvalidRequest.Code
 			msg := "streamd alters topic configs only; a broker's settings are streamd serve's flags"

@@ -3,13 +3,16 @@ package kafka
 import (
 	"context"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/consumergroup"
 )
 
 // OffsetDelete: deletes a group's committed offsets, except on topics its live
-// members consume (GROUP_SUBSCRIBED_TO_TOPIC).
+// members consume (GROUP_SUBSCRIBED_TO_TOPIC). Needs admin on every stream of the
+// group and every topic named (groupAllowed), as the HTTP API's offset reset.
 var offsetDeleteHandler = handler{key: 47, min: 0, max: 0, fn: handleOffsetDelete}
 
 func handleOffsetDelete(ctx context.Context, r *request) (kmsg.Response, error) {
@@ -20,6 +23,14 @@ func handleOffsetDelete(ctx context.Context, r *request) (kmsg.Response, error) 
 		for _, p := range t.Partitions {
 			parts = append(parts, consumergroup.StreamPartition{Stream: t.Topic, Partition: p.Partition})
 		}
+	}
+	topics := make([]string, len(req.Topics))
+	for i, t := range req.Topics {
+		topics[i] = t.Topic
+	}
+	if ok, err := r.groupAllowed(ctx, req.Group, topics, access.Admin); err != nil || !ok {
+		resp.ErrorCode = kerr.GroupAuthorizationFailed.Code
+		return resp, err
 	}
 	results, err := r.s.groups.DeleteOffsets(ctx, req.Group, parts)
 	if err != nil {

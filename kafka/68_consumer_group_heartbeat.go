@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/consumergroup"
 )
 
@@ -29,6 +30,11 @@ func handleConsumerGroupHeartbeat(ctx context.Context, r *request) (kmsg.Respons
 	}
 	if req.SubscribedTopicRegex != nil && *req.SubscribedTopicRegex != "" {
 		return fail(kerr.InvalidRequest.Code, "streamd does not resolve regex subscriptions; subscribe to a topic by name")
+	}
+	if ok, err := r.groupAllowed(ctx, req.Group, req.SubscribedTopicNames, access.Read); err != nil {
+		return nil, err
+	} else if !ok {
+		return fail(kerr.GroupAuthorizationFailed.Code, "the principal may not read every topic of the group")
 	}
 	memberID := req.MemberID
 	if memberID == "" && req.MemberEpoch == 0 {

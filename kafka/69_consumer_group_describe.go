@@ -3,8 +3,10 @@ package kafka
 import (
 	"context"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/consumergroup"
 )
 
@@ -20,6 +22,13 @@ func handleConsumerGroupDescribe(ctx context.Context, r *request) (kmsg.Response
 		rg := kmsg.NewConsumerGroupDescribeResponseGroup()
 		rg.Group = id
 		rg.AuthorizedOperations = -2147483648
+		if ok, err := r.groupAllowed(ctx, id, nil, access.Read); err != nil {
+			return nil, err
+		} else if !ok {
+			rg.ErrorCode = kerr.GroupAuthorizationFailed.Code
+			resp.Groups = append(resp.Groups, rg)
+			continue
+		}
 		d, err := r.s.groups.DescribeConsumerGroup(ctx, id)
 		if err != nil {
 			rg.ErrorCode = errorCode(err)

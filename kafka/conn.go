@@ -14,6 +14,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/access"
 )
 
 // conn is one client connection. Goroutines: serve (owned by Serve's accept loop)
@@ -34,12 +36,26 @@ type conn struct {
 	frames   chan []byte
 	stopping atomic.Bool
 	closeOne sync.Once
+
+	// principal is who the client is: AdminPrincipal on a server without Tokens, else
+	// "" until SASL authenticated it (only ApiVersions and the SASL APIs are served
+	// before). authenticated says principal is set, for readLoop's frame bound.
+	principal     string
+	authenticated atomic.Bool
+	// sasl is the SASL exchange under way (SaslHandshake to SaslAuthenticate).
+	sasl *saslExchange
+	// closeAfterResponse: a handler's answer is the last one (a failed SASL exchange).
+	closeAfterResponse bool
 }
 
 func (s *Server) newConn(nc net.Conn, draining context.Context) *conn {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(draining))
 	c := &conn{s: s, nc: nc, remote: nc.RemoteAddr().String(), ctx: ctx, cancel: cancel,
 		draining: draining, frames: make(chan []byte)}
+	if s.auth == nil {
+		c.principal = access.AdminPrincipal
+		c.authenticated.Store(true)
+	}
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
@@ -78,6 +94,17 @@ func (c *conn) serve() {
 	}()
 	var out []byte
 	for body := range c.frames {
+		if c.sasl != nil && c.sasl.raw {
+			reply, err := c.rawSASL(body)
+			if err != nil {
+				return
+			}
+			out = append(binary.BigEndian.AppendUint32(out[:0], uint32(len(reply))), reply...)
+			if _, err := c.nc.Write(out); err != nil {
+				return
+			}
+			continue
+		}
 		resp, corr, err := c.handle(body)
 		if err != nil {
 			c.s.logger.Debug("kafka connection closed", "remote", c.remote, "err", err)
@@ -89,6 +116,9 @@ func (c *conn) serve() {
 		out = encodeResponse(out[:0], corr, resp)
 		if _, err := c.nc.Write(out); err != nil {
 			c.s.logger.Debug("kafka write failed", "remote", c.remote, "err", err)
+			return
+		}
+		if c.closeAfterResponse {
 			return
 		}
 	}
@@ -105,9 +135,13 @@ func (c *conn) readLoop() {
 			return
 		}
 		n := int32(binary.BigEndian.Uint32(size[:]))
-		if n < 0 || n > c.s.cfg.MaxRequestBytes {
+		limit := c.s.cfg.MaxRequestBytes
+		if !c.authenticated.Load() {
+			limit = min(limit, preAuthMaxBytes)
+		}
+		if n < 0 || n > limit {
 			c.s.logger.Warn("kafka request too large: closing the connection", "remote", c.remote,
-				"size", n, "max_request_bytes", c.s.cfg.MaxRequestBytes)
+				"size", n, "max_request_bytes", limit)
 			c.s.metrics.malformed.Inc()
 			c.close()
 			return
@@ -221,6 +255,12 @@ func (c *conn) handle(body []byte) (resp kmsg.Response, corr int32, err error) {
 		return nil, 0, fmt.Errorf("%s v%d unsupported", kmsg.NameForKey(h.key), h.version)
 	}
 	api = kmsg.NameForKey(h.key)
+	if !c.authenticated.Load() && !servedBeforeAuthentication(h.key) {
+		// Kafka closes a connection that sends anything else before authenticating.
+		c.s.metrics.malformed.Inc()
+		c.s.logger.Warn("kafka request before SASL authentication: closing the connection", "remote", c.remote, "api", api)
+		return nil, 0, fmt.Errorf("%s before SASL authentication", api)
+	}
 	start := time.Now()
 	resp, err = hd.fn(c.ctx, &request{s: c.s, c: c, key: h.key, version: h.version, corr: h.corr, clientID: h.clientID, kreq: kreq})
 	c.s.metrics.observe(h.key, time.Since(start), err)

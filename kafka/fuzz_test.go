@@ -46,7 +46,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	}
 	f.Add([]byte{})
 	f.Add([]byte{0, 18, 0, 3, 0, 0, 0, 1, 0xff, 0xff, 0xff})
-	table := handlerTable()
+	table := handlerTable(true)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		h, hd, kreq, err := decodeRequest(table, body)
 		if err == nil && kreq != nil && (hd == nil || h.version < hd.min || h.version > hd.max) {

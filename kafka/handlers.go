@@ -50,11 +50,23 @@ var handlers = []*handler{
 	&consumerGroupDescribeHandler,
 }
 
-// handlerTable indexes handlers by key, checking that no key appears twice and that
-// kmsg can decode every version advertised.
-func handlerTable() map[int16]*handler {
-	t := make(map[int16]*handler, len(handlers))
-	for _, h := range handlers {
+// saslHandlers join the table when the server authenticates clients (Config.Tokens).
+var saslHandlers = []*handler{&saslHandshakeHandler, &saslAuthenticateHandler}
+
+// servedBeforeAuthentication: the APIs a client may call before SASL authenticated it.
+func servedBeforeAuthentication(key int16) bool {
+	return key == apiVersionsHandler.key || key == saslHandshakeHandler.key || key == saslAuthenticateHandler.key
+}
+
+// handlerTable indexes handlers (and saslHandlers when sasl) by key, checking that
+// no key appears twice and that kmsg can decode every version advertised.
+func handlerTable(sasl bool) map[int16]*handler {
+	all := handlers
+	if sasl {
+		all = append(slices.Clip(handlers), saslHandlers...)
+	}
+	t := make(map[int16]*handler, len(all))
+	for _, h := range all {
 		if _, dup := t[h.key]; dup {
 			panic("kafka: two handlers for key " + kmsg.NameForKey(h.key))
 		}

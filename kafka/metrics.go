@@ -15,6 +15,8 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	duration    *prometheus.HistogramVec
 	malformed   prometheus.Counter
+	// saslFailures counts failed SASL authentications (each closed its connection).
+	saslFailures prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -27,12 +29,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to answer a Kafka request (long polls included), by API.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 9)}, []string{"api"}),
 		malformed: prometheus.NewCounter(prometheus.CounterOpts{Name: "streamd_kafka_rejected_frames_total",
-			Help: "Frames that closed their connection: malformed, oversized, unknown API key or version."}),
+			Help: "Frames that closed their connection: malformed, oversized, unknown API key or version, or sent before SASL authentication."}),
+		saslFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "streamd_kafka_sasl_failures_total",
+			Help: "Failed Kafka SASL authentications (bad credentials or exchange); each closed its connection."}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.connections, m.requests, m.duration, m.malformed} {
+	for _, c := range []prometheus.Collector{m.connections, m.requests, m.duration, m.malformed, m.saslFailures} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

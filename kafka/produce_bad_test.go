@@ -57,7 +57,6 @@ func TestBadBatchesWriteNothing(t *testing.T) {
 		{"not JSON on a JSON stream", jsonTopic, -1, rawBatch(kmsg.Record{Value: []byte(`{"a":1}`)}, kmsg.Record{Value: []byte("not json")}), kerr.InvalidRecord},
 		{"over max.message.bytes", topic, -1, rawBatch(kmsg.Record{Value: []byte("a")}, kmsg.Record{Value: make([]byte, 1<<20+1)}), kerr.MessageTooLarge},
 		{"two batches", topic, -1, append(rawBatch(kmsg.Record{Value: []byte("a")}), rawBatch(kmsg.Record{Value: []byte("b")})...), kerr.InvalidRecord},
-		{"a key that is not text", topic, -1, rawBatch(kmsg.Record{Key: []byte{0xff, 0xfe}, Value: []byte("a")}), kerr.InvalidRecord},
 		{"a short batch", topic, -1, good[:40], kerr.CorruptMessage},
 	}
 	for _, tc := range cases {

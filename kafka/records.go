@@ -85,21 +85,20 @@ func decodeBatch(raw []byte, limit int) (*kmsg.RecordBatch, []kmsg.Record, error
 	return &b, recs, nil
 }
 
-// toStreamRecords turns Kafka records into streamd records: the key as text (a key
-// that is not valid text is refused: errInvalidRecord), the value as bytes (null: a
-// tombstone), the headers exactly.
-func toStreamRecords(recs []kmsg.Record) ([]streams.Record, error) {
+// toStreamRecords turns Kafka records into streamd records: the key as text when it
+// is UTF-8 text without NUL bytes (so SQL, partitioning by key and the Go client see
+// it as any other key), else, and when it is empty, as bytes exactly (KeyBytes); the
+// value as bytes (null: a tombstone), the headers exactly.
+func toStreamRecords(recs []kmsg.Record) []streams.Record {
 	out := make([]streams.Record, len(recs))
 	for i := range recs {
 		r := &recs[i]
-		if r.Key != nil {
-			if pgtext.TextProblem(string(r.Key)) != "" {
-				return nil, fmt.Errorf("%w: record %d: the key is not UTF-8 text without NUL bytes (streamd keys are text)", errInvalidRecord, i)
-			}
-			if len(r.Key) == 0 {
-				return nil, fmt.Errorf("%w: record %d: an empty key (streamd stores no key as NULL; send a null key)", errInvalidRecord, i)
-			}
+		switch {
+		case r.Key == nil:
+		case len(r.Key) > 0 && pgtext.TextProblem(string(r.Key)) == "":
 			out[i].Key = string(r.Key)
+		default:
+			out[i].KeyBytes = r.Key
 		}
 		out[i].Bytes = r.Value
 		if len(r.Headers) > 0 {
@@ -109,7 +108,7 @@ func toStreamRecords(recs []kmsg.Record) ([]streams.Record, error) {
 			}
 		}
 	}
-	return out, nil
+	return out
 }
 
 // appendBatches appends events as record batches v2 to dst, uncompressed, with
@@ -134,7 +133,7 @@ func appendBatch(dst []byte, events []streams.Event) []byte {
 	var recs []byte
 	for i := range events {
 		e := &events[i]
-		r := kmsg.Record{OffsetDelta: int32(e.Offset - first), Value: eventValue(e), Headers: eventHeaders(e)}
+		r := kmsg.Record{OffsetDelta: int32(e.Offset - first), Value: eventValue(e), Headers: eventHeaders(e), Key: e.KeyBytes}
 		if e.Key != "" {
 			r.Key = []byte(e.Key)
 		}

@@ -12,6 +12,8 @@ package kafka
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -23,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/brokers"
 	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/streams"
@@ -54,7 +57,9 @@ type Config struct {
 	// CreateTopics requests that ask for the broker's default (-1). Defaults to 1.
 	DefaultPartitions int32
 	// Listener is the Kafka listener name this server advertises under: Metadata
-	// lists the live brokers of the same listener. Defaults to "PLAINTEXT".
+	// lists the live brokers of the same listener. Defaults to Kafka's name for the
+	// listener's security: "PLAINTEXT", "SSL" (TLS), "SASL_PLAINTEXT" (Tokens) or
+	// "SASL_SSL" (both).
 	Listener string
 	// Logger receives the server's log lines. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -69,6 +74,17 @@ type Config struct {
 	// flight to finish before closing their connections. Long polls (Fetch waits)
 	// end at once. Defaults to 10s.
 	ShutdownTimeout time.Duration
+	// TLS, when set, makes Serve speak TLS on its listener (Kafka's SSL and SASL_SSL;
+	// the certificates are the caller's). Defaults to nil: plaintext.
+	TLS *tls.Config
+	// Tokens, when set, makes clients authenticate with SASL (PLAIN, SCRAM-SHA-256,
+	// SCRAM-SHA-512) as a principal, the username, with one of its tokens as the
+	// password; each request is then authorized for that principal against the
+	// streams' access_control_config (access.Authorizer, docs/kafka.md "Security").
+	// Before authenticating a client may send only ApiVersions, SaslHandshake and
+	// SaslAuthenticate. Defaults to nil: no authentication, every client is
+	// access.AdminPrincipal (bind such a listener to loopback only).
+	Tokens access.Tokens
 	// Wakeups, when set, ends Fetch long polls as soon as something may have been
 	// committed to a stream they read (the process's wakeup.Listener's Hub, fed by
 	// the tailer). Polling (5ms doubling up to 100ms; 1s with Wakeups) stays on as
@@ -113,6 +129,26 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
+	if out.Tokens != nil {
+		if len(out.Tokens) == 0 {
+			return out, errors.New("kafka: Config.Tokens is empty: no client could authenticate (nil turns authentication off)")
+		}
+		if err := out.Tokens.Validate(); err != nil {
+			return out, fmt.Errorf("kafka: Config.Tokens: %w", err)
+		}
+	}
+	if out.Listener == "" {
+		switch {
+		case out.TLS != nil && out.Tokens != nil:
+			out.Listener = "SASL_SSL"
+		case out.TLS != nil:
+			out.Listener = "SSL"
+		case out.Tokens != nil:
+			out.Listener = "SASL_PLAINTEXT"
+		default:
+			out.Listener = "PLAINTEXT"
+		}
+	}
 	return out, nil
 }
 
@@ -147,6 +183,10 @@ type Server struct {
 	groups  *consumergroup.Classic
 	metrics *metrics
 	table   map[int16]*handler
+	// auth authenticates clients (nil without Config.Tokens); authz authorizes
+	// their requests.
+	auth  *saslAuth
+	authz *access.Authorizer
 
 	// reg is this instance's broker row, set by Serve before it accepts.
 	reg *brokers.Registration
@@ -174,14 +214,22 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var auth *saslAuth
+	if c.Tokens != nil {
+		if auth, err = newSASLAuth(c.Tokens); err != nil {
+			return nil, err
+		}
+	}
 	return &Server{
 		pool:    pool,
+		auth:    auth,
+		authz:   access.NewAuthorizer(pool),
 		groups:  groups,
 		cfg:     c,
 		logger:  c.Logger,
 		streams: streams.NewClient(pool, &streams.ClientConfig{Logger: c.Logger}),
 		metrics: m,
-		table:   handlerTable(),
+		table:   handlerTable(auth != nil),
 		conns:   map[*conn]struct{}{},
 	}, nil
 }
@@ -196,13 +244,17 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // Serve registers this instance as a broker (advertising Config.AdvertisedAddr, or
-// ln's address), accepts connections on ln and serves each on its own goroutine
-// until ctx ends. Then it stops accepting, ends long polls, waits up to
+// ln's address), accepts connections on ln (with TLS when Config.TLS is set) and
+// serves each on its own goroutine until ctx ends. Then it stops accepting, ends long polls, waits up to
 // ShutdownTimeout for the requests in flight, closes every connection, deregisters
 // the broker and returns nil. It closes ln. An error registering or accepting is
 // returned after the same shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer ln.Close()
+	if s.cfg.TLS != nil {
+		// The handshake runs on each connection's first read, in its own goroutine.
+		ln = tls.NewListener(ln, s.cfg.TLS)
+	}
 	adv := s.cfg.AdvertisedAddr
 	if adv == "" {
 		adv = ln.Addr().String()
@@ -248,7 +300,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}()
 		}
 	}()
-	s.logger.Info("kafka listening", "kafka_addr", ln.Addr().String(), "advertised", adv, "node_id", reg.NodeID())
+	s.logger.Info("kafka listening", "kafka_addr", ln.Addr().String(), "advertised", adv, "node_id", reg.NodeID(),
+		"listener", s.cfg.Listener)
 
 	var serveErr error
 	select {

@@ -1,7 +1,8 @@
 // Package messages is the visibility-timeout queue: ephemeral streams whose messages
 // are received under a lease, settled by a receipt and dead-lettered after too many
-// attempts. Everything lives in PostgreSQL (streamd.queues, streamd.messages,
-// streamd.message_groups); the SQL is in sql/functions/0300_messages.sql.
+// attempts. Everything lives in PostgreSQL (streamd.queues, streamd.queue_messages,
+// streamd.message_groups; streamd.messages is seed 003's view of the messages); the
+// SQL is in sql/functions/0300_messages.sql.
 //
 // Guarantees (docs/architecture.md says where each is enforced and tested):
 //   - Q1: a received message is invisible to other receivers until its lease
@@ -204,11 +205,11 @@ type QueueInfo struct {
 
 // CreateQueue creates queue name, or updates an existing queue's settings (cfg nil
 // means the defaults). The dead-letter queue must exist and be standard; a queue's
-// FIFO setting cannot change. Each message keeps the dead-letter queue and maximum
-// delivery attempts it was sent with (seed 003's per-message columns): a change of
-// those settings applies to messages sent afterwards, not to those already queued
-// (move those with plain SQL on streamd.messages if needed). Errors: ErrInvalidName, ErrInvalidArgument,
-// ErrQueueNotFound (for the dead-letter queue).
+// FIFO setting cannot change. A change of the dead-letter queue or the maximum
+// delivery attempts applies to the messages the queue holds too, except those sent
+// with their own (OutgoingMessage.DeadLetterQueue, MaxDeliveryAttempts), which keep
+// them. Errors: ErrInvalidName, ErrInvalidArgument, ErrQueueNotFound (for the
+// dead-letter queue).
 func (c *Client) CreateQueue(ctx context.Context, name string, cfg *QueueConfig) error {
 	if err := checkName(name); err != nil {
 		return err

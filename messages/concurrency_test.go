@@ -325,7 +325,7 @@ func TestFIFOHeadLookupIsIndexedByTenant(t *testing.T) {
 		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off; SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `PREPARE head(text, text, text) AS SELECT m."offset" FROM streamd.messages m
+		if _, err := tx.Exec(ctx, `PREPARE head(text, text, text) AS SELECT m."offset" FROM streamd.queue_messages m
 			WHERE m.stream_name = $1 AND m.group_key = $2 AND coalesce(m.tenant_id, '') = $3 ORDER BY m."offset" LIMIT 1`); err != nil {
 			return err
 		}

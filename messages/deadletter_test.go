@@ -239,8 +239,8 @@ func TestQueueFunctionsDoNotScanTheTable(t *testing.T) {
 			require.NoError(t, err, st.sql)
 			var seq int64
 			require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(seq_scan, 0) FROM pg_stat_xact_user_tables
-				WHERE relid = 'streamd.messages'::regclass`).Scan(&seq))
-			require.Zero(t, seq, "%s scanned streamd.messages", st.sql)
+				WHERE relid = 'streamd.queue_messages'::regclass`).Scan(&seq))
+			require.Zero(t, seq, "%s scanned streamd.queue_messages", st.sql)
 		}()
 	}
 }
@@ -347,6 +347,11 @@ func TestDeadLetterAndRedriveKeepTheTenant(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.Term(ctx, "x", m[0].Receipt))
 	require.Equal(t, "acme", *tenantOf(dlq))
+	var recordTenant *string
+	require.NoError(t, c.Pool().QueryRow(ctx, "SELECT tenant_id FROM streamd.queue_dead_letters WHERE dead_letter_queue = $1",
+		dlq).Scan(&recordTenant))
+	require.NotNil(t, recordTenant, "the dead letter's record is its message's tenant's")
+	require.Equal(t, "acme", *recordTenant)
 	n, err := c.Redrive(ctx, dlq, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)

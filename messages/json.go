@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// The JSON forms of the package's types (the CLI's -o json and the HTTP API print
+// The JSON forms of the package's types (the CLI's -O json and the HTTP API print
 // them): durations are whole milliseconds in fields named *_ms, the unit the API's
 // requests take; a lease token is 32 hex digits; a peeked message has no receipt.
 

@@ -252,13 +252,13 @@ func TestReceiveWithAcksIsOneTransaction(t *testing.T) {
 	_, err = c.Pool().Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS
 		$$BEGIN RAISE EXCEPTION 'receive refused by the test'; END$$`)
 	require.NoError(t, err)
-	_, err = c.Pool().Exec(ctx, `CREATE TRIGGER `+trg+` BEFORE UPDATE ON streamd.messages FOR EACH ROW
+	_, err = c.Pool().Exec(ctx, `CREATE TRIGGER `+trg+` BEFORE UPDATE ON streamd.queue_messages FOR EACH ROW
 		WHEN (OLD.stream_name = '`+q+`') EXECUTE FUNCTION `+fn+`()`)
 	require.NoError(t, err)
 	dropped := false
 	drop := func() {
 		if !dropped {
-			_, err := c.Pool().Exec(ctx, `DROP TRIGGER `+trg+` ON streamd.messages; DROP FUNCTION `+fn+`()`)
+			_, err := c.Pool().Exec(ctx, `DROP TRIGGER `+trg+` ON streamd.queue_messages; DROP FUNCTION `+fn+`()`)
 			require.NoError(t, err)
 			dropped = true
 		}

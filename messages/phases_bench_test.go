@@ -25,7 +25,9 @@ import (
 //   - pgmq: pgmq's batched read (UPDATE ... SKIP LOCKED RETURNING) and delete;
 //   - streamd: Client.Send, Client.Receive (Max benchBatch), Client.Ack;
 //   - lean: the leanest statements that keep streamd's lease on seed 003's columns,
-//     on a table of its own with those columns and only the primary key: a bare
+//     on a table of its own with those ten columns (plus the lease token and the
+//     columns the statements set, not_before and dedup; session 5 copied streamd's
+//     whole row of the time) and only the primary key: a bare
 //     INSERT (no returned offsets), the HOT lease UPDATE by ctid of rows locked
 //     with SKIP LOCKED in offset order, the DELETE by offset and lease token. No
 //     function, no validation, no ready index (delayed and in-flight messages are
@@ -41,8 +43,11 @@ func BenchmarkQueuePhases(b *testing.B) {
 	pgmq := pgx.Identifier{strings.ReplaceAll(testdb.Name("phases_pgmq"), "-", "_")}.Sanitize()
 	lean := pgx.Identifier{strings.ReplaceAll(testdb.Name("phases_lean"), "-", "_")}.Sanitize()
 	_, err := pool.Exec(ctx, fmt.Sprintf(queuebaseline.RawTable, raw)+";"+fmt.Sprintf(queuebaseline.PgmqTable, pgmq)+";"+
-		fmt.Sprintf(`CREATE TABLE %s (LIKE streamd.messages INCLUDING DEFAULTS) WITH (fillfactor = 50);
-		 ALTER TABLE %[1]s ADD PRIMARY KEY (stream_name, "offset")`, lean))
+		fmt.Sprintf(`CREATE TABLE %s (stream_name text NOT NULL, "offset" bigserial NOT NULL, message_id text NOT NULL,
+		 data jsonb, metadata jsonb, enqueued_at timestamptz NOT NULL DEFAULT now(),
+		 visibility_timeout timestamptz NOT NULL DEFAULT now(), delivery_attempts integer NOT NULL DEFAULT 0,
+		 max_delivery_attempts integer, dead_letter_stream text, lease_token uuid, not_before timestamptz, dedup boolean,
+		 PRIMARY KEY (stream_name, "offset")) WITH (fillfactor = 50)`, lean))
 	require.NoError(b, err)
 	defer func() { _, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+raw+", "+pgmq+", "+lean) }()
 	conn, err := pool.Acquire(ctx) // the baselines' one connection; the Client takes another
@@ -172,7 +177,7 @@ func BenchmarkQueuePhases(b *testing.B) {
 		}
 		if i%50 == 49 { // outside the timing, as autovacuum would
 			b.StopTimer()
-			_, err := pool.Exec(ctx, "VACUUM "+raw+", "+pgmq+", "+lean+", streamd.messages")
+			_, err := pool.Exec(ctx, "VACUUM "+raw+", "+pgmq+", "+lean+", streamd.queue_messages")
 			require.NoError(b, err)
 			b.StartTimer()
 		}

@@ -15,8 +15,8 @@ import (
 )
 
 // TestSoakTableStaysBounded churns a queue (send, receive, ack, some nacks) for
-// $STREAMD_SOAK_DURATION (default 3m) and samples streamd.messages' dead tuples and
-// total size: with the table's autovacuum settings (0003_messages.sql) both must
+// $STREAMD_SOAK_DURATION (default 3m) and samples streamd.queue_messages' dead tuples and
+// total size: with the table's autovacuum settings (0086_queue_storage.sql) both must
 // level off instead of growing with the number of messages processed. It runs only
 // with STREAMD_SOAK=1 (make soak-queue), alone, since it measures the whole table.
 func TestSoakTableStaysBounded(t *testing.T) {
@@ -100,7 +100,7 @@ func TestSoakTableStaysBounded(t *testing.T) {
 		case <-tick.C:
 			var s sample
 			require.NoError(t, pool.QueryRow(ctx, `SELECT n_dead_tup, n_live_tup, pg_total_relation_size(relid), autovacuum_count
-				FROM pg_stat_user_tables WHERE schemaname = 'streamd' AND relname = 'messages'`).Scan(&s.dead, &s.liv, &s.size, &s.vacuums))
+				FROM pg_stat_user_tables WHERE schemaname = 'streamd' AND relname = 'queue_messages'`).Scan(&s.dead, &s.liv, &s.size, &s.vacuums))
 			s.at = time.Since(start).Round(time.Second)
 			samples = append(samples, s)
 			pmu.Lock()

@@ -27,3 +27,45 @@ func (s *Store) AccessControl(ctx context.Context, stream string) (*AccessContro
 	}
 	return ac, nil
 }
+
+// AccessControls is AccessControl for several streams in one query: an entry for
+// every stream named (empty for a stream without one, or that does not exist). A
+// stream whose stored value does not fit maps to its ErrInvalidConfig in the second
+// map instead, so that one bad stream does not fail the others.
+func (s *Store) AccessControls(ctx context.Context, streams []string) (map[string]*AccessControl, map[string]error, error) {
+	rows, err := s.pool.Query(ctx, `SELECT stream_name, access_control_config FROM streamd.stream_configurations
+		WHERE stream_name = ANY($1) AND access_control_config IS NOT NULL`, streams)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read access control of %d streams: %w", len(streams), err)
+	}
+	out := make(map[string]*AccessControl, len(streams))
+	var bad map[string]error
+	for rows.Next() {
+		var (
+			name string
+			raw  []byte
+		)
+		if err := rows.Scan(&name, &raw); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("read access control of %d streams: %w", len(streams), err)
+		}
+		ac := &AccessControl{}
+		if err := json.Unmarshal(raw, ac); err != nil {
+			if bad == nil {
+				bad = map[string]error{}
+			}
+			bad[name] = fmt.Errorf("read access control of %s: %w", name, fieldErr("access_control_config", "stored value does not fit: %v", err))
+			continue
+		}
+		out[name] = ac
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("read access control of %d streams: %w", len(streams), err)
+	}
+	for _, name := range streams {
+		if out[name] == nil && bad[name] == nil {
+			out[name] = &AccessControl{}
+		}
+	}
+	return out, bad, nil
+}

@@ -297,6 +297,9 @@ func validateRecord(r *Record) error {
 			return invalid(ErrInvalidArgument, "stream %s: record header %q: %s", r.Stream, k, why)
 		}
 	}
+	if r.KeyBytes != nil {
+		return invalid(ErrInvalidArgument, "stream %s: KeyBytes are appended by AppendPartition only", r.Stream)
+	}
 	if r.RawHeaders != nil {
 		return invalid(ErrInvalidArgument, "stream %s: RawHeaders are appended by AppendPartition only", r.Stream)
 	}

@@ -59,7 +59,7 @@ type FetchResult struct {
 // read; a running sum over the rows (a window) cost 15% of a 500-event fetch.
 const fetchSQL = `SELECT h.log_start_offset, h.next_offset,
        e."offset", e.event_id, e.event_type, e.key, e.data, e.data_bytes, e.metadata,
-       e."timestamp", e.correlation_id, e.causation_id, e.version, e.header_keys, e.header_values
+       e."timestamp", e.correlation_id, e.causation_id, e.version, e.header_keys, e.header_values, e.key_bytes
   FROM streamd.stream_partitions h
   LEFT JOIN LATERAL (
         SELECT * FROM streamd.events e
@@ -67,8 +67,8 @@ const fetchSQL = `SELECT h.log_start_offset, h.next_offset,
          ORDER BY e."offset"
          LIMIT least($4::bigint, $5::bigint / greatest((
                SELECT max(coalesce(pg_column_size(f.data), 0) + coalesce(octet_length(f.data_bytes), 0)
-                          + coalesce(octet_length(f.key), 0))
-                 FROM (SELECT f.data, f.data_bytes, f.key FROM streamd.events f
+                          + coalesce(octet_length(f.key), 0) + coalesce(octet_length(f.key_bytes), 0))
+                 FROM (SELECT f.data, f.data_bytes, f.key, f.key_bytes FROM streamd.events f
                         WHERE f.stream_name = $1 AND f.partition = $2 AND f."offset" >= $3
                         ORDER BY f."offset" LIMIT 8) f), 1) + 1)) e ON true
  WHERE h.stream_name = $1 AND h.partition = $2`

@@ -18,6 +18,7 @@ var fetchColumnOIDs = [...]uint32{
 	pgtype.JSONBOID, pgtype.ByteaOID, pgtype.JSONBOID, // data, data_bytes, metadata
 	pgtype.TimestamptzOID, pgtype.TextOID, pgtype.TextOID, pgtype.Int4OID, // timestamp, correlation_id, causation_id, version
 	pgtype.TextArrayOID, pgtype.ByteaArrayOID, // header_keys, header_values
+	pgtype.ByteaOID, // key_bytes
 }
 
 // fetchDecoder turns fetchSQL's rows into Events. When every column arrives with
@@ -88,7 +89,7 @@ func (d *fetchDecoder) row(rows pgx.Rows, res *FetchResult, e *Event) (size int,
 		return e.Size(), hasEvent, err
 	}
 	hasEvent, err = d.decode(rows.RawValues(), res, e)
-	return len(e.Data) + len(e.Bytes) + len(rows.RawValues()[5]), hasEvent, err
+	return len(e.Data) + len(e.Bytes) + len(rows.RawValues()[5]) + len(e.KeyBytes), hasEvent, err
 }
 
 func (d *fetchDecoder) decode(v [][]byte, res *FetchResult, e *Event) (hasEvent bool, err error) {
@@ -121,6 +122,9 @@ func (d *fetchDecoder) decode(v [][]byte, res *FetchResult, e *Event) (hasEvent 
 	}
 	if v[7] != nil {
 		e.Bytes = d.keep(v[7])
+	}
+	if v[15] != nil {
+		e.KeyBytes = d.keep(v[15])
 	}
 	if v[8] != nil {
 		raw, err := d.jsonb(8, v[8])
@@ -204,7 +208,7 @@ func (d *fetchDecoder) scan(rows pgx.Rows, res *FetchResult, e *Event) (bool, er
 		hvals   [][]byte
 	)
 	if err := rows.Scan(&res.LogStartOffset, &res.HighWatermark, &off, &eventID, &typ, &key, &data, &bin, &meta,
-		&ts, &corr, &caus, &version, &hkeys, &hvals); err != nil {
+		&ts, &corr, &caus, &version, &hkeys, &hvals, &e.KeyBytes); err != nil {
 		return false, err
 	}
 	if off == nil {

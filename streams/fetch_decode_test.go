@@ -17,7 +17,7 @@ import (
 // TestFetchDecodesAsPgxScans: Fetch decodes the rows it reads itself when they come
 // in the binary format (the default), and scans them with pgx otherwise (the simple
 // protocol sends text); both give the same events, for every kind of column value:
-// keys or none, JSON or bytes or a tombstone, headers (a JSON object, and metadata
+// keys or none or bytes, JSON or bytes or a tombstone, headers (a JSON object, and metadata
 // that is not one), raw headers, correlation and causation ids, versions, and a
 // MaxBytes cut that counts the key.
 func TestFetchDecodesAsPgxScans(t *testing.T) {
@@ -34,6 +34,7 @@ func TestFetchDecodesAsPgxScans(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.AppendPartition(ctx, s, 0, []streams.Record{
 		{Key: "kafka", Bytes: []byte("v"), RawHeaders: []streams.Header{{Key: "b", Value: []byte{0, 1}}, {Key: "a"}, {Key: "e", Value: []byte{}}}},
+		{KeyBytes: []byte{0xff, 0, 1}, Bytes: []byte("binary key")},
 	}, nil)
 	require.NoError(t, err)
 	pool := testdb.Pool(t)
@@ -72,8 +73,9 @@ func TestFetchDecodesAsPgxScans(t *testing.T) {
 	}
 	res, err := streams.FetchTx(ctx, pool, s, 0, 0, nil)
 	require.NoError(t, err)
-	require.Len(t, res.Events, 6)
-	require.Equal(t, map[string]string{"metadata": "[1, 2]"}, res.Events[5].Headers, "metadata that is not an object")
+	require.Len(t, res.Events, 7)
+	require.Equal(t, []byte{0xff, 0, 1}, res.Events[5].KeyBytes)
+	require.Equal(t, map[string]string{"metadata": "[1, 2]"}, res.Events[6].Headers, "metadata that is not an object")
 	require.Equal(t, []byte{}, res.Events[2].Bytes, "empty bytes stay empty, not null")
 	require.Nil(t, res.Events[3].Data)
 	require.Nil(t, res.Events[3].Bytes)

@@ -57,8 +57,8 @@ type BatchPosition struct {
 
 // AppendPartition appends records to one partition of stream atomically (L2), all or
 // nothing, in a transaction of its own, with COPY: the path of Kafka's Produce. Each
-// record's Partition must be nil or partition. Records keep their RawHeaders exactly
-// (Produce and the Producer refuse them). A record without an EventID gets a random
+// record's Partition must be nil or partition. Records keep their RawHeaders and
+// KeyBytes exactly (Produce and the Producer refuse them). A record without an EventID gets a random
 // one. On a stream whose ValueFormat is "json", a record's Bytes must be JSON and are
 // stored as its Data.
 //
@@ -85,10 +85,13 @@ func (c *Client) AppendPartition(ctx context.Context, stream string, partition i
 		if r.Stream != stream || (r.Partition != nil && *r.Partition != partition) {
 			return nil, invalid(ErrInvalidArgument, "append to %s/%d: record %d names %s/%v", stream, partition, i, r.Stream, r.Partition)
 		}
-		raw := r.RawHeaders
-		r.RawHeaders = nil
+		raw, keyBytes := r.RawHeaders, r.KeyBytes
+		r.RawHeaders, r.KeyBytes = nil, nil
 		if err := validateRecord(&r); err != nil {
 			return nil, err
+		}
+		if keyBytes != nil && r.Key != "" {
+			return nil, invalid(ErrInvalidArgument, "append to %s/%d: record %d has both Key and KeyBytes", stream, partition, i)
 		}
 		var hkeys []string
 		var hvals [][]byte
@@ -126,7 +129,7 @@ func (c *Client) AppendPartition(ctx context.Context, stream string, partition i
 			hk, hv = hkeys, hvals
 		}
 		rows[i] = []any{stream, partition, nil, r.EventID, r.EventType, nullable(r.Key), data, r.Bytes,
-			meta, nil, nullable(r.CorrelationID), nullable(r.CausationID), version, hk, hv}
+			meta, nil, nullable(r.CorrelationID), nullable(r.CausationID), version, hk, hv, keyBytes}
 	}
 	var pid, first any
 	var epoch any
@@ -170,7 +173,7 @@ func (c *Client) AppendPartition(ctx context.Context, stream string, partition i
 	return pos, nil
 }
 
-var partitionCopyColumns = append(append([]string(nil), copyColumns...), "header_keys", "header_values")
+var partitionCopyColumns = append(append([]string(nil), copyColumns...), "header_keys", "header_values", "key_bytes")
 
 // InitProducer returns a new producer id (producerID < 0), or bumps the epoch of an
 // existing one (producerID and its current epoch), for AppendPartition's
@@ -187,6 +190,46 @@ func (c *Client) InitProducer(ctx context.Context, producerID int64, epoch int16
 		return 0, 0, fmt.Errorf("init producer %d: %w", producerID, sqlerr.Wrap(err))
 	}
 	return outID, outEpoch, nil
+}
+
+// ExpiredProducers is what ExpireProducers deleted.
+type ExpiredProducers struct {
+	// PartitionStates counts the (stream, partition, producer) sequence states.
+	PartitionStates int64
+	// Producers counts the producer ids forgotten.
+	Producers int64
+}
+
+// ExpireProducersOpts are ExpireProducers' per-call knobs. A nil value means the
+// defaults.
+type ExpireProducersOpts struct {
+	// Now is the time idleness is measured from. Defaults to the database's clock.
+	Now time.Time
+}
+
+// ExpireProducers forgets idempotent producers' state that has not been used for
+// idle (Kafka's producer.id.expiration.ms): a producer's sequences on a partition it
+// appended nothing to for idle, and a producer id with no partition state left that
+// took no id or epoch for idle. A producer that comes back afterwards is new to the
+// partition (its next batch must start at sequence 0, else ErrOutOfOrderSequence, and
+// its InitProducer gets a new id); a retry of a batch from before is no longer
+// recognised as one. The coordinator's leader runs it (streamd serve). idle must be
+// positive (else ErrInvalidArgument, nothing deleted).
+func (c *Client) ExpireProducers(ctx context.Context, idle time.Duration, opts *ExpireProducersOpts) (ExpiredProducers, error) {
+	var out ExpiredProducers
+	if idle <= 0 {
+		return out, invalid(ErrInvalidArgument, "expire producers: the idle time %v must be positive", idle)
+	}
+	var now *time.Time
+	if opts != nil && !opts.Now.IsZero() {
+		now = &opts.Now
+	}
+	err := c.pool.QueryRow(ctx, "SELECT partition_states, producers FROM streamd.expire_producers($1, $2)", idle, now).
+		Scan(&out.PartitionStates, &out.Producers)
+	if err != nil {
+		return ExpiredProducers{}, fmt.Errorf("expire producers: %w", sqlerr.Wrap(err))
+	}
+	return out, nil
 }
 
 // DeleteBefore deletes the records of a partition below offset (Kafka's

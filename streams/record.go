@@ -15,6 +15,12 @@ type Record struct {
 	// Key routes the record: records with the same key go to the same partition (unless
 	// Partition is set). Empty means no key (stored as NULL).
 	Key string
+	// KeyBytes is a key that is not text (Kafka keys are bytes): not UTF-8, holding a
+	// NUL byte, or empty (non-nil and empty is an empty key, not none). It is kept
+	// exactly in key_bytes, with key NULL; set at most one of Key and KeyBytes, and a
+	// key that is text goes in Key. Only AppendPartition takes it; Produce, ProduceTx
+	// and the Producer refuse it.
+	KeyBytes []byte
 	// Partition, when not nil, names the partition explicitly. See PartitionOf.
 	Partition *int32
 	// EventID identifies the record within its stream: appending a record whose
@@ -67,6 +73,9 @@ type Event struct {
 	Data      json.RawMessage   `json:"data"`
 	Bytes     []byte            `json:"data_bytes,omitempty"`
 	Headers   map[string]string `json:"headers,omitempty"`
+	// KeyBytes is a key stored as bytes (Record.KeyBytes: a Kafka key that is not
+	// text, or an empty one); nil when the key is text (Key) or there is none.
+	KeyBytes []byte `json:"key_bytes,omitempty"`
 	// RawHeaders are the headers appended as RawHeaders (Kafka's), exactly.
 	RawHeaders    []Header  `json:"raw_headers,omitempty"`
 	Timestamp     time.Time `json:"timestamp"`
@@ -76,7 +85,7 @@ type Event struct {
 }
 
 // Size is the payload size that MaxBytes limits count: data plus key.
-func (e *Event) Size() int { return len(e.Data) + len(e.Bytes) + len(e.Key) }
+func (e *Event) Size() int { return len(e.Data) + len(e.Bytes) + len(e.Key) + len(e.KeyBytes) }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,249}$`)
 

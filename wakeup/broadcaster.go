@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamd/streamd/advisory"
 	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/promreg"
 	"github.com/streamd/streamd/internal/tailer"
@@ -21,6 +22,9 @@ import (
 
 // BroadcasterConfig configures a Broadcaster. Fields are alphabetical.
 type BroadcasterConfig struct {
+	// Advisories receives the tailer's advisories (tailer.Config.Advisories).
+	// Defaults to nil: none.
+	Advisories *advisory.Publisher
 	// ConnString is the PostgreSQL connection string of the database to tail and
 	// notify. Required.
 	ConnString string
@@ -123,6 +127,7 @@ func NewBroadcaster(cfg *BroadcasterConfig) (*Broadcaster, error) {
 		return nil, fmt.Errorf("wakeup: %w", err)
 	}
 	b.tailer, err = tailer.New(&tailer.Config{
+		Advisories:       c.Advisories,
 		ApplicationName:  "streamd-wakeup-broadcaster",
 		ConnString:       c.ConnString,
 		Handler:          b.handle,

@@ -49,7 +49,7 @@ type Kind = tailer.Kind
 const (
 	// KindStream is a stream of the persistent log (streamd.events).
 	KindStream = tailer.KindStream
-	// KindQueue is a queue (streamd.messages).
+	// KindQueue is a queue (streamd.queue_messages).
 	KindQueue = tailer.KindQueue
 )
 

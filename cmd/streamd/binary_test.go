@@ -96,7 +96,7 @@ func TestBinaryFromAnotherDirectoryFindsTheSameDatabase(t *testing.T) {
 
 	_, stderr, err := runBinary(t, a, env, "", "stream", "create", s, "--partitions", "2")
 	require.NoError(t, err, stderr)
-	out, stderr, err := runBinary(t, b, env, "", "stream", "list", "-o", "json")
+	out, stderr, err := runBinary(t, b, env, "", "stream", "list", "-O", "json")
 	require.NoError(t, err, stderr)
 	require.Contains(t, out, `"`+s+`"`, "listed from another directory")
 

@@ -56,7 +56,7 @@ func TestCLIResetOffsetsPreviewsUnlessExecute(t *testing.T) {
 	}
 	require.EqualValues(t, 0, lag())
 
-	out, err := run(t, ctx, "", "-o", "json", "groups", "reset-offsets", group, "--stream", stream, "--to-earliest")
+	out, err := run(t, ctx, "", "-O", "json", "groups", "reset-offsets", group, "--stream", stream, "--to-earliest")
 	require.NoError(t, err, out)
 	var changes []consumergroup.OffsetChange
 	require.NoError(t, json.Unmarshal([]byte(out), &changes), out)
@@ -113,7 +113,7 @@ func TestCLIProduceRefusesInvalidJSONAndCreateRefusesExisting(t *testing.T) {
 	out, err = run(t, ctx, "", "fetch", s, "--partition", "0", "--offset", "2")
 	require.NoError(t, err)
 	require.Contains(t, out, `"data":"{bad"`)
-	out, err = run(t, ctx, "k1:{\"n\":4}\n", "produce", s, "-K", ":", "-o", "json")
+	out, err = run(t, ctx, "k1:{\"n\":4}\n", "produce", s, "-K", ":", "-O", "json")
 	require.NoError(t, err, out)
 	out, err = run(t, ctx, "", "fetch", s, "--partition", "0", "--offset", "3")
 	require.NoError(t, err)
@@ -145,7 +145,7 @@ func TestCLIQueueSettleByReceiptAndVersion(t *testing.T) {
 	_, err = run(t, ctx, "{\"n\":1}\n{\"n\":2}\n", "queue", "send", q)
 	require.NoError(t, err)
 
-	out, err := run(t, ctx, "", "-o", "json", "queue", "receive", q, "--max", "2")
+	out, err := run(t, ctx, "", "-O", "json", "queue", "receive", q, "--max", "2")
 	require.NoError(t, err)
 	var got []struct {
 		ReceiptHandle string `json:"receipt_handle"`
@@ -185,7 +185,7 @@ func TestCLIRedriveTasks(t *testing.T) {
 	dlq := testdb.Name("cli-task")
 	_, err := run(t, ctx, "", "queue", "create", dlq)
 	require.NoError(t, err)
-	out, err := run(t, ctx, "", "-o", "json", "dlq", "task", "create", dlq, "--max", "5")
+	out, err := run(t, ctx, "", "-O", "json", "dlq", "task", "create", dlq, "--max", "5")
 	require.NoError(t, err, out)
 	var tasks []messages.RedriveTask
 	require.NoError(t, json.Unmarshal([]byte(out), &tasks), out)

@@ -84,7 +84,7 @@ func TestCLIStreamProduceFetch(t *testing.T) {
 	require.Equal(t, "T", ev.EventType)
 	require.Equal(t, map[string]string{"a": "b"}, ev.Headers)
 
-	out, err = run(t, ctx, "", "stream", "describe", s, "-o", "json")
+	out, err = run(t, ctx, "", "stream", "describe", s, "-O", "json")
 	require.NoError(t, err)
 	var info struct {
 		PartitionInfo []struct {
@@ -106,7 +106,7 @@ func TestCLIStreamProduceFetch(t *testing.T) {
 	require.Contains(t, out, "partition")
 	_, err = run(t, ctx, "", "stream", "create", "bad name")
 	require.ErrorContains(t, err, "invalid")
-	_, err = run(t, ctx, "", "stream", "list", "-o", "yaml")
+	_, err = run(t, ctx, "", "stream", "list", "-O", "yaml")
 	require.ErrorContains(t, err, "--output")
 
 	_, err = run(t, ctx, "", "stream", "delete", s)

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/internal/promreg"
 	"github.com/streamd/streamd/messages"
 )
 
@@ -26,7 +28,7 @@ type gauges struct {
 	lastUpdate *prometheus.GaugeVec
 }
 
-func newGauges(groups *consumergroup.Admin, queues *messages.Client, reg prometheus.Registerer) *gauges {
+func newGauges(groups *consumergroup.Admin, queues *messages.Client, reg prometheus.Registerer) (*gauges, error) {
 	g := &gauges{
 		groups: groups,
 		queues: queues,
@@ -44,8 +46,12 @@ func newGauges(groups *consumergroup.Admin, queues *messages.Client, reg prometh
 		lastUpdate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "streamd_coordinator_gauges_updated_timestamp_seconds",
 			Help: "When the leader last refreshed the lag and queue gauges (leader only)."}, nil),
 	}
-	reg.MustRegister(g.lag, g.depth, g.inFlight, g.delayed, g.oldestAge, g.lastUpdate)
-	return g
+	if err := errors.Join(promreg.Register(reg, &g.lag), promreg.Register(reg, &g.depth),
+		promreg.Register(reg, &g.inFlight), promreg.Register(reg, &g.delayed),
+		promreg.Register(reg, &g.oldestAge), promreg.Register(reg, &g.lastUpdate)); err != nil {
+		return nil, err
+	}
+	return g, nil
 }
 
 // refresh reads the lags and the queue statistics once and replaces every series.

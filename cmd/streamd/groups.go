@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -54,9 +51,23 @@ func newGroupsCmd(g *globals) *cobra.Command {
 			})
 		}),
 	}
+	var allGroups bool
 	describe := &cobra.Command{
-		Use: "describe GROUP", Short: "Per partition: committed offset, log end, lag, owner; and the members", Args: cobra.ExactArgs(1),
+		Use: "describe GROUP | --all-groups", Short: "Per partition: committed offset, log end, lag, owner; and the members",
+		Long: `Describes GROUP of --stream: per partition its committed offset, log end, lag, owner
+and whether it is paused, then its members. With --all-groups, every group (of --stream,
+else of every stream): one row per group and partition.`,
+		Args: cobra.RangeArgs(0, 1),
 		RunE: withAdmin(func(ctx context.Context, a *consumergroup.Admin, cmd *cobra.Command, args []string) error {
+			if allGroups {
+				if len(args) > 0 {
+					return fmt.Errorf("--all-groups describes every group: give no GROUP")
+				}
+				return describeAllGroups(ctx, g, a, cmd, stream)
+			}
+			if len(args) == 0 {
+				return fmt.Errorf("give a GROUP, or --all-groups")
+			}
 			if err := needStream(); err != nil {
 				return err
 			}
@@ -67,11 +78,7 @@ func newGroupsCmd(g *globals) *cobra.Command {
 			return g.print(cmd.OutOrStdout(), d, func(tw *tabwriter.Writer) {
 				row(tw, "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "OWNER", "PENDING-OWNER", "PAUSED")
 				for _, p := range d.PartitionStatus {
-					cur := "-"
-					if p.CommittedOffset != nil {
-						cur = strconv.FormatInt(*p.CommittedOffset, 10)
-					}
-					row(tw, p.Partition, cur, p.LogEndOffset, p.Lag, dash(p.Owner), dash(p.PendingOwner), p.Paused)
+					row(tw, p.Partition, committed(p.CommittedOffset), p.LogEndOffset, p.Lag, dash(p.Owner), dash(p.PendingOwner), p.Paused)
 				}
 				row(tw)
 				row(tw, "MEMBER", "INSTANCE", "EPOCH", "LAST-HEARTBEAT", "STALE")
@@ -81,27 +88,44 @@ func newGroupsCmd(g *globals) *cobra.Command {
 			})
 		}),
 	}
+	describe.Flags().BoolVar(&allGroups, "all-groups", false, "describe every group (of --stream, else of every stream)")
 
 	var opts consumergroup.ResetOpts
 	var toEarliest, toLatest, execute, dryRun bool
 	var toOffset, shiftBy int64
-	var toTime string
+	var toTime, fromFile string
 	var partitions []int32
 	reset := &cobra.Command{
 		Use:   "reset-offsets GROUP",
-		Short: "Reset committed offsets: --to-earliest | --to-latest | --to-datetime T | --to-offset N | --shift-by N; preview unless --execute",
+		Short: "Reset committed offsets: --to-earliest | --to-latest | --to-datetime T | --to-offset N | --shift-by N | --from-file F; preview unless --execute",
 		Long: `Reset a group's committed offsets. As with kafka-consumer-groups, the command
 previews by default (--dry-run): it prints the offsets the reset would set and
 changes nothing; --execute makes the reset. Refused while the group has live
 members unless --force, which expels them (their commits are fenced; they rejoin and
-start from the new offsets). New offsets are clamped to the stored log.`,
+start from the new offsets). New offsets are clamped to the stored log.
+
+--from-file F (- for stdin) sets the offsets listed in F, lines of
+stream,partition,offset as "groups offsets export" prints them (kafka-consumer-groups'
+--export CSV), on every stream F names (--stream, when given, must be the only one),
+all or nothing.`,
 		Args: cobra.ExactArgs(1),
 		RunE: withAdmin(func(ctx context.Context, a *consumergroup.Admin, cmd *cobra.Command, args []string) error {
+			f := cmd.Flags()
+			if execute && f.Changed("dry-run") && dryRun {
+				return fmt.Errorf("--dry-run and --execute contradict each other: choose one")
+			}
+			if fromFile != "" {
+				for _, name := range []string{"to-earliest", "to-latest", "to-datetime", "to-offset", "shift-by", "partitions"} {
+					if f.Changed(name) {
+						return fmt.Errorf("--from-file and --%s both say where to reset: choose one", name)
+					}
+				}
+				return resetFromFile(ctx, g, a, cmd, stream, args[0], fromFile, execute, opts.Force)
+			}
 			if err := needStream(); err != nil {
 				return err
 			}
 			n := 0
-			f := cmd.Flags()
 			if toEarliest {
 				opts.Mode, n = consumergroup.ResetToEarliest, n+1
 			}
@@ -122,13 +146,10 @@ start from the new offsets). New offsets are clamped to the stored log.`,
 				opts.Mode, opts.Time, n = consumergroup.ResetToTimestamp, t, n+1
 			}
 			if n != 1 {
-				return fmt.Errorf("give exactly one of --to-earliest, --to-latest, --to-datetime, --to-offset, --shift-by")
+				return fmt.Errorf("give exactly one of --to-earliest, --to-latest, --to-datetime, --to-offset, --shift-by, --from-file")
 			}
 			if f.Changed("partitions") {
 				opts.Partitions = partitions
-			}
-			if execute && f.Changed("dry-run") && dryRun {
-				return fmt.Errorf("--dry-run and --execute contradict each other: choose one")
 			}
 			opts.DryRun = !execute
 			changes, err := a.ResetOffsets(ctx, stream, args[0], opts)
@@ -144,11 +165,7 @@ start from the new offsets). New offsets are clamped to the stored log.`,
 			return g.print(cmd.OutOrStdout(), changes, func(tw *tabwriter.Writer) {
 				row(tw, "PARTITION", "PREVIOUS-OFFSET", "NEW-OFFSET")
 				for _, c := range changes {
-					prev := "-"
-					if c.Previous != nil {
-						prev = strconv.FormatInt(*c.Previous, 10)
-					}
-					row(tw, c.Partition, prev, c.New)
+					row(tw, c.Partition, committed(c.Previous), c.New)
 				}
 			})
 		}),
@@ -163,6 +180,7 @@ start from the new offsets). New offsets are clamped to the stored log.`,
 	rf.BoolVar(&opts.Force, "force", false, "reset even with live members (expels them)")
 	rf.BoolVar(&execute, "execute", false, "make the reset (without it, the command previews)")
 	rf.BoolVar(&dryRun, "dry-run", true, "preview the reset and change nothing (the default)")
+	rf.StringVar(&fromFile, "from-file", "", "set the offsets this CSV file lists (stream,partition,offset lines, as groups offsets export prints; - for stdin)")
 
 	var force bool
 	del := &cobra.Command{
@@ -205,7 +223,9 @@ start from the new offsets). New offsets are clamped to the stored log.`,
 
 	var dlGroup, dlStatus, resolvedBy string
 	dead := &cobra.Command{
-		Use: "dead-letters [list | replay ID | discard ID]", Short: "List, replay or discard a stream's dead letters", Args: cobra.RangeArgs(0, 2),
+		Use:   "dead-letters [list | replay ID | discard ID | resolve ID]",
+		Short: "List a stream's dead letters; replay one to its group only, discard it, or mark it resolved (dealt with by hand)",
+		Args:  cobra.RangeArgs(0, 2),
 		RunE: withAdmin(func(ctx context.Context, a *consumergroup.Admin, cmd *cobra.Command, args []string) error {
 			if err := needStream(); err != nil {
 				return err
@@ -216,9 +236,9 @@ start from the new offsets). New offsets are clamped to the stored log.`,
 					return err
 				}
 				return g.print(cmd.OutOrStdout(), dl, func(tw *tabwriter.Writer) {
-					row(tw, "ID", "GROUP", "PARTITION", "OFFSET", "ATTEMPTS", "STATUS", "ERROR")
+					row(tw, "ID", "GROUP", "PARTITION", "OFFSET", "ATTEMPTS", "STATUS", "RESOLVED BY", "ERROR")
 					for _, d := range dl {
-						row(tw, d.ID, d.Group, d.Partition, d.Offset, d.Attempts, d.Status, d.Error)
+						row(tw, d.ID, d.Group, d.Partition, d.Offset, d.Attempts, d.Status, orDash(d.ResolvedBy), d.Error)
 					}
 				})
 			}
@@ -231,23 +251,27 @@ start from the new offsets). New offsets are clamped to the stored log.`,
 			}
 			switch args[0] {
 			case "replay":
-				pos, err := a.ReplayDeadLetter(ctx, stream, id, resolvedBy)
-				if err != nil {
+				if err := a.ReplayDeadLetter(ctx, stream, id, resolvedBy); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "replayed as %s/%d@%d\n", stream, pos.Partition, pos.Offset)
+				if g.output == "json" {
+					return printJSON(cmd.OutOrStdout(), map[string]any{"id": id, "status": "replayed"})
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "dead letter %d replayed: its group's member for the partition redelivers it\n", id)
 				return nil
 			case "discard":
 				return a.DiscardDeadLetter(ctx, stream, id, resolvedBy)
+			case "resolve":
+				return a.ResolveDeadLetter(ctx, stream, id, resolvedBy)
 			}
-			return fmt.Errorf("unknown action %q: want list, replay or discard", args[0])
+			return fmt.Errorf("unknown action %q: want list, replay, discard or resolve", args[0])
 		}),
 	}
 	dead.Flags().StringVar(&dlGroup, "group", "", "only this group's dead letters")
-	dead.Flags().StringVar(&dlStatus, "status", "pending", "pending, replayed, discarded, or '' for all")
+	dead.Flags().StringVar(&dlStatus, "status", "pending", "pending, replayed, discarded, resolved, or '' for all")
 	dead.Flags().StringVar(&resolvedBy, "by", envOr("USER", "cli"), "who resolves (recorded)")
 
-	cmd.AddCommand(list, describe, reset, del, pauseCmd(true), pauseCmd(false), dead)
+	cmd.AddCommand(list, describe, reset, del, pauseCmd(true), pauseCmd(false), dead, newGroupOffsetsCmd(g, &stream))
 	return cmd
 }
 
@@ -270,66 +294,47 @@ func parsePartitions(args []string) ([]int32, error) {
 	return out, nil
 }
 
-// newConsumeCmd is `streamd consume --stream S --group G` (like kcat -G): joins the
-// group and prints each event as a JSON line, committing after each batch, until
-// interrupted (then leaves the group).
-func newConsumeCmd(g *globals) *cobra.Command {
-	var cfg consumergroup.Config
-	var fromLatest bool
-	var count int
-	cmd := &cobra.Command{
-		Use:   "consume",
-		Short: "Consume a stream as a member of a consumer group, printing events as JSON lines",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requirePositive(cmd, "batch-size", "session-timeout"); err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			pool, err := g.pool(ctx)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			cfg.Logger = g.logger
-			if fromLatest {
-				cfg.AutoOffsetReset = consumergroup.ResetLatest
-			}
-			c, err := consumergroup.New(pool, &cfg)
-			if err != nil {
-				return err
-			}
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			// -c N (kcat's): stop once N events were printed; the batch that reached
-			// N is committed as the member leaves.
-			runCtx, done := context.WithCancel(ctx)
-			defer done()
-			printed := 0
-			return c.Run(runCtx, func(ctx context.Context, b *consumergroup.Batch) error {
-				for _, e := range b.Events {
-					if count > 0 && printed >= count {
-						break
-					}
-					if err := enc.Encode(e); err != nil {
-						return err
-					}
-					printed++
-				}
-				if count > 0 && printed >= count {
-					done()
-				}
-				return nil
-			})
-		},
+// committed is a committed offset for a table: "-" when there is none.
+func committed(off *int64) string {
+	if off == nil {
+		return "-"
 	}
-	f := cmd.Flags()
-	f.StringVar(&cfg.Stream, "stream", "", "the stream (required)")
-	f.StringVar(&cfg.Group, "group", "", "the consumer group (required)")
-	f.StringVar(&cfg.InstanceID, "instance-id", "", "static membership instance id")
-	f.BoolVar(&fromLatest, "from-latest", false, "without a committed offset, start at the log end (default: log start)")
-	f.IntVarP(&count, "count", "c", 0, "exit after printing this many events (0: run until interrupted)")
-	f.IntVar(&cfg.MaxBatchSize, "batch-size", 500, "events per batch")
-	f.DurationVar(&cfg.SessionTimeout, "session-timeout", 30*time.Second, "session timeout")
-	return cmd
+	return strconv.FormatInt(*off, 10)
+}
+
+// describeAllGroups is groups describe --all-groups: every group of stream (every
+// stream when ""), one row per group and partition. A group deleted between the
+// listing and its description is left out.
+func describeAllGroups(ctx context.Context, g *globals, a *consumergroup.Admin, cmd *cobra.Command, stream string) error {
+	list, err := a.ListGroups(ctx, stream)
+	if err != nil {
+		return err
+	}
+	all := []*consumergroup.GroupDescription{}
+	for _, s := range list {
+		d, err := a.DescribeGroup(ctx, s.Stream, s.Group)
+		if errors.Is(err, consumergroup.ErrGroupNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		all = append(all, d)
+	}
+	return g.print(cmd.OutOrStdout(), all, func(tw *tabwriter.Writer) {
+		row(tw, "STREAM", "GROUP", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "OWNER", "PENDING-OWNER", "PAUSED", "MEMBERS")
+		for _, d := range all {
+			for _, p := range d.PartitionStatus {
+				row(tw, d.Stream, d.Group, p.Partition, committed(p.CommittedOffset), p.LogEndOffset, p.Lag, dash(p.Owner), dash(p.PendingOwner), p.Paused, d.Members)
+			}
+		}
+	})
+}
+
+// orDash is s, or "-" when s is empty (a table cell).
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

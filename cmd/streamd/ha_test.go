@@ -41,7 +41,7 @@ func startStreamd(t *testing.T, name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--", "serve", "--http-addr", addr,
 		"--auth-token", "ha-test-token-0123456789", "--coordinator-name", name}, args...)...)
 	cmd.Env = append(os.Environ(), "STREAMD_TEST_AS_MAIN=1", localpg.EnvDatabaseURL+"="+testdb.URL(t))
-	var logs strings.Builder
+	var logs syncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {

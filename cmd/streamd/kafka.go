@@ -2,34 +2,46 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/kafka"
 	"github.com/streamd/streamd/wakeup"
 )
 
 // kafkaConfig is streamd serve's Kafka front door (kafka.Server), off unless
-// --kafka-addr is set.
+// --kafka-addr is set. It shares the API's principals (--auth-token,
+// --auth-token-file: clients authenticate with SASL) and certificate (--tls-cert,
+// --tls-key: the listener speaks TLS).
 type kafkaConfig struct {
 	addr           string
 	advertisedAddr string
 	autoCreate     bool
+	// producerExpiration: the leader forgets idempotent producers idle this long
+	// (streams.Client.ExpireProducers), whether or not this instance serves Kafka.
+	producerExpiration time.Duration
 }
 
 func (c *serveConfig) kafkaFlags(f *pflag.FlagSet) {
-	f.StringVar(&c.kafka.addr, "kafka-addr", envOr("STREAMD_KAFKA_ADDR", ""), "serve the Kafka protocol on this address, e.g. 127.0.0.1:9092 (off when empty; loopback only: the Kafka listener has no authentication yet) ($STREAMD_KAFKA_ADDR)")
+	f.StringVar(&c.kafka.addr, "kafka-addr", envOr("STREAMD_KAFKA_ADDR", ""), "serve the Kafka protocol on this address, e.g. 127.0.0.1:9092 (off when empty). Clients authenticate with SASL (PLAIN, SCRAM-SHA-256/512: the principal and one of its API tokens) and speak TLS with --tls-cert; with --auth-disabled, loopback only ($STREAMD_KAFKA_ADDR)")
 	f.StringVar(&c.kafka.advertisedAddr, "kafka-advertised-addr", envOr("STREAMD_KAFKA_ADVERTISED_ADDR", ""), "host:port Kafka clients are told to connect to (default: the listener's address) ($STREAMD_KAFKA_ADVERTISED_ADDR)")
+	f.DurationVar(&c.kafka.producerExpiration, "producer-id-expiration", c.envDuration("producer-id-expiration", "STREAMD_PRODUCER_ID_EXPIRATION", 24*time.Hour), "the leader forgets an idempotent (Kafka) producer's sequences on a partition it appended nothing to for this long, as Kafka's producer.id.expiration.ms ($STREAMD_PRODUCER_ID_EXPIRATION)")
 	f.BoolVar(&c.kafka.autoCreate, "kafka-auto-create-topics", c.envBool("kafka-auto-create-topics", "STREAMD_KAFKA_AUTO_CREATE_TOPICS", false), "create a topic (one partition) when a Kafka client produces to or asks for a missing one ($STREAMD_KAFKA_AUTO_CREATE_TOPICS)")
 }
 
 func (c *serveConfig) validateKafka() error {
+	if c.kafka.producerExpiration <= 0 {
+		return fmt.Errorf("--producer-id-expiration %v must be positive", c.kafka.producerExpiration)
+	}
 	if c.kafka.addr == "" {
 		if c.kafka.advertisedAddr != "" || c.kafka.autoCreate {
 			return errors.New("--kafka-advertised-addr and --kafka-auto-create-topics need --kafka-addr")
@@ -40,8 +52,8 @@ func (c *serveConfig) validateKafka() error {
 	if err != nil {
 		return fmt.Errorf("--kafka-addr %q: %v", c.kafka.addr, err)
 	}
-	if !loopback(host) {
-		return fmt.Errorf("--kafka-addr %q is not a loopback address: the Kafka listener has no authentication yet, so it listens on 127.0.0.1 or ::1 only", c.kafka.addr)
+	if c.authDisabled && !loopback(host) {
+		return fmt.Errorf("--kafka-addr %q is not a loopback address: with --auth-disabled the Kafka listener authenticates nobody, so it listens on 127.0.0.1 or ::1 only (give --auth-token or --auth-token-file to serve other hosts)", c.kafka.addr)
 	}
 	return nil
 }
@@ -58,10 +70,22 @@ func loopback(host string) bool {
 
 // startKafka starts the Kafka server and the wake-up listener its long polls wait
 // on (goroutines owned by serve: both end when ctx ends or stop is called). stop
-// ends them and waits for both. Nothing runs when --kafka-addr is empty.
-func startKafka(ctx context.Context, g *globals, c *serveConfig, pool *pgxpool.Pool, reg prometheus.Registerer) (stop func() error, err error) {
+// ends them and waits for both. Nothing runs when --kafka-addr is empty. tokens are
+// the API's principals (nil with --auth-disabled: no SASL).
+func startKafka(ctx context.Context, g *globals, c *serveConfig, pool *pgxpool.Pool, reg prometheus.Registerer, tokens access.Tokens) (stop func() error, err error) {
 	if c.kafka.addr == "" {
 		return func() error { return nil }, nil
+	}
+	var tlsCfg *tls.Config
+	if c.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert/--tls-key for the Kafka listener: %w", err)
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	if c.authDisabled {
+		tokens = nil
 	}
 	url, err := g.url(ctx)
 	if err != nil {
@@ -78,6 +102,8 @@ func startKafka(ctx context.Context, g *globals, c *serveConfig, pool *pgxpool.P
 		Logger:           g.logger,
 		Registerer:       reg,
 		ShutdownTimeout:  c.shutdownTimeout,
+		TLS:              tlsCfg,
+		Tokens:           tokens,
 		Wakeups:          listener.Hub,
 	})
 	if err != nil {

@@ -67,6 +67,7 @@ func TestServeKafkaConfigErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"serve", "--auth-disabled", "--kafka-addr", "0.0.0.0:9092"}, "loopback"},
+		{[]string{"serve", "--auth-disabled", "--kafka-addr", "192.0.2.1:9092"}, "--auth-disabled"},
 		{[]string{"serve", "--auth-disabled", "--kafka-addr", ":9092"}, "loopback"},
 		{[]string{"serve", "--auth-disabled", "--kafka-addr", "nonsense"}, "--kafka-addr"},
 		{[]string{"serve", "--auth-disabled", "--kafka-auto-create-topics"}, "need --kafka-addr"},

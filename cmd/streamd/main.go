@@ -5,7 +5,9 @@
 //	streamd db start|stop|url  manage the private development PostgreSQL
 //	streamd stream ...       create, list, describe and delete streams
 //	streamd produce          append stdin lines as records
-//	streamd fetch            print records as JSON lines
+//	streamd fetch            print records without a group, as kcat -C (-o, -c, -e, -f)
+//	streamd consume          print records as a member of a group, as kcat -G
+//	streamd groups ...       kafka-consumer-groups: describe, reset-offsets, offsets export
 //
 // With no --database-url and no STREAMD_DATABASE_URL, streamd starts (or reuses) a
 // private PostgreSQL cluster, one per user whatever the working directory.

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -41,7 +40,7 @@ scrape_configs:
       - targets: ['%s']
 `, streamdAddr)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(conf), 0o644))
-	var logs strings.Builder
+	var logs syncBuffer
 	prom := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+promAddr)
 	prom.Stdout, prom.Stderr = &logs, &logs

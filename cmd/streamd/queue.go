@@ -277,12 +277,15 @@ func newDLQCmd(g *globals) *cobra.Command {
 		Short: "Dead-letter queues: list dead letters, replay them to their origin, discard them",
 	}
 	var (
-		listLimit int
-		listAfter int64
+		listLimit  int
+		listAfter  int64
+		listStatus string
+		by         string
+		ids        []string
 	)
 	list := &cobra.Command{
 		Use:   "list [DLQ]",
-		Short: "Without DLQ: the dead-letter queues in use; with DLQ: its dead letters with their provenance",
+		Short: "Without DLQ: the dead-letter queues in use; with DLQ: its dead letters with their provenance (with --status: their records, by status)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, done, err := queueClient(cmd, g)
@@ -290,6 +293,28 @@ func newDLQCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
+			if cmd.Flags().Changed("status") {
+				if len(args) == 0 {
+					return fmt.Errorf("--status lists one dead-letter queue's records: name it")
+				}
+				if listStatus == "all" {
+					listStatus = ""
+				}
+				dl, err := c.DeadLetters(cmd.Context(), args[0], listStatus)
+				if err != nil {
+					return err
+				}
+				if dl == nil {
+					dl = []messages.DeadLetter{}
+				}
+				return g.print(cmd.OutOrStdout(), dl, func(tw *tabwriter.Writer) {
+					row(tw, "MESSAGE ID", "ORIGIN", "ATTEMPTS", "STATUS", "RESOLVED BY", "LAST FAILURE", "ERROR")
+					for _, d := range dl {
+						row(tw, d.MessageID, d.OriginQueue, d.Attempts, d.Status, orDash(d.ResolvedBy),
+							d.LastFailureAt.UTC().Format(time.RFC3339), d.Error)
+					}
+				})
+			}
 			if len(args) == 0 {
 				all, err := c.Stats(cmd.Context(), "")
 				if err != nil {
@@ -324,11 +349,12 @@ func newDLQCmd(g *globals) *cobra.Command {
 	}
 	list.Flags().IntVarP(&listLimit, "limit", "n", 100, "most messages to list")
 	list.Flags().Int64Var(&listAfter, "after", 0, "list messages after this offset")
+	list.Flags().StringVar(&listStatus, "status", "pending", "list the dead letters' records with this status: pending, replayed, discarded, resolved or all")
 
 	var ro messages.RedriveOpts
 	replay := &cobra.Command{
-		Use:   "replay DLQ",
-		Short: "Move dead letters back to the queues they came from, in order, at a bounded rate",
+		Use:   "replay DLQ [--id MESSAGE_ID...]",
+		Short: "Move dead letters back to the queues they came from (all, in order, at a bounded rate; or those named by --id)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, done, err := queueClient(cmd, g)
@@ -336,6 +362,11 @@ func newDLQCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
+			if len(ids) > 0 {
+				return settleDLQ(g, cmd, args[0], "replayed", ids, func() ([]string, error) {
+					return c.ReplayDeadLetters(cmd.Context(), args[0], by, ids...)
+				})
+			}
 			if err := requirePositive(cmd, "batch"); err != nil {
 				return err
 			}
@@ -356,13 +387,28 @@ func newDLQCmd(g *globals) *cobra.Command {
 	replay.Flags().IntVar(&ro.Limit, "limit", 0, "most messages to replay (default: the dead letters there when the replay starts)")
 	replay.Flags().Float64Var(&ro.Rate, "rate", 100, "most messages per second (0: unbounded)")
 	replay.Flags().IntVar(&ro.BatchSize, "batch", 100, "messages per transaction")
+	replay.Flags().StringArrayVar(&ids, "id", nil, "replay only the dead letter with this message id (repeatable)")
+	replay.Flags().StringVar(&by, "by", envOr("USER", "cli"), "who replays (recorded with --id)")
 
 	var discardAll bool
 	discard := &cobra.Command{
-		Use:   "discard DLQ [OFFSET...]",
-		Short: "Delete the given dead letters, or all of them with --all",
+		Use:   "discard DLQ [OFFSET... | --id MESSAGE_ID...]",
+		Short: "Delete the given dead letters (by offset, or by message id recording who), or all of them with --all",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(ids) > 0 {
+				if discardAll || len(args) > 1 {
+					return fmt.Errorf("name message ids (--id), offsets or --all, one of them")
+				}
+				c, done, err := queueClient(cmd, g)
+				if err != nil {
+					return err
+				}
+				defer done()
+				return settleDLQ(g, cmd, args[0], "discarded", ids, func() ([]string, error) {
+					return c.DiscardDeadLetters(cmd.Context(), args[0], by, ids...)
+				})
+			}
 			if discardAll == (len(args) > 1) {
 				return fmt.Errorf("name offsets to discard, or --all, not both")
 			}
@@ -418,8 +464,52 @@ func newDLQCmd(g *globals) *cobra.Command {
 		},
 	}
 	discard.Flags().BoolVar(&discardAll, "all", false, "discard every dead letter not in flight")
-	cmd.AddCommand(list, replay, discard, newRedriveTaskCmd(g))
+	discard.Flags().StringArrayVar(&ids, "id", nil, "discard the dead letter with this message id (repeatable)")
+	discard.Flags().StringVar(&by, "by", envOr("USER", "cli"), "who discards (recorded with --id)")
+
+	resolve := &cobra.Command{
+		Use:   "resolve DLQ MESSAGE_ID...",
+		Short: "Mark dead letters resolved (dealt with by hand, without replay) and delete them from the dead-letter queue",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := queueClient(cmd, g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			return settleDLQ(g, cmd, args[0], "resolved", args[1:], func() ([]string, error) {
+				return c.ResolveDeadLetters(cmd.Context(), args[0], by, args[1:]...)
+			})
+		},
+	}
+	resolve.Flags().StringVar(&by, "by", envOr("USER", "cli"), "who resolves (recorded)")
+	cmd.AddCommand(list, replay, discard, resolve, newRedriveTaskCmd(g))
 	return cmd
+}
+
+// settleDLQ runs settle (a replay, discard or resolve by message id) and prints the
+// ids it settled; the ids it left (in flight, not pending, unknown) are an error.
+func settleDLQ(g *globals, cmd *cobra.Command, dlq, status string, ids []string, settle func() ([]string, error)) error {
+	got, err := settle()
+	if err != nil {
+		return err
+	}
+	if got == nil {
+		got = []string{}
+	}
+	if err := g.print(cmd.OutOrStdout(), map[string]any{"dlq": dlq, status: got}, func(tw *tabwriter.Writer) {
+		row(tw, "DLQ", "MESSAGE ID", "STATUS")
+		for _, id := range got {
+			row(tw, dlq, id, status)
+		}
+	}); err != nil {
+		return err
+	}
+	if len(got) < len(ids) {
+		return fmt.Errorf("%d of %d dead letters not %s: not pending, in flight, unknown, or (replay) their origin queue is gone",
+			len(ids)-len(got), len(ids), status)
+	}
+	return nil
 }
 
 func printQueues(g *globals, cmd *cobra.Command, qs []messages.QueueInfo) error {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -119,7 +121,7 @@ func newStreamConfigCmd(g *globals) *cobra.Command {
 	}
 	get := &cobra.Command{
 		Use:   "get STREAM",
-		Short: "Print a stream's configuration as JSON",
+		Short: "Print a stream's configuration: a table of its settings, or with --output json the JSON that set takes",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			pool, err := g.pool(cmd.Context())
@@ -131,7 +133,7 @@ func newStreamConfigCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printJSON(cmd.OutOrStdout(), cfg)
+			return printConfig(g, cmd, cfg)
 		},
 	}
 	var (
@@ -198,7 +200,7 @@ A bad field is refused with its name, and nothing is written.`,
 			if cfg, err = store.Get(cmd.Context(), args[0]); err != nil {
 				return err
 			}
-			return printJSON(cmd.OutOrStdout(), cfg)
+			return printConfig(g, cmd, cfg)
 		},
 	}
 	set.Flags().StringVarP(&file, "file", "f", "", "read the JSON from this file (- for stdin)")
@@ -207,6 +209,38 @@ A bad field is refused with its name, and nothing is written.`,
 	return cmd
 }
 
+// printConfig prints a stream's configuration: with --output json as JSON (the form
+// stream config set takes), else as a table of its settings, one row each.
+func printConfig(g *globals, cmd *cobra.Command, cfg *streamconfig.Config) error {
+	if g.output == "json" {
+		return printJSON(cmd.OutOrStdout(), cfg)
+	}
+	// The rows come from the JSON form, so the table names the settings as set takes
+	// them and cannot miss a field.
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	var sections map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(b, &sections); err != nil {
+		return err
+	}
+	return g.print(cmd.OutOrStdout(), cfg, func(tw *tabwriter.Writer) {
+		row(tw, "SECTION", "SETTING", "VALUE")
+		for _, sec := range slices.Sorted(maps.Keys(sections)) {
+			for _, k := range slices.Sorted(maps.Keys(sections[sec])) {
+				v := string(sections[sec][k])
+				var str string
+				if json.Unmarshal(sections[sec][k], &str) == nil {
+					v = str
+				}
+				row(tw, sec, k, v)
+			}
+		}
+	})
+}
+
+// printJSON writes v as indented JSON (--output json).
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

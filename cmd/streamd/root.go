@@ -49,7 +49,8 @@ cluster that streamd starts (or reuses), one per user whatever the directory
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL connection string (default $STREAMD_DATABASE_URL, else the local development cluster)")
-	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	// -O, not kcat's -o: fetch and consume take -o as kcat's --offset.
+	pf.StringVarP(&g.output, "output", "O", "", "output format: table or json (default: table; fetch and consume print records as JSON lines)")
 	pf.StringVar(&g.logFormat, "log-format", envOr("STREAMD_LOG_FORMAT", "text"), "log format: text or json ($STREAMD_LOG_FORMAT)")
 	pf.StringVar(&g.logLevel, "log-level", envOr("STREAMD_LOG_LEVEL", "info"), "log level: debug, info, warn or error ($STREAMD_LOG_LEVEL)")
 
@@ -64,6 +65,7 @@ cluster that streamd starts (or reuses), one per user whatever the directory
 		newConsumeCmd(g),
 		newQueueCmd(g),
 		newDLQCmd(g),
+		newAdvisoriesCmd(g),
 		newRetentionCmd(g),
 		newForwardCmd(g),
 		newVersionCmd(g),
@@ -96,7 +98,7 @@ func (g *globals) init(stderr io.Writer) error {
 	}
 	slog.SetDefault(g.logger)
 	switch g.output {
-	case "table", "json":
+	case "", "table", "json":
 	default:
 		return fmt.Errorf("--output %q: want table or json", g.output)
 	}
@@ -165,7 +167,7 @@ func (g *globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// print writes v as indented JSON when --output json, else calls table.
+// print writes v as indented JSON when --output json, else calls table (the default).
 func (g *globals) print(w io.Writer, v any, table func(tw *tabwriter.Writer)) error {
 	if g.output == "json" {
 		enc := json.NewEncoder(w)

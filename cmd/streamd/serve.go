@@ -20,13 +20,17 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/streamd/streamd/access"
+	"github.com/streamd/streamd/advisory"
 	"github.com/streamd/streamd/cmd/streamd/internal/api"
 	"github.com/streamd/streamd/cmd/streamd/internal/coordinator"
 	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/internal/promreg"
 	"github.com/streamd/streamd/messages"
 	"github.com/streamd/streamd/retention"
 	schema "github.com/streamd/streamd/sql"
 	"github.com/streamd/streamd/streamconfig"
+	"github.com/streamd/streamd/streams"
 	"github.com/streamd/streamd/wakeup"
 )
 
@@ -67,6 +71,11 @@ for the coordinator lease, and serves until SIGINT or SIGTERM:
   /metrics   Prometheus metrics (streamd_*)
   /v1/...    the JSON admin and data API (bearer token required)
 
+With --kafka-addr it is also a Kafka broker over the same log: clients
+authenticate with SASL (PLAIN, SCRAM-SHA-256/512; username = principal, password =
+one of its tokens) and are authorized per stream as the API's requests are;
+--tls-cert/--tls-key make it speak TLS (SASL_SSL).
+
 Exactly one instance (the leader) runs the coordinator jobs: retention policies
 (--retention-interval), the stale-member reaper (--reaper-interval), the
 consumer-lag and queue gauges (--metrics-interval), background dead-letter redrive
@@ -87,10 +96,10 @@ help); flags win.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&c.httpAddr, "http-addr", envOr("STREAMD_HTTP_ADDR", "127.0.0.1:8484"), "HTTP listen address ($STREAMD_HTTP_ADDR)")
-	f.StringVar(&c.authToken, "auth-token", os.Getenv("STREAMD_AUTH_TOKEN"), "bearer token of the admin principal ($STREAMD_AUTH_TOKEN)")
-	f.StringVar(&c.authTokenFile, "auth-token-file", os.Getenv("STREAMD_AUTH_TOKEN_FILE"), "file of 'principal token' lines ($STREAMD_AUTH_TOKEN_FILE)")
-	f.BoolVar(&c.authDisabled, "auth-disabled", c.envBool("auth-disabled", "STREAMD_AUTH_DISABLED", false), "serve /v1/ without tokens, for local development only ($STREAMD_AUTH_DISABLED=true)")
-	f.StringVar(&c.tlsCert, "tls-cert", os.Getenv("STREAMD_TLS_CERT"), "TLS certificate file; serve HTTPS when set ($STREAMD_TLS_CERT)")
+	f.StringVar(&c.authToken, "auth-token", os.Getenv("STREAMD_AUTH_TOKEN"), "bearer token of the admin principal; also its SASL password on the Kafka listener ($STREAMD_AUTH_TOKEN)")
+	f.StringVar(&c.authTokenFile, "auth-token-file", os.Getenv("STREAMD_AUTH_TOKEN_FILE"), "file of 'principal token' lines: API bearer tokens, and Kafka SASL usernames and passwords ($STREAMD_AUTH_TOKEN_FILE)")
+	f.BoolVar(&c.authDisabled, "auth-disabled", c.envBool("auth-disabled", "STREAMD_AUTH_DISABLED", false), "serve /v1/ without tokens and Kafka without SASL, for local development only ($STREAMD_AUTH_DISABLED=true)")
+	f.StringVar(&c.tlsCert, "tls-cert", os.Getenv("STREAMD_TLS_CERT"), "TLS certificate file; serve HTTPS (and Kafka over TLS) when set ($STREAMD_TLS_CERT)")
 	f.StringVar(&c.tlsKey, "tls-key", os.Getenv("STREAMD_TLS_KEY"), "TLS key file ($STREAMD_TLS_KEY)")
 	f.Int64Var(&c.maxRequestBytes, "max-request-bytes", c.envInt64("max-request-bytes", "STREAMD_MAX_REQUEST_BYTES", 8<<20), "largest /v1/ request body ($STREAMD_MAX_REQUEST_BYTES)")
 	f.StringVar(&c.coordinatorName, "coordinator-name", envOr("STREAMD_COORDINATOR_NAME", "streamd-coordinator"), "name of the coordinator lease; instances with the same name elect one leader ($STREAMD_COORDINATOR_NAME)")
@@ -205,8 +214,8 @@ func (c *serveConfig) validate(flags *pflag.FlagSet) error {
 }
 
 // tokens returns the token → principal map from --auth-token and --auth-token-file.
-func (c *serveConfig) tokens() (map[string]string, error) {
-	out := map[string]string{}
+func (c *serveConfig) tokens() (access.Tokens, error) {
+	out := access.Tokens{}
 	if c.authToken != "" {
 		out[c.authToken] = api.AdminPrincipal
 	}
@@ -254,10 +263,12 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	goColl, procColl := collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})
 	up := prometheus.NewGauge(prometheus.GaugeOpts{Name: "streamd_up", Help: "1 while streamd serve runs."})
 	up.Set(1)
-	reg.MustRegister(up)
+	if err := errors.Join(promreg.Register(reg, &goColl), promreg.Register(reg, &procColl), promreg.Register(reg, &up)); err != nil {
+		return err
+	}
 
 	apiSrv, err := api.New(pool, apiCfg)
 	if err != nil {
@@ -278,7 +289,18 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		return fmt.Errorf("coordinator pool: %w", err)
 	}
 	defer electorPool.Close()
-	elector, err := coordinator.NewElector(electorPool, &coordinator.ElectorConfig{
+	// The advisories of Go-side facts (the elector's terms; the tailer falling back to
+	// polling or losing its slot) go through one publisher, so that reporting never
+	// blocks them. Owner: serve; it stops when serve returns.
+	advisories, err := advisory.New(pool, &advisory.Config{Logger: g.logger, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	advCtx, stopAdvisories := context.WithCancel(context.WithoutCancel(ctx))
+	advDone := make(chan error, 1)
+	go func() { advDone <- advisories.Run(advCtx) }()
+	defer func() { stopAdvisories(); <-advDone }()
+	elector, err := coordinator.NewElector(electorPool, &coordinator.ElectorConfig{Advisories: advisories,
 		LeaseName: c.coordinatorName, LeaseTTL: c.leaseTTL, Logger: g.logger, Registerer: reg})
 	if err != nil {
 		return err
@@ -287,7 +309,10 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 	if err != nil {
 		return err
 	}
-	fleet := newGauges(consumergroup.NewAdmin(pool), queues, reg)
+	fleet, err := newGauges(consumergroup.NewAdmin(pool), queues, reg)
+	if err != nil {
+		return err
+	}
 	// An empty --retention-streams (say, from an unset variable) means every stream,
 	// not none: pgx would send an empty list, which matches no stream.
 	retainer, err := retention.New(pool, &retention.Config{Logger: g.logger, Registerer: reg,
@@ -304,7 +329,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 		if err != nil {
 			return err
 		}
-		b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Logger: g.logger, Registerer: reg})
+		b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{Advisories: advisories, ConnString: url, Logger: g.logger, Registerer: reg})
 		if err != nil {
 			return err
 		}
@@ -365,7 +390,7 @@ func serve(ctx context.Context, cmd *cobra.Command, g *globals, c *serveConfig) 
 			httpErr <- srv.Serve(ln)
 		}
 	}()
-	stopKafka, err := startKafka(ctx, g, c, pool, reg)
+	stopKafka, err := startKafka(ctx, g, c, pool, reg, tokens)
 	if err != nil {
 		srv.Close()
 		<-httpErr
@@ -439,6 +464,14 @@ func coordinatorJobs(pool *pgxpool.Pool, groups *consumergroup.Admin, c *serveCo
 		Interval: c.reaperInterval,
 		Run: func(ctx context.Context) error {
 			_, err := groups.ExpireStaleMembers(ctx)
+			return err
+		},
+	}, {
+		// Idempotent producers' state (Kafka's producer.id.expiration.ms).
+		Name:     c.coordinatorName + "/producer-expiry",
+		Interval: c.retentionEvery,
+		Run: func(ctx context.Context) error {
+			_, err := streams.NewClient(pool, nil).ExpireProducers(ctx, c.kafka.producerExpiration, nil)
 			return err
 		},
 	}}

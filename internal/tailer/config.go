@@ -8,13 +8,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/streamd/streamd/advisory"
 )
 
 // DefaultPublication is the publication created by migration 0006.
 const DefaultPublication = "streamd_wakeups"
 
 // Kind says whether a Target is a log stream (streamd.events) or a queue
-// (streamd.messages).
+// (streamd.queue_messages).
 type Kind uint8
 
 const (
@@ -59,6 +61,11 @@ type Event struct {
 
 // Config configures a Tailer. Fields are alphabetical.
 type Config struct {
+	// Advisories receives the advisories of the tailer's facts: falling back to
+	// polling (advisory.TypeTailerPolling, once per change of cause) and losing its
+	// replication connection and slot after streaming (advisory.TypeTailerSlotLost).
+	// Publishing never blocks the tailer. Defaults to nil: none.
+	Advisories *advisory.Publisher
 	// ApplicationName is the replication connection's application_name, which shows
 	// in pg_stat_replication. Defaults to "streamd-tailer".
 	ApplicationName string

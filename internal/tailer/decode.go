@@ -72,7 +72,7 @@ func (d *decoder) relation(m *pglogrepl.RelationMessage) {
 	switch m.RelationName {
 	case "events":
 		r.kind = KindStream
-	case "messages":
+	case "queue_messages":
 		r.kind = KindQueue
 	default:
 		return

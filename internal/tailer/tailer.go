@@ -1,6 +1,7 @@
-// Package tailer reads committed inserts into streamd.events and streamd.messages
-// from PostgreSQL's logical replication stream (pgoutput, publication
-// streamd_wakeups) and hands each committed transaction's (stream, partition) and
+// Package tailer reads committed inserts into streamd.events and
+// streamd.queue_messages (the queues' storage; streamd.messages is its view) from
+// PostgreSQL's logical replication stream (pgoutput, publication streamd_wakeups)
+// and hands each committed transaction's (stream, partition) and
 // queue names to a handler, which turns them into wake-ups.
 //
 // Wake-ups are hints. Readers always read through SQL by offset range, so ordering
@@ -29,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/streamd/streamd/advisory"
 	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
@@ -136,6 +138,8 @@ func (t *Tailer) Run(ctx context.Context) error {
 				t.log.Warn("tailer cannot run; wake-ups come from polling only",
 					"reason", unsup.reason, "error", unsup.err)
 				lastReason = unsup.reason
+				t.cfg.Advisories.Publish(advisory.Advisory{Type: advisory.TypeTailerPolling, Key: t.cfg.ApplicationName,
+					Data: advisory.Tailer{Tailer: t.cfg.ApplicationName, Reason: unsup.reason, Error: unsup.err.Error(), At: time.Now()}})
 			}
 			wait = t.cfg.UnsupportedRetry
 		} else {
@@ -146,6 +150,8 @@ func (t *Tailer) Run(ctx context.Context) error {
 			if errors.Is(err, errStreamedThenLost) {
 				// It worked until now: try again soon, from the first step.
 				bo.Reset()
+				t.cfg.Advisories.Publish(advisory.Advisory{Type: advisory.TypeTailerSlotLost, Key: t.cfg.ApplicationName,
+					Data: advisory.Tailer{Tailer: t.cfg.ApplicationName, Error: err.Error(), At: time.Now()}})
 			}
 			wait = bo.Next()
 			t.log.Debug("tailer reconnecting", "error", err, "backoff", wait)

@@ -116,13 +116,15 @@ $$;
 
 -- Hands out a new producer id (p_producer_id NULL), or the next epoch of an existing
 -- one (Kafka's InitProducerId with a known id and epoch: the producer bumps its epoch
--- to recover). Returns the id and the epoch. An unknown id, or an epoch that is not
--- the current one, is SD009.
+-- to recover). Returns the id and the epoch. An id that is not known (any more: its
+-- state expired, streamd.expire_producers) gets a new id, as Kafka answers a producer
+-- without a transactional id; an epoch that is not the current one is SD009.
 CREATE OR REPLACE FUNCTION streamd.init_producer(p_producer_id bigint, p_epoch smallint)
 RETURNS TABLE (producer_id bigint, epoch smallint)
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF p_producer_id IS NULL OR p_producer_id < 0 THEN
+    IF p_producer_id IS NULL OR p_producer_id < 0
+       OR NOT EXISTS (SELECT 1 FROM streamd.producers p WHERE p.producer_id = p_producer_id) THEN
         INSERT INTO streamd.producers AS p (producer_id) VALUES (nextval('streamd.producer_id_seq'))
         RETURNING p.producer_id, p.epoch INTO producer_id, epoch;
         RETURN NEXT;
@@ -136,6 +138,37 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD009',
             MESSAGE = format('producer %s epoch %s is not current: it cannot bump its epoch', p_producer_id, p_epoch);
     END IF;
+    RETURN NEXT;
+END;
+$$;
+
+-- Producer state expiry (Kafka's producer.id.expiration.ms): forgets the partition
+-- state of every idempotent producer that appended nothing to that partition for
+-- p_idle, and the producers whose every partition state is gone and that took no id
+-- or epoch for p_idle. The time is the database's (p_now NULL) or p_now (tests).
+-- A producer that comes back after its state went is a new producer to the
+-- partition: its next batch must start at sequence 0 (else SD008, which Kafka
+-- clients answer by bumping their epoch or taking a new id), and a retry of a batch
+-- from before is no longer recognised. Returns how many partition states and
+-- producers it deleted.
+CREATE OR REPLACE FUNCTION streamd.expire_producers(p_idle interval, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (partition_states bigint, producers bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_before timestamptz := coalesce(p_now, now()) - p_idle;
+BEGIN
+    IF p_idle IS NULL OR p_idle <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = format('expire producers: the idle time %s must be positive', p_idle);
+    END IF;
+    -- Each row is deleted under its lock, so a batch checked against a state (which
+    -- holds that lock) is never cut short; a batch that comes after the delete finds
+    -- no state and starts a new one.
+    DELETE FROM streamd.producer_partitions pp WHERE pp.updated_at < v_before;
+    GET DIAGNOSTICS partition_states = ROW_COUNT;
+    DELETE FROM streamd.producers p
+     WHERE p.updated_at < v_before
+       AND NOT EXISTS (SELECT 1 FROM streamd.producer_partitions pp WHERE pp.producer_id = p.producer_id);
+    GET DIAGNOSTICS producers = ROW_COUNT;
     RETURN NEXT;
 END;
 $$;

@@ -194,7 +194,10 @@ DECLARE
     r       record;
 BEGIN
     -- FOR UPDATE re-checks the condition against a concurrent heartbeat's new row.
-    FOR r IN SELECT cr.consumer_id FROM streamd.consumer_registrations cr
+    FOR r IN SELECT cr.consumer_id,
+                    CASE WHEN cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < p_now
+                         THEN 'session_timeout' ELSE 'rebalance_timeout' END AS reason
+               FROM streamd.consumer_registrations cr
               WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
                 AND (cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' < p_now
                      OR EXISTS (SELECT 1 FROM streamd.consumer_partitions cp
@@ -203,6 +206,7 @@ BEGIN
                                    AND cp.target_since + cr.rebalance_timeout_ms * interval '1 millisecond' < p_now))
               ORDER BY cr.consumer_id
                 FOR UPDATE LOOP
+        PERFORM streamd.advise_member_gone(p_stream_name, p_group_id, r.consumer_id, r.reason, p_now);
         PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, r.consumer_id, p_now, false);
         v_count := v_count + 1;
     END LOOP;
@@ -304,6 +308,12 @@ BEGIN
     END LOOP;
     IF v_changed > 0 THEN
         PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'assign');
+        PERFORM streamd.advise('streamd.group.rebalanced', p_stream_name || '/' || p_group_id,
+            jsonb_build_object('stream', p_stream_name, 'group', p_group_id,
+                               'group_epoch', (SELECT g.group_epoch FROM streamd.consumer_groups g
+                                                WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id),
+                               'changed', v_changed, 'at', p_now)
+            || streamd.advise_assignment(p_stream_name, p_group_id));
     END IF;
     RETURN v_changed;
 END;
@@ -359,6 +369,7 @@ BEGIN
          WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id AND cr.instance_id = p_instance_id
            FOR UPDATE;
         IF FOUND THEN
+            PERFORM streamd.advise_member_gone(p_stream_name, p_group_id, v_old, 'instance_replaced', v_now);
             -- FOR UPDATE: the owner changes, so an in-flight commit of the old member
             -- (FOR KEY SHARE) must end first and later ones must find nothing (G1).
             -- SKIP LOCKED: the join does not wait for it holding the group row; a

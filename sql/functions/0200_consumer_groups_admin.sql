@@ -34,6 +34,7 @@ DECLARE
     v_now  timestamptz;
     v_bad  integer;
     v_new  bigint;
+    v_report jsonb := '[]';
     r      record;
 BEGIN
     IF p_mode IS NULL OR p_mode NOT IN ('earliest', 'latest', 'timestamp', 'offset', 'shift') THEN
@@ -73,6 +74,7 @@ BEGIN
                   WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id ORDER BY cr.consumer_id FOR UPDATE LOOP
             -- Waiting (p_wait): the reset must not pass the members' in-flight
             -- commits, whose offsets it overwrites.
+            PERFORM streamd.advise_member_gone(p_stream_name, p_group_id, r.consumer_id, 'offsets_reset', v_now);
             PERFORM streamd.cg_drop_member(p_stream_name, p_group_id, r.consumer_id, v_now, true);
         END LOOP;
         UPDATE streamd.consumer_groups g SET group_epoch = g.group_epoch + 1, updated_at = v_now
@@ -105,8 +107,13 @@ BEGIN
         partition := r.p;
         previous_offset := r.cur;
         new_offset := v_new;
+        v_report := v_report || jsonb_build_array(jsonb_build_object('partition', r.p, 'previous_offset', r.cur,
+                                                                     'new_offset', v_new));
         RETURN NEXT;
     END LOOP;
+    PERFORM streamd.advise('streamd.group.offsets_reset', p_stream_name || '/' || p_group_id,
+        jsonb_build_object('stream', p_stream_name, 'group', p_group_id, 'mode', p_mode, 'value', p_value,
+                           'time', p_time, 'forced', coalesce(p_force, false), 'partitions', v_report, 'at', v_now));
 END;
 $$;
 
@@ -119,6 +126,7 @@ RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz;
+    r     record;
 BEGIN
     IF NOT streamd.cg_valid_group_id(p_group_id) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD103',
@@ -134,6 +142,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD104',
             MESSAGE = format('group %L of stream %L has live members; stop them or force the delete', p_group_id, p_stream_name);
     END IF;
+    FOR r IN SELECT cr.consumer_id FROM streamd.consumer_registrations cr
+              WHERE cr.stream_name = p_stream_name AND cr.group_id = p_group_id
+                AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_now
+              ORDER BY cr.consumer_id LOOP
+        PERFORM streamd.advise_member_gone(p_stream_name, p_group_id, r.consumer_id, 'group_deleted', v_now);
+    END LOOP;
     DELETE FROM streamd.consumer_groups g WHERE g.stream_name = p_stream_name AND g.group_id = p_group_id;
     PERFORM pg_notify(streamd.cg_channel(p_stream_name, p_group_id), 'delete');
     RETURN true;
@@ -168,7 +182,9 @@ $$;
 
 -- Moves one event to the dead letter queue, fenced like a commit: only the owner of
 -- the partition at its epoch may. The event is copied from the log. A record already
--- there for the group adds to its attempts and becomes pending again. Returns its id.
+-- there for the group (the same event failing again, e.g. after a replay) adds to its
+-- attempts and becomes pending again, ready for another replay; that works when
+-- retention has deleted the event since (the record holds its copy). Returns its id.
 CREATE OR REPLACE FUNCTION streamd.dead_letter_event(
     p_stream_name      text,
     p_group_id         text,
@@ -177,6 +193,7 @@ CREATE OR REPLACE FUNCTION streamd.dead_letter_event(
     p_partition        integer,
     p_offset           bigint,
     p_error            text,
+    p_error_detail     text,
     p_attempts         integer,
     p_first_failure_at timestamptz,
     p_now              timestamptz
@@ -188,21 +205,106 @@ DECLARE
 BEGIN
     PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], v_now);
     INSERT INTO streamd.dead_letter_queue AS d (stream_name, group_id, partition, "offset", event_id, event_type, key, data,
-                                                data_bytes, metadata, event_timestamp, error, attempts,
+                                                data_bytes, metadata, event_timestamp, error, error_detail, attempts,
                                                 first_failure_at, last_failure_at)
     SELECT e.stream_name, p_group_id, e.partition, e."offset", e.event_id, e.event_type, e.key, e.data,
-           e.data_bytes, e.metadata, e."timestamp", coalesce(p_error, ''), greatest(coalesce(p_attempts, 1), 1),
+           e.data_bytes, e.metadata, e."timestamp", coalesce(p_error, ''), p_error_detail, greatest(coalesce(p_attempts, 1), 1),
            coalesce(p_first_failure_at, v_now), v_now
       FROM streamd.events e
      WHERE e.stream_name = p_stream_name AND e.partition = p_partition AND e."offset" = p_offset
     ON CONFLICT (stream_name, group_id, partition, "offset") DO UPDATE
-       SET attempts = d.attempts + EXCLUDED.attempts, error = EXCLUDED.error,
-           last_failure_at = EXCLUDED.last_failure_at, status = 'pending', resolved_at = NULL, resolved_by = NULL
+       SET attempts = d.attempts + EXCLUDED.attempts, error = EXCLUDED.error, error_detail = EXCLUDED.error_detail,
+           last_failure_at = EXCLUDED.last_failure_at, status = 'pending', resolved_at = NULL, resolved_by = NULL,
+           redelivered_at = NULL
     RETURNING d.id INTO v_id;
+    IF v_id IS NULL THEN
+        -- Not in the log any more: a redelivered dead letter failing again.
+        UPDATE streamd.dead_letter_queue d
+           SET attempts = d.attempts + greatest(coalesce(p_attempts, 1), 1), error = coalesce(p_error, ''),
+               error_detail = p_error_detail, last_failure_at = v_now, status = 'pending', resolved_at = NULL,
+               resolved_by = NULL, redelivered_at = NULL
+         WHERE d.stream_name = p_stream_name AND d.group_id = p_group_id AND d.partition = p_partition
+           AND d."offset" = p_offset
+        RETURNING d.id INTO v_id;
+    END IF;
     IF v_id IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'SD105',
             MESSAGE = format('dead letter: no event at offset %s of %s/%s', p_offset, p_stream_name, p_partition);
     END IF;
+    PERFORM streamd.advise('streamd.group.dead_lettered', p_stream_name || '/' || p_group_id,
+        (SELECT jsonb_build_object('stream', d.stream_name, 'group', d.group_id, 'partition', d.partition,
+                                   'offset', d."offset", 'event_id', d.event_id, 'event_type', d.event_type,
+                                   'key', d.key, 'dead_letter_id', d.id, 'member', p_consumer_id, 'epoch', p_epoch,
+                                   'error', d.error, 'attempts', d.attempts,
+                                   'first_failure_at', d.first_failure_at, 'last_failure_at', d.last_failure_at)
+           FROM streamd.dead_letter_queue d WHERE d.stream_name = p_stream_name AND d.id = v_id));
     RETURN v_id;
+END;
+$$;
+
+-- Settles a pending dead letter of stream p_stream_name (SD106 when there is none with
+-- that id, or it is not pending): replayed (redelivered to its group only: the
+-- partition's owner in the group takes it with redeliveries_take; the group's members
+-- are told on its channel), discarded, or resolved (dealt with by hand, without
+-- replay), by p_by now. SD105 for another status.
+CREATE OR REPLACE FUNCTION streamd.dead_letter_settle(p_stream_name text, p_id bigint, p_status text, p_by text,
+                                                      p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group text;
+BEGIN
+    IF p_status IS NULL OR p_status NOT IN ('replayed', 'discarded', 'resolved') THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD105',
+            MESSAGE = format('dead letter %s of %L: status %L: want replayed, discarded or resolved', p_id, p_stream_name, p_status);
+    END IF;
+    UPDATE streamd.dead_letter_queue d
+       SET status = p_status, resolved_at = coalesce(p_now, clock_timestamp()), resolved_by = p_by, redelivered_at = NULL
+     WHERE d.stream_name = p_stream_name AND d.id = p_id AND d.status = 'pending'
+    RETURNING d.group_id INTO v_group;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD106',
+            MESSAGE = format('no pending dead letter %s of stream %L', p_id, p_stream_name);
+    END IF;
+    IF p_status = 'replayed' THEN
+        PERFORM pg_notify(streamd.cg_channel(p_stream_name, v_group), 'redeliver');
+    END IF;
+END;
+$$;
+
+-- The replayed dead letters of a group's partition not yet redelivered, in offset
+-- order, at most p_limit: what the partition's owner hands its handler before its next
+-- fetch. Fenced like a commit (only the owner at its epoch).
+CREATE OR REPLACE FUNCTION streamd.redeliveries_take(p_stream_name text, p_group_id text, p_consumer_id text,
+                                                     p_epoch bigint, p_partition integer, p_limit integer)
+RETURNS TABLE (id bigint, "offset" bigint, event_id text, event_type text, key text, data jsonb, data_bytes bytea,
+               metadata jsonb, event_timestamp timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], clock_timestamp());
+    RETURN QUERY
+    SELECT d.id, d."offset", d.event_id, d.event_type, d.key, d.data, d.data_bytes, d.metadata, d.event_timestamp
+      FROM streamd.dead_letter_queue d
+     WHERE d.stream_name = p_stream_name AND d.group_id = p_group_id AND d.partition = p_partition
+       AND d.status = 'replayed' AND d.redelivered_at IS NULL
+     ORDER BY d."offset"
+     LIMIT greatest(coalesce(p_limit, 100), 1);
+END;
+$$;
+
+-- Marks redeliveries p_ids handled, fenced like a commit; run it in the handler's
+-- transaction to make the handler's writes and the mark one (Batch.CommitTx).
+CREATE OR REPLACE FUNCTION streamd.redeliveries_done(p_stream_name text, p_group_id text, p_consumer_id text,
+                                                     p_epoch bigint, p_partition integer, p_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    PERFORM streamd.cg_fence(p_stream_name, p_group_id, p_consumer_id, p_epoch, ARRAY[p_partition], v_now);
+    UPDATE streamd.dead_letter_queue d SET redelivered_at = v_now
+     WHERE d.stream_name = p_stream_name AND d.group_id = p_group_id AND d.partition = p_partition
+       AND d.id = ANY (p_ids) AND d.status = 'replayed' AND d.redelivered_at IS NULL;
 END;
 $$;

@@ -82,17 +82,20 @@ CREATE OR REPLACE TRIGGER consumer_offsets_plain
 -- this function current_user is its owner).
 CREATE OR REPLACE FUNCTION streamd.queue_message_id_hidden(p_queue text, p_id text, p_tenant text) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT EXISTS (SELECT 1 FROM streamd.messages m
+    SELECT EXISTS (SELECT 1 FROM streamd.queue_messages m
                     WHERE m.message_id = p_id AND m.stream_name = p_queue AND m.dedup
                       AND m.tenant_id IS DISTINCT FROM p_tenant)
 $$;
 
--- A plain INSERT INTO streamd.messages (seed 003's table, a trigger of the
--- application's) goes through what queue_send does for the same message:
+-- A plain INSERT INTO streamd.messages (seed 003's table, since migration 0086 a view
+-- of streamd.queue_messages; an INSERT of the application's or of its trigger) goes
+-- through what queue_send does for the same message, and this INSTEAD OF trigger
+-- stores it:
 --   - the queue must exist: SD201 (SD202 for an invalid name), nothing written;
---   - the queue's settings fill what the insert leaves out: max_delivery_attempts and
---     dead_letter_stream (the seed's columns) come from the queue; a value given is
---     checked as Send's per-message overrides are (SD204);
+--   - the queue's settings apply to what the insert leaves out: max_delivery_attempts
+--     and dead_letter_stream (the seed's columns) are then the queue's (stored as
+--     NULL, read through the view as the queue's values); a value given is checked
+--     as Send's per-message overrides are (SD204) and stored as the message's;
 --   - the payload limit (SD203), message id (1 to 512 characters) and FIFO group key
 --     rules (SD204) hold; a FIFO message gets its group row (message_groups), without
 --     which it would never be delivered;
@@ -105,9 +108,10 @@ $$;
 --   - offsets come from the queue's sequence whatever the insert named, and leases,
 --     attempts and dead-letter provenance are the queue's own to write (SD204).
 -- queue_send, queue_dead_letter and queue_redrive do all this themselves for whole
--- batches and run with streamd.queue_trusted = on, which the trigger's WHEN skips.
--- As streamd.append_trusted for events, that is a guard against mistakes, not against
--- a hostile role with INSERT on streamd.messages (docs/tenants.md, Limits).
+-- batches and insert into streamd.queue_messages, which has no trigger. Like any
+-- direct write to queue_messages, a role with INSERT on it can skip these checks: a
+-- guard against mistakes, not against a hostile role (docs/tenants.md, Limits).
+-- The INSERT reports the row (RETURNING sees its offset), or 0 rows for a duplicate.
 CREATE OR REPLACE FUNCTION streamd.messages_before_insert() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -136,14 +140,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD204',
             MESSAGE = format('queue %L: metadata (the headers) must be a JSON object, not %s', NEW.stream_name, jsonb_typeof(NEW.metadata));
     END IF;
-    IF NEW.max_delivery_attempts IS NULL THEN
-        NEW.max_delivery_attempts := v_q.max_delivery_attempts;
-    ELSIF NEW.max_delivery_attempts < 1 THEN
+    IF NEW.max_delivery_attempts < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'SD204',
             MESSAGE = format('queue %L: max delivery attempts %s must be at least 1', NEW.stream_name, NEW.max_delivery_attempts);
     END IF;
     IF NEW.dead_letter_stream IS NULL THEN
-        NEW.dead_letter_stream := v_q.dead_letter_queue;
+        NULL; -- the queue's
     ELSIF NEW.dead_letter_stream = NEW.stream_name THEN
         RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L cannot be its own dead-letter queue', NEW.stream_name);
     ELSIF (streamd.queue_get(NEW.dead_letter_stream)).fifo THEN
@@ -164,36 +166,44 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD204',
             MESSAGE = format('queue %L: message id must be 1 to 512 characters', NEW.stream_name);
     ELSIF NEW.dedup THEN
-        PERFORM 1 FROM streamd.messages m
+        PERFORM 1 FROM streamd.queue_messages m
          WHERE m.message_id = NEW.message_id AND m.stream_name = NEW.stream_name AND m.dedup;
         IF FOUND THEN
             RETURN NULL;
         END IF;
-        IF row_security_active(TG_RELID) AND streamd.queue_message_id_hidden(NEW.stream_name, NEW.message_id, streamd.current_tenant()) THEN
+        IF row_security_active('streamd.queue_messages'::regclass) AND streamd.queue_message_id_hidden(NEW.stream_name, NEW.message_id, streamd.current_tenant()) THEN
             RAISE EXCEPTION USING ERRCODE = 'SD204',
                 MESSAGE = format('queue %L: message id %L is already used in this queue by a message this role cannot see (another tenant''s)',
                                  NEW.stream_name, NEW.message_id);
         END IF;
     END IF;
 
-    NEW."offset" := nextval(pg_get_serial_sequence('streamd.messages', 'offset'));
     NEW.enqueued_at := v_now;
     NEW.visibility_timeout := greatest(coalesce(NEW.visibility_timeout, v_now), v_now);
-    NEW.not_before := NEW.visibility_timeout;
 
     IF v_q.fifo THEN
         -- The group row, as queue_send makes it (locked, so that sends to one group
         -- commit one at a time).
         INSERT INTO streamd.message_groups AS g (stream_name, group_key, tenant_id, visible_at)
-        VALUES (NEW.stream_name, NEW.group_key, coalesce(NEW.tenant_id, ''), NEW.not_before)
+        VALUES (NEW.stream_name, NEW.group_key, coalesce(NEW.tenant_id, ''), NEW.visibility_timeout)
         ON CONFLICT (stream_name, group_key, tenant_id) DO UPDATE SET visible_at = g.visible_at;
     END IF;
+    NEW."offset" := nextval(v_q.offset_seq); -- after the group lock: offsets in a group follow commit order
+    INSERT INTO streamd.queue_messages (stream_name, "offset", enqueued_at, visibility_timeout, dedup, message_id, data,
+                                        data_bytes, tenant_id, group_key, metadata, max_delivery_attempts,
+                                        dead_letter_stream)
+    VALUES (NEW.stream_name, NEW."offset", NEW.enqueued_at, NEW.visibility_timeout, NEW.dedup, NEW.message_id, NEW.data,
+            NEW.data_bytes, NEW.tenant_id, NEW.group_key, NEW.metadata, NEW.max_delivery_attempts, NEW.dead_letter_stream);
+    -- What the view shows for the row.
+    NEW.delivery_attempts := 0;
+    NEW.not_before := NEW.visibility_timeout;
+    NEW.max_delivery_attempts := coalesce(NEW.max_delivery_attempts, v_q.max_delivery_attempts);
+    NEW.dead_letter_stream := coalesce(NEW.dead_letter_stream, v_q.dead_letter_queue);
     RETURN NEW;
 END;
 $$;
 
 CREATE OR REPLACE TRIGGER messages_plain_insert
-    BEFORE INSERT ON streamd.messages
+    INSTEAD OF INSERT ON streamd.messages
     FOR EACH ROW
-    WHEN (current_setting('streamd.queue_trusted', true) IS DISTINCT FROM 'on')
     EXECUTE FUNCTION streamd.messages_before_insert();

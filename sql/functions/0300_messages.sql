@@ -27,11 +27,12 @@
 -- plan for the connection's life: 14 ms instead of 0.3 ms for a receive of 100 from
 -- 20,000. The enable_* settings only price the alternatives out; the index paths
 -- they leave always exist.
--- Trust: the functions that insert messages (queue_send, queue_dead_letter,
--- queue_redrive) set streamd.queue_trusted (transaction-local) around their inserts,
--- so the plain-INSERT trigger (sql/functions/0250_seed_compat.sql), which does their
--- checks for SQL callers, skips their rows. An error undoes the setting with the
--- statement's subtransaction or the transaction.
+-- Storage (migration 0086): the functions read and write streamd.queue_messages;
+-- streamd.messages is seed 003's view of it. A message's max_delivery_attempts and
+-- dead_letter_stream are overrides, NULL for the queue's setting (read from the
+-- queue's row, which every function reads once anyway). Offsets come from the queue's
+-- own sequence (queues.offset_seq). Nothing but the functions below and the view's
+-- INSTEAD OF trigger inserts into queue_messages, so no trigger runs on the hot path.
 -- Ownership: a settlement names each message by ("offset", lease_token); the token is
 -- checked in the statement's WHERE clause, so a receipt whose message was received
 -- again since (a new token) changes nothing. A receipt named twice settles once. A
@@ -90,6 +91,59 @@ LANGUAGE sql AS $$
     SELECT count(pg_advisory_xact_lock_shared(1396986164, hashtext(q)))
     FROM (SELECT DISTINCT q FROM unnest(p_queues) q WHERE q IS NOT NULL ORDER BY q) l
 $$;
+
+-- Every queue has its offsets' sequence (L5: offsets per queue; migration 0086),
+-- however its row is made (queue_create, or a plain INSERT INTO streamd.queues), and
+-- the sequence goes with the row. Its name is fixed by the queue's name, so a
+-- queue_create of an existing queue (an upsert, which fires this trigger before it
+-- finds the row) finds it made. The queue's lock of class 0x53445135 ("SDQ5", as
+-- queue_set) makes concurrent creators of one queue make it once. Tenant roles may
+-- take offsets from it (their sends and plain INSERTs), as from every sequence of the
+-- schema (bind_tenant_role); the grants take bind_tenant_role's lock, since
+-- concurrent GRANTs can fail with "tuple concurrently updated".
+CREATE OR REPLACE FUNCTION streamd.queues_offset_seq() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text := 'queue_offsets_' || md5(NEW.queue_name);
+    v_role name;
+BEGIN
+    NEW.offset_seq := to_regclass(format('streamd.%I', v_name));
+    IF NEW.offset_seq IS NOT NULL THEN
+        RETURN NEW;
+    END IF;
+    PERFORM pg_advisory_xact_lock(1396986165, hashtext(NEW.queue_name));
+    EXECUTE format('CREATE SEQUENCE IF NOT EXISTS streamd.%I AS bigint MINVALUE 1 START 1', v_name);
+    IF EXISTS (SELECT 1 FROM streamd.tenant_roles) THEN
+        PERFORM pg_advisory_xact_lock(hashtext('streamd.tenant_roles'));
+        FOR v_role IN SELECT t.role_name FROM streamd.tenant_roles t JOIN pg_catalog.pg_roles r ON r.rolname = t.role_name LOOP
+            EXECUTE format('GRANT USAGE ON SEQUENCE streamd.%I TO %I', v_name, v_role);
+        END LOOP;
+    END IF;
+    NEW.offset_seq := format('streamd.%I', v_name)::regclass;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION streamd.queues_drop_offset_seq() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.offset_seq IS NOT NULL THEN
+        EXECUTE format('DROP SEQUENCE IF EXISTS %s', OLD.offset_seq);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER queues_offset_seq
+    BEFORE INSERT ON streamd.queues
+    FOR EACH ROW
+    WHEN (NEW.offset_seq IS NULL)
+    EXECUTE FUNCTION streamd.queues_offset_seq();
+
+CREATE OR REPLACE TRIGGER queues_drop_offset_seq
+    AFTER DELETE ON streamd.queues
+    FOR EACH ROW
+    EXECUTE FUNCTION streamd.queues_drop_offset_seq();
 
 -- Creates a queue, or updates an existing one's settings. A queue cannot switch between
 -- standard and FIFO; its dead-letter queue must exist, differ from it and be standard.
@@ -171,8 +225,8 @@ BEGIN
             MESSAGE = format('queue %L is the dead-letter queue of %L; change that queue first', p_queue, v_user);
     END IF;
     DELETE FROM streamd.message_groups g WHERE g.stream_name = p_queue;
-    DELETE FROM streamd.messages m WHERE m.stream_name = p_queue;
-    DELETE FROM streamd.queues q WHERE q.queue_name = p_queue;
+    DELETE FROM streamd.queue_messages m WHERE m.stream_name = p_queue;
+    DELETE FROM streamd.queues q WHERE q.queue_name = p_queue; -- and its sequence (queues_drop_offset_seq)
     RETURN true;
 END;
 $$;
@@ -233,18 +287,24 @@ $$;
 -- its offset and whether it was a duplicate: a message whose message_id the queue
 -- holds is not stored again, and its row carries the original's offset. The arrays
 -- are parallel; any but p_data may be NULL. A NULL message id gets a UUID; a NULL
--- deliver-at means now + the delay (0 when NULL).
+-- deliver-at means now + the delay (0 when NULL). Offsets are the queue's sequence's,
+-- taken in batch order before the insert, so the result is read from the arrays, not
+-- from the insert's rows (no join or sort of them).
 --
 -- Dedup covers the ids a sender names (migration 0012): such a row has dedup = true
--- and is in the partial unique index messages_dedup. A generated id (a NULL in p_ids)
--- is a random UUID that cannot repeat; its row stays out of that index. The index is
--- the queue's, across tenants: a tenant role that names an id held by a message it
--- cannot see gets SD204 and nothing of the batch is stored (docs/tenants.md).
+-- and is in the partial unique index queue_messages_dedup. A generated id (a NULL in
+-- p_ids) is a random UUID that cannot repeat; its row stays out of that index. The
+-- index is the queue's, across tenants: a tenant role that names an id held by a
+-- message it cannot see gets SD204 and nothing of the batch is stored
+-- (docs/tenants.md).
 --
 -- p_fresh_ids says the caller made every id of the batch itself, as random UUIDs
 -- (messages/ does for a batch that names no id): none is a dedup key, so the insert
 -- skips ON CONFLICT's speculative insertion (9% of the send + receive + ack CPU) and
 -- the dedup index altogether.
+--
+-- A message's max delivery attempts and dead-letter queue are stored only when the
+-- sender overrides the queue's (p_max_attempts, p_dlqs); NULL means the queue's.
 CREATE OR REPLACE FUNCTION streamd.queue_send(
     p_queue        text,
     p_ids          text[],
@@ -262,19 +322,23 @@ CREATE OR REPLACE FUNCTION streamd.queue_send(
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_now  timestamptz := coalesce(p_now, clock_timestamp());
-    v_q    streamd.queues;
-    v_n    integer := coalesce(cardinality(p_data), 0);
-    v_ids  text[];
-    v_dlq  text;
-    v_new  text[];
-    v_offs bigint[];
+    v_now    timestamptz;
+    v_q      streamd.queues;
+    v_n      integer := coalesce(cardinality(p_data), 0);
+    v_ids    text[];
+    v_dlq    text;
+    v_new    text[];
+    v_offs   bigint[];
+    v_all    bigint[];
     v_hidden text;
     v_tenant text := nullif(current_setting('streamd.tenant_id', true), '');
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(1396986164, hashtext(p_queue)); -- see queue_lock_shared
     v_now := coalesce(p_now, clock_timestamp()); -- after the lock (the clock rule)
-    v_q := streamd.queue_get(p_queue);
+    SELECT * INTO v_q FROM streamd.queues q WHERE q.queue_name = p_queue;
+    IF NOT FOUND THEN
+        v_q := streamd.queue_get(p_queue); -- raises SD201 or SD202
+    END IF;
     IF v_n = 0 THEN
         RETURN;
     END IF;
@@ -294,30 +358,23 @@ BEGIN
             MESSAGE = format('queue %L: fresh ids (p_fresh_ids) need every message id', p_queue);
     END IF;
 
-    -- The common batch (fresh ids, data only, a standard queue) is one statement: each
-    -- message's checks ride on the insert, and a message that fails them hands the
-    -- batch to queue_send_check, which raises its error (undoing the rows already
-    -- inserted). Offsets are taken in ordinal order, so they number the results.
-    IF p_fresh_ids AND NOT v_q.fifo AND cardinality(p_ids) = v_n AND p_metadata IS NULL AND p_delays_ms IS NULL
+    -- The common batch (fresh ids, data only, a standard queue) is one INSERT: each
+    -- message's checks ride on it, and a message that fails them hands the batch to
+    -- queue_send_check, which raises its error (undoing the rows already inserted).
+    IF p_fresh_ids AND NOT v_q.fifo AND p_metadata IS NULL AND p_delays_ms IS NULL
        AND p_deliver_at IS NULL AND p_groups IS NULL AND p_max_attempts IS NULL AND p_dlqs IS NULL
        AND p_data_bytes IS NULL THEN
-        PERFORM set_config('streamd.queue_trusted', 'on', true);
-        RETURN QUERY
-        WITH ins AS (
-            INSERT INTO streamd.messages AS m (stream_name, message_id, data, enqueued_at, visibility_timeout, not_before,
-                                               max_delivery_attempts, dead_letter_stream, dedup, tenant_id)
-            SELECT p_queue,
-                   CASE WHEN u.id IS NULL OR u.id = '' OR length(u.id) > 512
-                             OR u.d IS NULL OR octet_length(u.d) > v_q.max_payload_bytes
-                        THEN streamd.queue_send_check(v_q, p_ids, p_data, NULL, NULL, NULL, NULL)
-                        ELSE u.id END,
-                   u.d::jsonb, v_now, v_now, v_now, v_q.max_delivery_attempts, v_q.dead_letter_queue, false, v_tenant
-            FROM unnest(p_ids, p_data) WITH ORDINALITY u(id, d, i)
-            ORDER BY u.i
-            RETURNING m."offset", m.message_id)
-        SELECT (row_number() OVER (ORDER BY ins."offset"))::integer, ins."offset", ins.message_id, false
-        FROM ins ORDER BY ins."offset";
-        PERFORM set_config('streamd.queue_trusted', 'off', true);
+        v_offs := ARRAY(SELECT nextval(v_q.offset_seq) FROM generate_series(1, v_n));
+        INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, enqueued_at, visibility_timeout,
+                                                 tenant_id)
+        SELECT p_queue, u.o,
+               CASE WHEN u.id IS NULL OR u.id = '' OR length(u.id) > 512
+                         OR u.d IS NULL OR octet_length(u.d) > v_q.max_payload_bytes
+                    THEN streamd.queue_send_check(v_q, p_ids, p_data, NULL, NULL, NULL, NULL)
+                    ELSE u.id END,
+               u.d::jsonb, v_now, v_now, v_tenant
+        FROM unnest(v_offs, p_ids, p_data) u(o, id, d);
+        RETURN QUERY SELECT u.i::integer, u.o, u.id, false FROM unnest(v_offs, p_ids) WITH ORDINALITY u(o, id, i);
         RETURN;
     END IF;
     PERFORM streamd.queue_send_check(v_q, p_ids, p_data, p_metadata, p_delays_ms, p_max_attempts, p_groups, p_data_bytes);
@@ -335,8 +392,7 @@ BEGIN
     IF v_q.fifo THEN
         -- Lock (or create) the groups in key order before inserting, so that sends to
         -- one group commit one at a time and offsets in a group follow commit order.
-        -- The groups are the sender's tenant's, as the messages are (v_tenant is
-        -- their tenant_id: the column default, or the value the fresh path writes).
+        -- The groups are the sender's tenant's, as the messages are.
         INSERT INTO streamd.message_groups AS g (stream_name, group_key, tenant_id, visible_at)
         SELECT p_queue, s.k, coalesce(v_tenant, ''), s.v FROM (
             SELECT DISTINCT ON (u.g) u.g AS k,
@@ -347,47 +403,38 @@ BEGIN
         v_now := coalesce(p_now, clock_timestamp()); -- after the group locks (the clock rule)
     END IF;
 
+    -- Offsets in batch order, taken after the group locks: within a group, they
+    -- follow commit order.
+    v_all := ARRAY(SELECT nextval(v_q.offset_seq) FROM generate_series(1, v_n));
     IF p_fresh_ids THEN
-        -- Every id is new: no conflict to look for, and each row is named by its id.
-        PERFORM set_config('streamd.queue_trusted', 'on', true);
-        RETURN QUERY
-        WITH ins AS (
-            INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                               not_before, max_delivery_attempts, dead_letter_stream, group_key, dedup,
-                                               tenant_id, data_bytes)
-            SELECT p_queue, u.id, u.d::jsonb, u.md::jsonb, v_now, a.at, a.at,
-                   coalesce(u.ma, v_q.max_delivery_attempts), coalesce(u.dq, v_q.dead_letter_queue), u.g, false,
-                   v_tenant, u.b
-            FROM unnest(p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
-                 WITH ORDINALITY u(id, d, md, dl, da, g, ma, dq, b, i)
-            CROSS JOIN LATERAL (SELECT coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) AS at) a
-            ORDER BY u.i
-            RETURNING m.message_id, m."offset")
-        SELECT u.i::integer, ins."offset", ins.message_id, false
-        FROM ins JOIN unnest(p_ids) WITH ORDINALITY u(id, i) ON u.id = ins.message_id
-        ORDER BY u.i;
-        PERFORM set_config('streamd.queue_trusted', 'off', true);
+        -- Every id is new: no conflict to look for.
+        INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
+                                                 visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
+                                                 tenant_id, data_bytes)
+        SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now,
+               coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
+               u.ma, u.dq, u.g, v_tenant, u.b
+        FROM unnest(v_all, p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
+             u(o, id, d, md, dl, da, g, ma, dq, b);
+        RETURN QUERY SELECT u.i::integer, u.o, u.id, false FROM unnest(v_all, p_ids) WITH ORDINALITY u(o, id, i);
         RETURN;
     END IF;
 
     v_ids := ARRAY(SELECT coalesce(u.id, gen_random_uuid()::text) FROM unnest(p_ids, p_data) WITH ORDINALITY u(id, d, i) ORDER BY u.i);
-    PERFORM set_config('streamd.queue_trusted', 'on', true);
     WITH ins AS (
-        INSERT INTO streamd.messages AS m (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                           not_before, max_delivery_attempts, dead_letter_stream, group_key, dedup,
-                                           data_bytes)
-        SELECT p_queue, v.id, u.d::jsonb, u.md::jsonb, v_now, a.at, a.at,
-               coalesce(u.ma, v_q.max_delivery_attempts), coalesce(u.dq, v_q.dead_letter_queue), u.g, u.named IS NOT NULL,
-               u.b
-        FROM unnest(p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
-             WITH ORDINALITY u(named, d, md, dl, da, g, ma, dq, b, i)
+        INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
+                                                 visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
+                                                 dedup, tenant_id, data_bytes)
+        SELECT p_queue, u.o, v.id, u.d::jsonb, u.md::jsonb, v_now,
+               coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
+               u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b
+        FROM unnest(v_all, p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
+             WITH ORDINALITY u(o, named, d, md, dl, da, g, ma, dq, b, i)
         JOIN unnest(v_ids) WITH ORDINALITY v(id, i) ON v.i = u.i
-        CROSS JOIN LATERAL (SELECT coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) AS at) a
         ORDER BY u.i
         ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING
         RETURNING m.message_id, m."offset")
     SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
-    PERFORM set_config('streamd.queue_trusted', 'off', true);
 
     -- A tenant role cannot see another tenant's messages (nor those without a tenant),
     -- but the dedup index holds every tenant's ids: a send of an id such a message
@@ -400,7 +447,7 @@ BEGIN
         IF streamd.current_tenant() IS NOT NULL THEN
             SELECT v.id INTO v_hidden FROM unnest(v_ids) WITH ORDINALITY v(id, i)
             WHERE v.id <> ALL(coalesce(v_new, '{}'))
-              AND NOT EXISTS (SELECT 1 FROM streamd.messages e
+              AND NOT EXISTS (SELECT 1 FROM streamd.queue_messages e
                               WHERE e.message_id = v.id AND e.stream_name = p_queue AND e.dedup)
             ORDER BY v.i LIMIT 1;
             IF v_hidden IS NOT NULL THEN
@@ -415,7 +462,7 @@ BEGIN
     -- the insert waited for them. Each original is one probe of the unique index.
     RETURN QUERY
     SELECT v.i::integer,
-           coalesce(n.o, (SELECT e."offset" FROM streamd.messages e
+           coalesce(n.o, (SELECT e."offset" FROM streamd.queue_messages e
                           WHERE e.message_id = v.id AND e.stream_name = p_queue AND e.dedup)),
            v.id,
            n.o IS NULL OR v.i <> min(v.i) OVER (PARTITION BY v.id)
@@ -427,11 +474,13 @@ $$;
 
 -- Moves messages of p_queue (locked by the caller) to their dead-letter queues in one
 -- statement (Q2), keeping their provenance: origin queue and offset, attempts, last
--- error (p_errors, parallel to p_offsets, overrides it). A message without a
--- dead-letter queue is deleted when p_discard and left alone otherwise. A message id
--- the dead-letter queue already holds gets the suffix "@<queue>:<offset>". An offset
--- may be named more than once (its first error counts); the message moves once.
--- Returns the number of messages moved or discarded.
+-- error (p_errors, parallel to p_offsets, overrides it). A message's dead-letter queue
+-- is its own (an override given at send) or else its queue's. A message without one
+-- is deleted when p_discard and left alone otherwise. A message id the dead-letter
+-- queue already holds gets the suffix "@<queue>:<offset>". An offset may be named more
+-- than once (its first error counts); the message moves once. In the dead-letter
+-- queue, the message gets an offset of that queue and follows its settings. Returns
+-- the number of messages moved or discarded.
 CREATE OR REPLACE FUNCTION streamd.queue_dead_letter(
     p_queue text, p_offsets bigint[], p_errors text[], p_discard boolean, p_now timestamptz
 ) RETURNS integer
@@ -439,9 +488,12 @@ LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_now   timestamptz := coalesce(p_now, clock_timestamp());
     v_n     integer;
+    v_moved jsonb;
     v_force boolean := false;
+    v_qdlq  text;
 BEGIN
-    PERFORM streamd.queue_lock_shared(ARRAY(SELECT DISTINCT m.dead_letter_stream FROM streamd.messages m
+    SELECT q.dead_letter_queue INTO v_qdlq FROM streamd.queues q WHERE q.queue_name = p_queue;
+    PERFORM streamd.queue_lock_shared(ARRAY(SELECT DISTINCT coalesce(m.dead_letter_stream, v_qdlq) FROM streamd.queue_messages m
                                             WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)));
     -- The check for an id the dead-letter queue holds cannot see a send (or another
     -- move) of that id not yet committed: the insert then waits for it and, once it
@@ -450,38 +502,43 @@ BEGIN
     -- subtransaction costs only this path.
     LOOP
     BEGIN
-    PERFORM set_config('streamd.queue_trusted', 'on', true);
     WITH d AS (
-        DELETE FROM streamd.messages m
+        DELETE FROM streamd.queue_messages m
         WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)
-          AND (p_discard OR streamd.queue_dlq_ok(m.dead_letter_stream))
-        RETURNING m.*
+          AND (p_discard OR streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_qdlq)))
+        RETURNING m.*, coalesce(m.dead_letter_stream, v_qdlq) AS dlq
     ), ins AS (
-        INSERT INTO streamd.messages (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                      not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error,
-                                      origin_stream, origin_offset, origin_attempts, dead_lettered_at, dedup, tenant_id,
-                                      data_bytes)
-        SELECT d.dead_letter_stream,
-               CASE WHEN d.dedup AND (v_force OR EXISTS (SELECT 1 FROM streamd.messages x
-                                             WHERE x.message_id = d.message_id AND x.stream_name = d.dead_letter_stream
+        INSERT INTO streamd.queue_messages (stream_name, "offset", message_id, data, metadata, enqueued_at,
+                                            visibility_timeout, group_key, last_error, origin_stream, origin_offset,
+                                            origin_attempts, dead_lettered_at, dedup, tenant_id, data_bytes)
+        SELECT d.dlq, nextval(dq.offset_seq),
+               CASE WHEN d.dedup AND (v_force OR EXISTS (SELECT 1 FROM streamd.queue_messages x
+                                             WHERE x.message_id = d.message_id AND x.stream_name = d.dlq
                                                AND x.dedup))
                     THEN d.message_id || '@' || p_queue || ':' || d."offset" ELSE d.message_id END,
-               d.data, d.metadata, d.enqueued_at, v_now, v_now,
-               dq.max_delivery_attempts, dq.dead_letter_queue, d.group_key,
+               d.data, d.metadata, d.enqueued_at, v_now, d.group_key,
                coalesce(e.err, d.last_error), p_queue, d."offset", d.delivery_attempts, v_now, d.dedup, d.tenant_id,
                d.data_bytes
         FROM d
-        JOIN streamd.queues dq ON dq.queue_name = d.dead_letter_stream AND NOT dq.fifo
+        JOIN streamd.queues dq ON dq.queue_name = d.dlq AND NOT dq.fifo
         -- One error per offset: an offset named twice (a receipt repeated in one nack
         -- or term) would otherwise insert the message twice (Q2).
         LEFT JOIN (SELECT DISTINCT ON (u.o) u.o, u.err
                    FROM unnest(p_offsets, coalesce(p_errors, '{}'::text[])) WITH ORDINALITY u(o, err, i)
                    ORDER BY u.o, u.i) e ON e.o = d."offset"
         ORDER BY d."offset"
-        RETURNING 1
+        RETURNING stream_name, "offset", message_id, origin_offset, origin_attempts, last_error, dead_lettered_at, tenant_id
     )
-    SELECT count(*) INTO v_n FROM d;
+    SELECT (SELECT count(*) FROM d),
+           (SELECT jsonb_agg(jsonb_build_object('dead_letter_queue', i.stream_name, 'dead_letter_offset', i."offset",
+                                                'message_id', i.message_id, 'origin_offset', i.origin_offset,
+                                                'attempts', i.origin_attempts, 'error', i.last_error,
+                                                'dead_lettered_at', i.dead_lettered_at, 'tenant_id', i.tenant_id)
+                             ORDER BY i.origin_offset)
+              FROM ins i)
+      INTO v_n, v_moved;
     PERFORM set_config('streamd.queue_trusted', 'off', true);
+    PERFORM streamd.queue_dead_lettered(p_queue, v_moved);
     RETURN v_n;
     EXCEPTION WHEN unique_violation THEN
         IF v_force THEN
@@ -519,7 +576,7 @@ LANGUAGE sql SET enable_seqscan = off AS $$
         SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
         WHERE g.stream_name = p_queue
           AND (g.group_key, g.tenant_id) IN (
-              SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.messages m
+              SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.queue_messages m
               JOIN unnest(p_offsets, p_tokens) r(o, t) ON m."offset" = r.o AND m.lease_token = r.t
               WHERE m.stream_name = p_queue)
         ORDER BY g.group_key, g.tenant_id
@@ -541,12 +598,12 @@ BEGIN
     DELETE FROM streamd.message_groups g
     USING unnest(p_groups, p_tenants) k(key, ten)
     WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten
-      AND NOT EXISTS (SELECT 1 FROM streamd.messages m
+      AND NOT EXISTS (SELECT 1 FROM streamd.queue_messages m
                       WHERE m.stream_name = p_queue AND m.group_key = g.group_key
                         AND coalesce(m.tenant_id, '') = g.tenant_id);
     UPDATE streamd.message_groups g SET visible_at = greatest(v_now, h.vis)
     FROM (SELECT k.key, k.ten,
-                 (SELECT m.visibility_timeout FROM streamd.messages m
+                 (SELECT m.visibility_timeout FROM streamd.queue_messages m
                   WHERE m.stream_name = p_queue AND m.group_key = k.key AND coalesce(m.tenant_id, '') = k.ten
                   ORDER BY m."offset" LIMIT 1) AS vis
           FROM unnest(p_groups, p_tenants) k(key, ten)) h
@@ -556,14 +613,16 @@ $$;
 
 -- Receives up to p_max visible messages of a queue and leases them for p_vt_ms (NULL:
 -- the queue's visibility timeout): each gets delivery_attempts + 1 and a new lease
--- token. A message already delivered max_delivery_attempts times that has a
--- dead-letter queue is moved there instead (Q2), in this same transaction.
+-- token. A message already delivered as many times as its max delivery attempts (its
+-- own, or else the queue's) that has a dead-letter queue is moved there instead (Q2),
+-- in this same transaction.
 --
--- Standard queue: visible messages in not_before order (the time a send or nack made
--- them deliverable; an expired lease keeps its place), locked with SKIP LOCKED. The
--- lease is a HOT update (see migration 0008); a receive reads past the in-flight
--- rows that messages_ready still lists, one heap fetch each (extend moves long
--- leases out of the way).
+-- Standard queue: visible messages in offset order, locked with SKIP LOCKED, read
+-- from the primary key (migration 0086: there is no ready index). The scan reads past
+-- what is not visible: messages in flight, delayed by a send or a nack, and rows other
+-- receives hold locked; each costs a heap fetch of well under a microsecond. The
+-- lease is a HOT update (no indexed column changes) of the rows by ctid: we hold
+-- their locks, so they cannot have moved.
 -- FIFO queue: up to p_max groups that may deliver, least recently served first, locked
 -- with SKIP LOCKED; of each, only the head (lowest offset) is leased, so a group never
 -- has two messages in flight.
@@ -577,14 +636,17 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = o
 DECLARE
     v_now    timestamptz := coalesce(p_now, clock_timestamp());
     v_q      streamd.queues;
-    v_vt     interval;
+    v_lease  timestamptz;
     v_offs   bigint[];
     v_ctids  tid[];
     v_dead   bigint[];
     v_groups text[];
     v_tens   text[];
 BEGIN
-    v_q := streamd.queue_get(p_queue);
+    SELECT * INTO v_q FROM streamd.queues q WHERE q.queue_name = p_queue;
+    IF NOT FOUND THEN
+        v_q := streamd.queue_get(p_queue); -- raises SD201 or SD202
+    END IF;
     IF p_max IS NULL OR p_max < 1 OR p_max > 10000 THEN
         RAISE EXCEPTION USING ERRCODE = 'SD204',
             MESSAGE = format('queue %L: receive max %s must be between 1 and 10000', p_queue, p_max);
@@ -593,21 +655,17 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD204',
             MESSAGE = format('queue %L: visibility timeout %s ms must be positive', p_queue, p_vt_ms);
     END IF;
-    v_vt := make_interval(secs => coalesce(p_vt_ms, v_q.visibility_timeout_ms) / 1000.0);
+    v_lease := v_now + make_interval(secs => coalesce(p_vt_ms, v_q.visibility_timeout_ms) / 1000.0);
 
     IF NOT v_q.fifo THEN
-        -- messages_ready lists in-flight messages among the ready ones (a receive does
-        -- not touch not_before, so that it is a HOT update): the filter on
-        -- visibility_timeout skips them. The rows are then updated by ctid: we hold
-        -- their locks, so they cannot have moved.
         SELECT array_agg(c.ctid) FILTER (WHERE NOT c.exhausted), array_agg(c.o) FILTER (WHERE c.exhausted)
         INTO v_ctids, v_dead
         FROM (SELECT m.ctid, m."offset" AS o,
-                     (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts
-                      AND streamd.queue_dlq_ok(m.dead_letter_stream)) AS exhausted
-              FROM streamd.messages m
-              WHERE m.stream_name = p_queue AND m.not_before <= v_now AND m.visibility_timeout <= v_now
-              ORDER BY m.not_before, m."offset"
+                     (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
+                      AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
+              FROM streamd.queue_messages m
+              WHERE m.stream_name = p_queue AND m.visibility_timeout <= v_now
+              ORDER BY m."offset"
               LIMIT p_max
               FOR UPDATE SKIP LOCKED) c;
     ELSE
@@ -628,9 +686,9 @@ BEGIN
         FROM unnest(v_groups, v_tens) k(key, ten)
         CROSS JOIN LATERAL (
             SELECT m."offset" AS o, m.visibility_timeout AS vis,
-                   (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts
-                      AND streamd.queue_dlq_ok(m.dead_letter_stream)) AS exhausted
-            FROM streamd.messages m
+                   (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
+                    AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
+            FROM streamd.queue_messages m
             WHERE m.stream_name = p_queue AND m.group_key = k.key AND coalesce(m.tenant_id, '') = k.ten
             ORDER BY m."offset" LIMIT 1) h;
     END IF;
@@ -640,22 +698,22 @@ BEGIN
     END IF;
     IF v_ctids IS NOT NULL THEN
         RETURN QUERY
-        UPDATE streamd.messages m
-        SET delivery_attempts = m.delivery_attempts + 1, lease_token = gen_random_uuid(),
-            visibility_timeout = v_now + v_vt
+        UPDATE streamd.queue_messages m
+        SET delivery_attempts = m.delivery_attempts + 1, lease_token = gen_random_uuid(), visibility_timeout = v_lease
         WHERE m.ctid = ANY(v_ctids)
         RETURNING m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
-                  m.delivery_attempts, m.max_delivery_attempts, m.lease_token, m.group_key, m.last_error,
-                  m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at, m.data_bytes;
+                  m.delivery_attempts, coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts), m.lease_token,
+                  m.group_key, m.last_error, m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at,
+                  m.data_bytes;
     ELSIF v_offs IS NOT NULL THEN
         RETURN QUERY
-        UPDATE streamd.messages m
-        SET delivery_attempts = m.delivery_attempts + 1, lease_token = gen_random_uuid(),
-            visibility_timeout = v_now + v_vt
+        UPDATE streamd.queue_messages m
+        SET delivery_attempts = m.delivery_attempts + 1, lease_token = gen_random_uuid(), visibility_timeout = v_lease
         WHERE m.stream_name = p_queue AND m."offset" = ANY(v_offs)
         RETURNING m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
-                  m.delivery_attempts, m.max_delivery_attempts, m.lease_token, m.group_key, m.last_error,
-                  m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at, m.data_bytes;
+                  m.delivery_attempts, coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts), m.lease_token,
+                  m.group_key, m.last_error, m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at,
+                  m.data_bytes;
     END IF;
     IF v_q.fifo THEN
         PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
@@ -676,7 +734,10 @@ DECLARE
     v_lo     bigint;
     v_hi     bigint;
 BEGIN
-    v_q := streamd.queue_get(p_queue);
+    SELECT * INTO v_q FROM streamd.queues q WHERE q.queue_name = p_queue;
+    IF NOT FOUND THEN
+        v_q := streamd.queue_get(p_queue); -- raises SD201 or SD202
+    END IF;
     SELECT min(o), max(o) INTO v_lo, v_hi FROM unnest(p_offsets) o;
     -- Offsets are never negative (E1); refused before anything is settled. This also
     -- keeps v_hi - v_lo within bigint (it overflowed for MaxInt64 and -MaxInt64,
@@ -697,13 +758,13 @@ BEGIN
         -- key over their range costs less than a descent per offset (8% of the send +
         -- receive + ack CPU). "+ 0" keeps the list out of the index condition.
         RETURN QUERY
-        DELETE FROM streamd.messages m
+        DELETE FROM streamd.queue_messages m
         WHERE m.stream_name = p_queue AND m."offset" BETWEEN v_lo AND v_hi
           AND m."offset" + 0 = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
         RETURNING m."offset", m.lease_token;
     ELSE
         RETURN QUERY
-        DELETE FROM streamd.messages m
+        DELETE FROM streamd.queue_messages m
         WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
         RETURNING m."offset", m.lease_token;
     END IF;
@@ -745,9 +806,9 @@ BEGIN
            array_agg(c.err) FILTER (WHERE c.exhausted), array_agg(c.o), array_agg(c.t)
     INTO v_retry, v_dead, v_dead_err, v_offs, v_toks
     FROM (SELECT m."offset" AS o, r.e AS err, r.t,
-                 (m.dead_letter_stream IS NOT NULL AND m.delivery_attempts >= m.max_delivery_attempts
-                      AND streamd.queue_dlq_ok(m.dead_letter_stream)) AS exhausted
-          FROM streamd.messages m
+                 (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
+                  AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
+          FROM streamd.queue_messages m
           JOIN (SELECT DISTINCT ON (u.o, u.t) u.o, u.t, u.e
                 FROM unnest(p_offsets, p_tokens, p_errors) WITH ORDINALITY u(o, t, e, i)
                 ORDER BY u.o, u.t, u.i) r ON m."offset" = r.o AND m.lease_token = r.t
@@ -759,9 +820,8 @@ BEGIN
         PERFORM streamd.queue_dead_letter(p_queue, v_dead, v_dead_err, false, v_now);
     END IF;
     IF v_retry IS NOT NULL THEN
-        UPDATE streamd.messages m
+        UPDATE streamd.queue_messages m
         SET visibility_timeout = v_now + make_interval(secs => coalesce(r.d, 0) / 1000.0),
-            not_before = v_now + make_interval(secs => coalesce(r.d, 0) / 1000.0),
             lease_token = NULL, last_error = coalesce(r.e, m.last_error)
         FROM (SELECT DISTINCT ON (u.o, u.t) u.o, u.t, u.d, u.e
               FROM unnest(p_offsets, p_tokens, p_delays_ms, p_errors) WITH ORDINALITY u(o, t, d, e, i)
@@ -776,7 +836,7 @@ END;
 $$;
 
 -- Releases the messages named by (offset, token) without spending a delivery attempt:
--- each becomes visible at once, in its old place (not_before is kept), with its lease
+-- each becomes visible at once, in its old place (its offset), with its lease
 -- cleared, its last error kept and its delivery_attempts taken back by the one its
 -- receive counted. It never dead-letters. For a consumer that stops cleanly: messages
 -- it received but never handed to a handler, or whose handler it interrupted, were
@@ -791,13 +851,15 @@ DECLARE
     v_q      streamd.queues;
     v_groups text[];
     v_tens   text[];
+    v_offs   bigint[];
+    v_ids    text[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
     PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
     IF v_q.fifo THEN
         SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
     END IF;
-    PERFORM 1 FROM streamd.messages m
+    PERFORM 1 FROM streamd.queue_messages m
     WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
     ORDER BY m."offset"
     FOR UPDATE OF m;
@@ -805,11 +867,11 @@ BEGIN
     -- The same columns a receive changes: a HOT update, like the lease it undoes.
     RETURN QUERY
     WITH r AS (
-        SELECT m."offset" AS o, m.lease_token AS t FROM streamd.messages m
+        SELECT m."offset" AS o, m.lease_token AS t FROM streamd.queue_messages m
         WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens)
         ORDER BY m."offset"
         FOR UPDATE OF m)
-    UPDATE streamd.messages m
+    UPDATE streamd.queue_messages m
     SET visibility_timeout = v_now, lease_token = NULL, delivery_attempts = greatest(m.delivery_attempts - 1, 0)
     FROM r
     WHERE m.stream_name = p_queue AND m."offset" = r.o
@@ -831,6 +893,8 @@ DECLARE
     v_q      streamd.queues;
     v_groups text[];
     v_tens   text[];
+    v_offs   bigint[];
+    v_ids    text[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
     PERFORM streamd.queue_check_offsets(p_queue, p_offsets);
@@ -842,13 +906,9 @@ BEGIN
         SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
         v_now := coalesce(p_now, clock_timestamp()); -- after the group locks (the clock rule)
     END IF;
-    -- not_before moves too (not a HOT update, unlike a receive's): a receive skips
-    -- in-flight rows that messages_ready lists among the ready ones, one by one, and a
-    -- lease that needs extending is one that stays in flight long; it now waits at its
-    -- lease's end instead of at the head of the queue.
+    -- A HOT update, like the lease it extends.
     RETURN QUERY
-    UPDATE streamd.messages m SET visibility_timeout = v_now + make_interval(secs => p_vt_ms / 1000.0),
-                                  not_before = v_now + make_interval(secs => p_vt_ms / 1000.0)
+    UPDATE streamd.queue_messages m SET visibility_timeout = v_now + make_interval(secs => p_vt_ms / 1000.0)
     FROM unnest(p_offsets, p_tokens) r(o, t)
     WHERE m.stream_name = p_queue AND m."offset" = r.o AND m.lease_token = r.t
     RETURNING m."offset", r.t, m.visibility_timeout;
@@ -880,8 +940,8 @@ BEGIN
         SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
     END IF;
     SELECT array_agg(c.o), array_agg(c.t), array_agg(c.e), array_agg(c.moved) INTO v_offs, v_toks, v_errs, v_moved
-    FROM (SELECT m."offset" AS o, r.t, r.e, streamd.queue_dlq_ok(m.dead_letter_stream) AS moved
-          FROM streamd.messages m
+    FROM (SELECT m."offset" AS o, r.t, r.e, streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue)) AS moved
+          FROM streamd.queue_messages m
           JOIN (SELECT DISTINCT ON (u.o, u.t) u.o, u.t, u.e
                 FROM unnest(p_offsets, p_tokens, p_reasons) WITH ORDINALITY u(o, t, e, i)
                 ORDER BY u.o, u.t, u.i) r ON m."offset" = r.o AND m.lease_token = r.t
@@ -906,15 +966,13 @@ LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_now   timestamptz := coalesce(p_now, clock_timestamp());
     v_offs  bigint[];
-    v_n     integer;
-    v_force boolean := false;
 BEGIN
     PERFORM streamd.queue_get(p_dlq);
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'SD204', MESSAGE = format('queue %L: redrive limit %s must be positive', p_dlq, p_limit);
     END IF;
     SELECT array_agg(c.o) INTO v_offs
-    FROM (SELECT m."offset" AS o FROM streamd.messages m
+    FROM (SELECT m."offset" AS o FROM streamd.queue_messages m
           WHERE m.stream_name = p_dlq AND m.origin_stream IS NOT NULL
             AND NOT (m.lease_token IS NOT NULL AND m.visibility_timeout > v_now)
             AND EXISTS (SELECT 1 FROM streamd.queues oq WHERE oq.queue_name = m.origin_stream)
@@ -923,13 +981,39 @@ BEGIN
     IF v_offs IS NULL THEN
         RETURN 0;
     END IF;
-    PERFORM streamd.queue_lock_shared(ARRAY(SELECT DISTINCT m.origin_stream FROM streamd.messages m
+    RETURN streamd.queue_redrive_offsets(p_dlq, v_offs, v_now);
+END;
+$$;
+
+-- Moves dead letters p_offs of p_dlq, locked by the caller or not in flight, whose
+-- origin queue exists, back to their origin queues (queue_redrive, and the targeted
+-- replay of queue_dead_letters_settle). Their records (queue_dead_letters) are marked
+-- replayed. Returns how many moved.
+CREATE OR REPLACE FUNCTION streamd.queue_redrive_offsets(p_dlq text, p_offs bigint[], p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+    v_now   timestamptz := coalesce(p_now, clock_timestamp());
+    v_offs  bigint[];
+    v_ids   text[];
+    v_n     integer;
+    v_force boolean := false;
+BEGIN
+    SELECT array_agg(c.o) INTO v_offs
+    FROM (SELECT m."offset" AS o FROM streamd.queue_messages m
+          WHERE m.stream_name = p_dlq AND m."offset" = ANY(p_offs) AND m.origin_stream IS NOT NULL
+            AND NOT (m.lease_token IS NOT NULL AND m.visibility_timeout > v_now)
+          ORDER BY m."offset"
+          FOR UPDATE OF m) c;
+    IF v_offs IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM streamd.queue_lock_shared(ARRAY(SELECT DISTINCT m.origin_stream FROM streamd.queue_messages m
                                             WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)));
     -- FIFO origins: lock (or create) the groups first, as a send does; a message goes
     -- back to its own tenant's group.
     INSERT INTO streamd.message_groups AS g (stream_name, group_key, tenant_id, visible_at)
     SELECT DISTINCT m.origin_stream, coalesce(m.group_key, ''), coalesce(m.tenant_id, ''), v_now
-    FROM streamd.messages m JOIN streamd.queues oq ON oq.queue_name = m.origin_stream AND oq.fifo
+    FROM streamd.queue_messages m JOIN streamd.queues oq ON oq.queue_name = m.origin_stream AND oq.fifo
     WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)
     ORDER BY 1, 2, 3
     ON CONFLICT (stream_name, group_key, tenant_id) DO UPDATE SET visible_at = g.visible_at;
@@ -940,28 +1024,27 @@ BEGIN
     -- fail once the send commits; the move is then made again with named ids suffixed.
     LOOP
     BEGIN
-    PERFORM set_config('streamd.queue_trusted', 'on', true);
     WITH d AS (
-        DELETE FROM streamd.messages m WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)
+        DELETE FROM streamd.queue_messages m WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)
           AND EXISTS (SELECT 1 FROM streamd.queues oq WHERE oq.queue_name = m.origin_stream)
         RETURNING m.*
     ), ins AS (
-        INSERT INTO streamd.messages (stream_name, message_id, data, metadata, enqueued_at, visibility_timeout,
-                                      not_before, max_delivery_attempts, dead_letter_stream, group_key, last_error, dedup,
-                                      tenant_id, data_bytes)
-        SELECT d.origin_stream,
-               CASE WHEN d.dedup AND (v_force OR EXISTS (SELECT 1 FROM streamd.messages x
+        INSERT INTO streamd.queue_messages (stream_name, "offset", message_id, data, metadata, enqueued_at, visibility_timeout,
+                                            group_key, last_error, dedup, tenant_id, data_bytes)
+        SELECT d.origin_stream, nextval(oq.offset_seq),
+               CASE WHEN d.dedup AND (v_force OR EXISTS (SELECT 1 FROM streamd.queue_messages x
                                              WHERE x.message_id = d.message_id AND x.stream_name = d.origin_stream
                                                AND x.dedup))
                     THEN d.message_id || '~' || p_dlq || ':' || d."offset" ELSE d.message_id END,
-               d.data, d.metadata, d.enqueued_at, v_now, v_now, oq.max_delivery_attempts, oq.dead_letter_queue,
+               d.data, d.metadata, d.enqueued_at, v_now,
                CASE WHEN oq.fifo THEN coalesce(d.group_key, '') END, d.last_error, d.dedup, d.tenant_id, d.data_bytes
         FROM d JOIN streamd.queues oq ON oq.queue_name = d.origin_stream
         ORDER BY d."offset"
         RETURNING 1
     )
-    SELECT count(*) INTO v_n FROM ins;
+    SELECT (SELECT count(*) FROM ins), (SELECT coalesce(array_agg(d.message_id), '{}') FROM d) INTO v_n, v_ids;
     PERFORM set_config('streamd.queue_trusted', 'off', true);
+    PERFORM streamd.queue_dead_letters_mark(p_dlq, v_ids, 'replayed', NULL, v_now);
     RETURN v_n;
     EXCEPTION WHEN unique_violation THEN
         IF v_force THEN
@@ -982,7 +1065,7 @@ DECLARE
 BEGIN
     PERFORM streamd.queue_get(p_queue);
     DELETE FROM streamd.message_groups g WHERE g.stream_name = p_queue;
-    DELETE FROM streamd.messages m WHERE m.stream_name = p_queue;
+    DELETE FROM streamd.queue_messages m WHERE m.stream_name = p_queue;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END;
@@ -998,6 +1081,8 @@ DECLARE
     v_q      streamd.queues;
     v_groups text[];
     v_tens   text[];
+    v_offs   bigint[];
+    v_ids    text[];
 BEGIN
     v_q := streamd.queue_get(p_queue);
     IF v_q.fifo THEN
@@ -1006,16 +1091,21 @@ BEGIN
         INTO v_groups, v_tens FROM (
             SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
             WHERE g.stream_name = p_queue
-              AND (g.group_key, g.tenant_id) IN (SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.messages m
+              AND (g.group_key, g.tenant_id) IN (SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.queue_messages m
                                                  WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets))
             ORDER BY g.group_key, g.tenant_id FOR UPDATE OF g) l;
         v_now := coalesce(p_now, clock_timestamp()); -- after the group locks (the clock rule)
     END IF;
-    RETURN QUERY
-    DELETE FROM streamd.messages m
-    WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)
-      AND NOT (m.lease_token IS NOT NULL AND m.visibility_timeout > v_now)
-    RETURNING m."offset";
+    WITH del AS (
+        DELETE FROM streamd.queue_messages m
+        WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)
+          AND NOT (m.lease_token IS NOT NULL AND m.visibility_timeout > v_now)
+        RETURNING m."offset", m.message_id
+    )
+    SELECT coalesce(array_agg(del."offset"), '{}'), coalesce(array_agg(del.message_id), '{}') INTO v_offs, v_ids FROM del;
+    -- The records of the dead letters deleted (queue_dead_letters) are marked discarded.
+    PERFORM streamd.queue_dead_letters_mark(p_queue, v_ids, 'discarded', NULL, v_now);
+    RETURN QUERY SELECT u.o FROM unnest(v_offs) u(o);
     IF v_q.fifo THEN
         PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
     END IF;
@@ -1039,7 +1129,7 @@ RETURNS TABLE (queue_name text, fifo boolean, dead_letter_queue text, depth bigi
 LANGUAGE sql STABLE SET enable_seqscan = off AS $$
     SELECT q.queue_name, q.fifo, q.dead_letter_queue,
            coalesce(s.depth, 0), coalesce(s.in_flight, 0), coalesce(s.delayed, 0), coalesce(s.total, 0),
-           (SELECT count(*) FROM streamd.messages d WHERE d.origin_stream = q.queue_name),
+           (SELECT count(*) FROM streamd.queue_messages d WHERE d.origin_stream = q.queue_name),
            s.oldest
     FROM (SELECT coalesce(p_now, statement_timestamp()) AS ts) t
     CROSS JOIN streamd.queues q
@@ -1049,7 +1139,7 @@ LANGUAGE sql STABLE SET enable_seqscan = off AS $$
                count(*) FILTER (WHERE m.visibility_timeout > t.ts AND m.lease_token IS NULL) AS delayed,
                count(*) AS total,
                min(m.enqueued_at) AS oldest
-        FROM streamd.messages m WHERE m.stream_name = q.queue_name) s ON true
+        FROM streamd.queue_messages m WHERE m.stream_name = q.queue_name) s ON true
     WHERE p_queue IS NULL OR q.queue_name = p_queue
     ORDER BY q.queue_name
 $$;

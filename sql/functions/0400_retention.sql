@@ -129,7 +129,10 @@ $$;
 -- Key compaction of one partition: deletes every keyed record that a later record
 -- with the same key supersedes, and the latest record of a key when it is a tombstone
 -- (data and data_bytes NULL) older than p_tombstone_retention_seconds. Only offsets at
--- or above greatest(p_from, log start) are considered. Keyless records are kept.
+-- or above greatest(p_from, log start) are considered. Keyless records are kept. A
+-- key is the text key or the byte key (key_bytes: Kafka keys that are not text, and
+-- the empty key); a key that is text is always stored as text, so the two never hold
+-- the same key, except the empty one ('' and '\x'), which is one key either way.
 -- Returns the rows deleted (or, with p_dry_run, that would be). Leaves holes in the
 -- offsets, which readers skip; the log start does not move. Reads the partition once.
 CREATE OR REPLACE FUNCTION streamd.compact_partition(
@@ -161,24 +164,26 @@ BEGIN
     IF p_dry_run THEN
         SELECT count(*) INTO v_n
           FROM streamd.events e
-          JOIN (SELECT l.key, max(l."offset") AS last
+          JOIN (SELECT coalesce(l.key, '') AS k, coalesce(l.key_bytes, '\x') AS kb, max(l."offset") AS last
                   FROM streamd.events l
                  WHERE l.stream_name = p_stream_name AND l.partition = p_partition
-                   AND l."offset" >= v_from AND l.key IS NOT NULL
-                 GROUP BY l.key) m ON m.key = e.key
+                   AND l."offset" >= v_from AND (l.key IS NOT NULL OR l.key_bytes IS NOT NULL)
+                 GROUP BY 1, 2) m ON m.k = coalesce(e.key, '') AND m.kb = coalesce(e.key_bytes, '\x')
          WHERE e.stream_name = p_stream_name AND e.partition = p_partition AND e."offset" >= v_from
+           AND (e.key IS NOT NULL OR e.key_bytes IS NOT NULL)
            AND (e."offset" < m.last
                 OR (e.data IS NULL AND e.data_bytes IS NULL AND e."timestamp" < v_cutoff));
         RETURN v_n;
     END IF;
     DELETE FROM streamd.events e
-     USING (SELECT l.key, max(l."offset") AS last
+     USING (SELECT coalesce(l.key, '') AS k, coalesce(l.key_bytes, '\x') AS kb, max(l."offset") AS last
               FROM streamd.events l
              WHERE l.stream_name = p_stream_name AND l.partition = p_partition
-               AND l."offset" >= v_from AND l.key IS NOT NULL
-             GROUP BY l.key) m
+               AND l."offset" >= v_from AND (l.key IS NOT NULL OR l.key_bytes IS NOT NULL)
+             GROUP BY 1, 2) m
      WHERE e.stream_name = p_stream_name AND e.partition = p_partition AND e."offset" >= v_from
-       AND e.key = m.key
+       AND (e.key IS NOT NULL OR e.key_bytes IS NOT NULL)
+       AND m.k = coalesce(e.key, '') AND m.kb = coalesce(e.key_bytes, '\x')
        AND (e."offset" < m.last
             OR (e.data IS NULL AND e.data_bytes IS NULL AND e."timestamp" < v_cutoff));
     GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -211,6 +216,7 @@ DECLARE
     t        record;
     v_parts  integer[] := '{}';
     v_tgts   bigint[] := '{}';
+    v_froms  bigint[] := '{}';
     i        integer;
 BEGIN
     IF v_policy NOT IN ('delete', 'compact', 'compact,delete') THEN
@@ -248,6 +254,7 @@ BEGIN
         IF t.target_offset > t.log_start_offset THEN
             v_parts := v_parts || t.partition;
             v_tgts := v_tgts || t.target_offset;
+            v_froms := v_froms || t.log_start_offset;
         END IF;
         RETURN NEXT;
     END LOOP;
@@ -256,6 +263,7 @@ BEGIN
             UPDATE streamd.stream_partitions h
                SET log_start_offset = greatest(h.log_start_offset, v_tgts[i])
              WHERE h.stream_name = p_stream_name AND h.partition = v_parts[i];
+            PERFORM streamd.advise_unread_deleted(p_stream_name, v_parts[i], v_froms[i], v_tgts[i]);
         END LOOP;
     END IF;
 END;
@@ -352,11 +360,16 @@ CREATE OR REPLACE FUNCTION streamd.retention_advance(p_stream_name text, p_parti
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_ls bigint;
+    v_ls   bigint;
+    v_from bigint;
 BEGIN
     IF p_target IS NULL OR p_target < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'SD302', MESSAGE = format('target offset must not be negative, got %s', p_target);
     END IF;
+    -- The log start before the move, for the advisory: the row is locked first, so
+    -- no other move comes between this read and the update.
+    SELECT h.log_start_offset INTO v_from FROM streamd.stream_partitions h
+     WHERE h.stream_name = p_stream_name AND h.partition = p_partition FOR NO KEY UPDATE;
     UPDATE streamd.stream_partitions h
        SET log_start_offset = greatest(h.log_start_offset, least(p_target, h.next_offset))
      WHERE h.stream_name = p_stream_name AND h.partition = p_partition
@@ -364,6 +377,7 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
+    PERFORM streamd.advise_unread_deleted(p_stream_name, p_partition, v_from, v_ls);
     RETURN v_ls;
 END;
 $$;

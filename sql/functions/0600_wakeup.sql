@@ -1,7 +1,7 @@
 -- Low-latency delivery (internal/tailer, wakeup/). Applied idempotently on every
 -- migrate.
 --
--- The tailer reads committed inserts into streamd.events and streamd.messages through
+-- The tailer reads committed inserts into streamd.events and streamd.queue_messages through
 -- logical replication (pgoutput) from the publication streamd_wakeups. The
 -- publication carries inserts only, and only the columns a wake-up needs (the stream
 -- or queue name and the partition), so payloads never cross the replication
@@ -16,17 +16,35 @@ CREATE OR REPLACE FUNCTION streamd.wakeup_publication_ensure() RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = 'streamd_wakeups') THEN
+        -- A publication made before migration 0086 lost streamd.messages with that
+        -- table: the queues' inserts are those of streamd.queue_messages now.
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables
+                       WHERE pubname = 'streamd_wakeups' AND schemaname = 'streamd' AND tablename = 'queue_messages') THEN
+            BEGIN
+                IF current_setting('server_version_num')::int >= 150000 THEN
+                    EXECUTE 'ALTER PUBLICATION streamd_wakeups ADD TABLE streamd.queue_messages (stream_name)';
+                ELSE
+                    EXECUTE 'ALTER PUBLICATION streamd_wakeups ADD TABLE streamd.queue_messages';
+                END IF;
+            EXCEPTION
+                WHEN insufficient_privilege THEN
+                    RAISE NOTICE 'streamd: no privilege to add streamd.queue_messages to publication streamd_wakeups (%); queue wake-ups come from polling', SQLERRM;
+                    RETURN true;
+                WHEN duplicate_object THEN
+                    RETURN true; -- a concurrent call added it
+            END;
+        END IF;
         RETURN true;
     END IF;
     BEGIN
         IF current_setting('server_version_num')::int >= 150000 THEN
             -- Column lists (PostgreSQL 15): only what a wake-up needs.
             EXECUTE 'CREATE PUBLICATION streamd_wakeups'
-                ' FOR TABLE streamd.events (stream_name, partition), streamd.messages (stream_name)'
+                ' FOR TABLE streamd.events (stream_name, partition), streamd.queue_messages (stream_name)'
                 ' WITH (publish = ''insert'')';
         ELSE
             EXECUTE 'CREATE PUBLICATION streamd_wakeups'
-                ' FOR TABLE streamd.events, streamd.messages WITH (publish = ''insert'')';
+                ' FOR TABLE streamd.events, streamd.queue_messages WITH (publish = ''insert'')';
         END IF;
     EXCEPTION
         WHEN insufficient_privilege THEN

@@ -37,12 +37,14 @@ BEGIN
     EXECUTE format('GRANT SELECT, UPDATE ON streamd.stream_partitions TO %s', v_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON streamd.key_heads, streamd.snapshots TO %s', v_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON streamd.events TO %s', v_role);
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.messages, streamd.message_groups TO %s', v_role);
+    -- streamd.messages is a view of queue_messages that reads as the caller
+    -- (migration 0086); each queue's offsets come from a sequence of its own (below).
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.messages, streamd.queue_messages, streamd.message_groups TO %s', v_role);
     -- Consumer groups, their dead letters and projections, tenant-scoped (migrations
     -- 0061, 0063), and the group views, which read them as the caller.
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.consumer_groups, streamd.consumer_registrations,
                     streamd.consumer_partitions, streamd.consumer_offsets, streamd.dead_letter_queue,
-                    streamd.projections TO %s', v_role);
+                    streamd.projections, streamd.queue_dead_letters TO %s', v_role);
     EXECUTE format('GRANT SELECT ON streamd.consumer_group_status, streamd.consumer_group_summary TO %s', v_role);
     -- Kafka classic groups, which consumer_group_status joins (tenant-scoped by
     -- migration 0067: a tenant role sees none of the rows the Kafka listener writes).

@@ -4,13 +4,13 @@
 //
 // Every /v1/ request needs a bearer token unless Config.AuthDisabled. A token maps
 // to a principal; the principal "admin" may do everything, and any other principal
-// only what a stream's access_control_config grants it (see aclFor). Request bodies
-// are bounded by Config.MaxRequestBytes. Every value reaches SQL as a bind parameter.
+// only what a stream's access_control_config grants it (access.Authorizer: the rule
+// the Kafka listener applies too). Request bodies are bounded by
+// Config.MaxRequestBytes. Every value reaches SQL as a bind parameter.
 package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,14 +20,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/streamd/streamd/access"
 	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/messages"
-	"github.com/streamd/streamd/streamconfig"
 	"github.com/streamd/streamd/streams"
 )
 
-// AdminPrincipal may do everything.
-const AdminPrincipal = "admin"
+// AdminPrincipal may do everything (access.AdminPrincipal).
+const AdminPrincipal = access.AdminPrincipal
 
 // Config configures the API. A nil *Config means the defaults.
 type Config struct {
@@ -39,7 +39,7 @@ type Config struct {
 	// MaxRequestBytes bounds a request body; larger ones get 413. Defaults to 8 MiB.
 	MaxRequestBytes int64
 	// Tokens maps bearer tokens to principals. Required unless AuthDisabled.
-	Tokens map[string]string
+	Tokens access.Tokens
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -59,13 +59,8 @@ func (c *Config) withDefaults() (Config, error) {
 	if !out.AuthDisabled && len(out.Tokens) == 0 {
 		return out, errors.New("api: Config.Tokens is empty: give a token (STREAMD_AUTH_TOKEN or a token file) or disable auth explicitly")
 	}
-	for tok, p := range out.Tokens {
-		if len(tok) < 16 {
-			return out, fmt.Errorf("api: the token of principal %q is shorter than 16 characters", p)
-		}
-		if p == "" {
-			return out, errors.New("api: a token maps to an empty principal")
-		}
+	if err := out.Tokens.Validate(); err != nil {
+		return out, fmt.Errorf("api: %w", err)
 	}
 	return out, nil
 }
@@ -85,7 +80,7 @@ type Server struct {
 	streams *streams.Client
 	groups  *consumergroup.Admin
 	queues  *messages.Client
-	configs *streamconfig.Store
+	authz   *access.Authorizer
 	mux     *http.ServeMux
 }
 
@@ -100,7 +95,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{pool: pool, cfg: conf, streams: streams.NewClient(pool, nil), groups: consumergroup.NewAdmin(pool),
-		queues: queues, configs: streamconfig.NewStore(pool), mux: http.NewServeMux()}
+		queues: queues, authz: access.NewAuthorizer(pool), mux: http.NewServeMux()}
 	s.routes()
 	s.groupRoutes()
 	s.queueRoutes()
@@ -161,7 +156,7 @@ type Status struct {
 // Errors that map to HTTP statuses (see statusOf).
 var (
 	ErrUnauthorized = errors.New("unauthorized")
-	ErrForbidden    = errors.New("forbidden")
+	ErrForbidden    = access.ErrForbidden
 	ErrBadRequest   = errors.New("bad request")
 	ErrNotFound     = errors.New("not found")
 	ErrTooLarge     = errors.New("request too large")
@@ -236,14 +231,8 @@ func (s *Server) authenticate(r *http.Request) (string, error) {
 	if !ok || tok == "" {
 		return "", fmt.Errorf("%w: send an Authorization: Bearer <token> header", ErrUnauthorized)
 	}
-	// Compare with every token in constant time, so timing tells nothing.
-	found := ""
-	for t, p := range s.cfg.Tokens {
-		if subtle.ConstantTimeCompare([]byte(t), []byte(tok)) == 1 {
-			found = p
-		}
-	}
-	if found == "" {
+	found, ok := s.cfg.Tokens.Principal(tok) // constant time: timing tells nothing
+	if !ok {
 		return "", fmt.Errorf("%w: unknown token", ErrUnauthorized)
 	}
 	return found, nil

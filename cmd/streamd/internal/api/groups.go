@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -30,9 +31,12 @@ func (s *Server) groupRoutes() {
 	s.Handle("GET /v1/streams/{stream}/groups/{group}", s.describeGroup)
 	s.Handle("DELETE /v1/streams/{stream}/groups/{group}", s.deleteGroup)
 	s.Handle("POST /v1/streams/{stream}/groups/{group}/reset-offsets", s.resetOffsets)
+	s.Handle("GET /v1/streams/{stream}/groups/{group}/offsets", s.exportOffsets)
+	s.Handle("PUT /v1/streams/{stream}/groups/{group}/offsets", s.setOffsets)
 	s.Handle("GET /v1/streams/{stream}/dead-letters", s.listDeadLetters)
 	s.Handle("POST /v1/streams/{stream}/dead-letters/{id}/replay", s.replayDeadLetter)
 	s.Handle("POST /v1/streams/{stream}/dead-letters/{id}/discard", s.discardDeadLetter)
+	s.Handle("POST /v1/streams/{stream}/dead-letters/{id}/resolve", s.resolveDeadLetter)
 }
 
 func (s *Server) listGroups(r *Request) (any, error) {
@@ -122,6 +126,70 @@ func (s *Server) resetOffsets(r *Request) (any, error) {
 	return map[string]any{"changes": changes, "executed": req.Execute}, nil
 }
 
+// exportOffsets is a group's committed offsets on the stream (the CLI's groups offsets
+// export), in the form setOffsets takes back.
+func (s *Server) exportOffsets(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionConsume); err != nil {
+		return nil, err
+	}
+	offs, err := s.groups.ExportOffsets(r.Context(), stream, r.PathValue("group"))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]partitionOffset, len(offs))
+	for i, o := range offs {
+		out[i] = partitionOffset{Partition: &o.Partition, Offset: &o.Offset}
+	}
+	return map[string]any{"offsets": out}, nil
+}
+
+// partitionOffset is one partition's committed offset in exportOffsets and setOffsets.
+type partitionOffset struct {
+	Partition *int32 `json:"partition"`
+	Offset    *int64 `json:"offset"`
+}
+
+// setOffsetsRequest is the body of PUT .../offsets: the offsets to set (an export, as
+// kafka-consumer-groups --reset-offsets --from-file reads one), a preview unless
+// execute, as reset-offsets.
+type setOffsetsRequest struct {
+	Execute bool              `json:"execute"`
+	Force   bool              `json:"force"`
+	Offsets []partitionOffset `json:"offsets"`
+}
+
+func (s *Server) setOffsets(r *Request) (any, error) {
+	stream := r.PathValue("stream")
+	if err := r.Authorize(stream, ActionAdmin); err != nil {
+		return nil, err
+	}
+	var req setOffsetsRequest
+	if err := r.Decode(&req); err != nil {
+		return nil, err
+	}
+	if len(req.Offsets) == 0 {
+		return nil, fmt.Errorf("%w: offsets: give at least one {\"partition\", \"offset\"}", ErrBadRequest)
+	}
+	offs := make([]consumergroup.GroupOffset, len(req.Offsets))
+	for i, o := range req.Offsets {
+		if o.Partition == nil || o.Offset == nil {
+			return nil, fmt.Errorf("%w: offsets[%d]: both partition and offset are required", ErrBadRequest, i)
+		}
+		offs[i] = consumergroup.GroupOffset{Stream: stream, Partition: *o.Partition, Offset: *o.Offset}
+	}
+	changes, err := s.groups.SetOffsets(r.Context(), r.PathValue("group"), offs,
+		&consumergroup.SetOffsetsOpts{DryRun: !req.Execute, Force: req.Force})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]consumergroup.OffsetChange, len(changes))
+	for i, c := range changes {
+		out[i] = c.OffsetChange
+	}
+	return map[string]any{"changes": out, "executed": req.Execute}, nil
+}
+
 func (s *Server) listDeadLetters(r *Request) (any, error) {
 	stream := r.PathValue("stream")
 	if err := r.Authorize(stream, ActionConsume); err != nil {
@@ -129,9 +197,9 @@ func (s *Server) listDeadLetters(r *Request) (any, error) {
 	}
 	q := r.URL.Query()
 	switch st := q.Get("status"); st {
-	case "", "pending", "replayed", "discarded":
+	case "", "pending", "replayed", "discarded", "resolved":
 	default:
-		return nil, fmt.Errorf("%w: status %q: want pending, replayed or discarded", ErrBadRequest, st)
+		return nil, fmt.Errorf("%w: status %q: want pending, replayed, discarded or resolved", ErrBadRequest, st)
 	}
 	dls, err := s.groups.DeadLetters(r.Context(), stream, q.Get("group"), q.Get("status"))
 	if err != nil {
@@ -152,14 +220,23 @@ func (s *Server) replayDeadLetter(r *Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	pos, err := s.groups.ReplayDeadLetter(r.Context(), stream, id, r.Principal)
-	if err != nil {
+	if err := s.groups.ReplayDeadLetter(r.Context(), stream, id, r.Principal); err != nil {
 		return nil, err
 	}
-	return map[string]any{"position": pos}, nil
+	return &Status{Code: http.StatusNoContent}, nil
 }
 
 func (s *Server) discardDeadLetter(r *Request) (any, error) {
+	return s.settleDeadLetter(r, s.groups.DiscardDeadLetter)
+}
+
+func (s *Server) resolveDeadLetter(r *Request) (any, error) {
+	return s.settleDeadLetter(r, s.groups.ResolveDeadLetter)
+}
+
+// settleDeadLetter discards or resolves a group dead letter: 204, 404 when it is not
+// pending.
+func (s *Server) settleDeadLetter(r *Request, settle func(context.Context, string, int64, string) error) (any, error) {
 	stream := r.PathValue("stream")
 	if err := r.Authorize(stream, ActionAdmin); err != nil {
 		return nil, err
@@ -168,7 +245,7 @@ func (s *Server) discardDeadLetter(r *Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.groups.DiscardDeadLetter(r.Context(), stream, id, r.Principal); err != nil {
+	if err := settle(r.Context(), stream, id, r.Principal); err != nil {
 		return nil, err
 	}
 	return &Status{Code: http.StatusNoContent}, nil

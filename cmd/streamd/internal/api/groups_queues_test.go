@@ -66,10 +66,33 @@ func TestGroupsEndpoints(t *testing.T) {
 	raw, _ = json.Marshal(body)
 	require.Contains(t, string(raw), `"lag":2`)
 
+	// The committed offsets, exported and set back (the CLI's groups offsets export
+	// and reset-offsets --from-file): a preview unless execute.
+	code, body = c.do("GET", "/v1/streams/"+s+"/groups/g1/offsets", adminToken, "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	raw, _ = json.Marshal(body)
+	require.JSONEq(t, `{"offsets":[{"partition":0,"offset":0},{"partition":1,"offset":0}]}`, string(raw))
+	code, body = c.do("PUT", "/v1/streams/"+s+"/groups/g1/offsets", adminToken, `{"offsets":[{"partition":1,"offset":2}]}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	raw, _ = json.Marshal(body)
+	require.JSONEq(t, `{"changes":[{"partition":1,"previous_offset":0,"new_offset":2}],"executed":false}`, string(raw))
+	code, body = c.do("PUT", "/v1/streams/"+s+"/groups/g1/offsets", adminToken, `{"offsets":[{"partition":1,"offset":2}],"execute":true}`)
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	code, body = c.do("GET", "/v1/streams/"+s+"/groups/g1/offsets", adminToken, "")
+	require.Equal(t, http.StatusOK, code, "%v", body)
+	raw, _ = json.Marshal(body)
+	require.JSONEq(t, `{"offsets":[{"partition":0,"offset":0},{"partition":1,"offset":2}]}`, string(raw))
+
 	for _, tc := range []struct {
 		name, method, path, body string
 		want                     int
 	}{
+		{"no offsets", "PUT", "/v1/streams/" + s + "/groups/g1/offsets", `{"offsets":[],"execute":true}`, 400},
+		{"offset without partition", "PUT", "/v1/streams/" + s + "/groups/g1/offsets", `{"offsets":[{"offset":1}],"execute":true}`, 400},
+		{"no such partition", "PUT", "/v1/streams/" + s + "/groups/g1/offsets", `{"offsets":[{"partition":0,"offset":0},{"partition":9,"offset":0}],"execute":true}`, 400},
+		{"partition twice", "PUT", "/v1/streams/" + s + "/groups/g1/offsets", `{"offsets":[{"partition":0,"offset":0},{"partition":0,"offset":1}],"execute":true}`, 400},
+		{"export of an unknown group", "GET", "/v1/streams/" + s + "/groups/nope/offsets", "", 404},
+		{"set offsets of an unknown group", "PUT", "/v1/streams/" + s + "/groups/nope/offsets", `{"offsets":[{"partition":0,"offset":0}],"execute":true}`, 404},
 		{"unknown mode", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"sideways"}`, 400},
 		{"timestamp without time", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"timestamp"}`, 400},
 		{"offset without value", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"offset","execute":true}`, 400},

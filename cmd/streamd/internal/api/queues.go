@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +47,10 @@ func (s *Server) queueRoutes() {
 	s.Handle("POST /v1/queues/{queue}/release", s.adminOnly(s.releaseMessages))
 	s.Handle("POST /v1/queues/{queue}/redrive", s.adminOnly(s.redrive))
 	s.Handle("POST /v1/queues/{queue}/discard", s.adminOnly(s.discardMessages))
+	s.Handle("GET /v1/queues/{queue}/dead-letters", s.adminOnly(s.listQueueDeadLetters))
+	s.Handle("POST /v1/queues/{queue}/dead-letters/replay", s.adminOnly(s.settleQueueDeadLetters("replayed")))
+	s.Handle("POST /v1/queues/{queue}/dead-letters/discard", s.adminOnly(s.settleQueueDeadLetters("discarded")))
+	s.Handle("POST /v1/queues/{queue}/dead-letters/resolve", s.adminOnly(s.settleQueueDeadLetters("resolved")))
 }
 
 func (s *Server) adminOnly(h HandlerFunc) HandlerFunc {
@@ -393,4 +398,44 @@ func (s *Server) discardMessages(r *Request) (any, error) {
 		return nil, err
 	}
 	return map[string]any{"discarded": done}, nil
+}
+
+// listQueueDeadLetters lists a dead-letter queue's dead letters (?status=pending,
+// replayed, discarded, resolved; none: all).
+func (s *Server) listQueueDeadLetters(r *Request) (any, error) {
+	dl, err := s.queues.DeadLetters(r.Context(), r.PathValue("queue"), r.URL.Query().Get("status"))
+	if err != nil {
+		return nil, err
+	}
+	if dl == nil {
+		dl = []messages.DeadLetter{}
+	}
+	return map[string]any{"dead_letters": dl}, nil
+}
+
+// settleQueueDeadLetters replays, discards or resolves the dead letters named by
+// message id ({"ids": [...]}), recording the principal; it answers the ids settled.
+func (s *Server) settleQueueDeadLetters(status string) func(r *Request) (any, error) {
+	return func(r *Request) (any, error) {
+		var req struct {
+			IDs []string `json:"ids"`
+		}
+		if err := r.Decode(&req); err != nil {
+			return nil, err
+		}
+		if len(req.IDs) == 0 {
+			return nil, fmt.Errorf("%w: no ids", ErrBadRequest)
+		}
+		settle := map[string]func(context.Context, string, string, ...string) ([]string, error){
+			"replayed": s.queues.ReplayDeadLetters, "discarded": s.queues.DiscardDeadLetters, "resolved": s.queues.ResolveDeadLetters,
+		}[status]
+		got, err := settle(r.Context(), r.PathValue("queue"), r.Principal, req.IDs...)
+		if err != nil {
+			return nil, err
+		}
+		if got == nil {
+			got = []string{}
+		}
+		return map[string]any{status: got}, nil
+	}
 }

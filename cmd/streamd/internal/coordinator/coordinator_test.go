@@ -144,14 +144,14 @@ func TestJobSlotsFinishOnceAcrossLeaders(t *testing.T) {
 			"SELECT count(*) FROM streamd.coordinator_runs WHERE job = $1 AND finished_at IS NOT NULL", jobName).Scan(&n))
 		return n
 	}
-	require.Eventually(t, func() bool { return finished() >= 4 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return finished() >= 4 }, 30*time.Second, 20*time.Millisecond)
 	if a.el.Current() != nil {
 		a.stop()
 	} else {
 		b.stop()
 	}
 	before := finished()
-	require.Eventually(t, func() bool { return finished() >= before+4 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return finished() >= before+4 }, 30*time.Second, 20*time.Millisecond)
 	a.stop()
 	b.stop()
 
@@ -175,7 +175,9 @@ func TestDeposedLeaderCannotStartOrFinish(t *testing.T) {
 	lease := testdb.Name("lease")
 	job := testdb.Name("job")
 	var e1, e2 int64
-	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.acquire_lease($1, 'a', 50)", lease).Scan(&e1))
+	// a's TTL is long enough that b's attempt right after cannot find it expired on a
+	// loaded machine (50 ms was not, under make test-race), short enough to wait out.
+	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.acquire_lease($1, 'a', 1000)", lease).Scan(&e1))
 	var none *int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT streamd.acquire_lease($1, 'b', 50)", lease).Scan(&none))
 	require.Nil(t, none, "b cannot take an unexpired lease")

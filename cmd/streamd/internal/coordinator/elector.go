@@ -26,11 +26,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/streamd/streamd/advisory"
 	"github.com/streamd/streamd/internal/promreg"
 )
 
 // ElectorConfig configures an Elector. A nil *ElectorConfig means the defaults.
 type ElectorConfig struct {
+	// Advisories receives an advisory.TypeLeaderChanged each time this instance takes
+	// the lease (a new term); publishing never blocks the elector. Defaults to nil:
+	// none.
+	Advisories *advisory.Publisher
 	// Holder identifies this instance in the lease. Defaults to hostname-pid-random.
 	Holder string
 	// LeaseName names the lease. Defaults to "streamd-coordinator".
@@ -201,6 +206,8 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, l Lead
 			e.mu.Unlock()
 			e.isLeader.Set(1)
 			e.cfg.Logger.Info("coordinator leadership acquired", "lease", held.Lease, "epoch", epoch, "holder", held.Holder)
+			e.cfg.Advisories.Publish(advisory.Advisory{Type: advisory.TypeLeaderChanged, Key: held.Lease,
+				Data: advisory.LeaderChanged{Lease: held.Lease, Holder: held.Holder, Epoch: epoch, At: time.Now()}})
 			var lctx context.Context
 			lctx, leaderCancel = context.WithCancel(ctx)
 			leaderDone = make(chan struct{})

@@ -1,0 +1,379 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamd/streamd/kafka"
+	"github.com/streamd/streamd/streams"
+	"github.com/streamd/streamd/wakeup"
+)
+
+// kafkaScenario measures the Kafka front door (issue 19, package kafka) against
+// streamd's own paths, in the same run, with franz-go as the Kafka client and an
+// in-process kafka.Server on loopback over the benchmark's pool:
+//
+//   - produce: franz-go (ProduceSync of batches of the suite's largest batch size,
+//     one client, the suite's largest connection count of goroutines, records
+//     spread over the partitions by hand), uncompressed and lz4, against the
+//     batching streams.Producer (the producer scenario's sync case at the suite's
+//     largest caller count) and the COPY reference at the same shape;
+//   - consume: a franz-go group consumer (classic protocol, range assignor) reading a
+//     pre-filled stream of 4 partitions from the start to the end, committing after
+//     every poll, against one consumergroup.Consumer (a commit after every batch) and
+//     the raw range read, as in the consume scenario;
+//   - end to end (with Suite.KafkaLatencyDuration and wal_level=logical): commit →
+//     franz-go group consumer at 1,000 events/s, woken through the tailer like the
+//     native consumer of the latency scenario's group-tailer mode, measured in the
+//     same run.
+//
+// The server runs in the benchmark's process: its CPU counts as the client's.
+type kafkaScenario struct{}
+
+// After consume and queue, before rebalance.
+func init() { register(57, kafkaScenario{}) }
+
+func (kafkaScenario) Name() string { return "kafka" }
+
+// kafkaTarget is issue 19's goal for Kafka produce and consume: 0.8× the native path.
+const kafkaTarget = 0.8
+
+func (s kafkaScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
+	addr, stop, err := startKafkaServer(ctx, env, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+
+	su := env.Suite
+	const size = 100
+	p := Params{PayloadBytes: size, BatchSize: maxInt(su.BatchSizes), Conns: maxInt(su.Conns), Partitions: su.Partitions}
+	ref, err := copyRef(ctx, env, "kafka", p)
+	if err != nil {
+		return nil, err
+	}
+	native, err := producerScenario{}.sync(ctx, env, size, maxInt(su.ProducerCallers))
+	if err != nil {
+		return nil, err
+	}
+	native.Scenario, native.Case = "kafka", "kafka "+strings.TrimPrefix(native.Case, "producer ")
+	native.RatioTo, native.Ratio = ref.Case, ratio(native.RecordsPerSec, ref.RecordsPerSec)
+	out := []Result{ref, native}
+	for _, codec := range []string{"none", "lz4"} {
+		r, err := s.produce(ctx, env, addr, codec, p)
+		if err != nil {
+			return nil, fmt.Errorf("kafka produce %s: %w", codec, err)
+		}
+		r.RatioTo, r.Ratio, r.Target = native.Case, ratio(r.RecordsPerSec, native.RecordsPerSec), kafkaTarget
+		out = append(out, r)
+	}
+
+	rs, err := s.consume(ctx, env, addr)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, rs...)
+
+	rs, err = s.endToEnd(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, rs...), nil
+}
+
+// startKafkaServer serves Kafka on a loopback port of its own, under a listener name
+// of this run's (so Metadata names only this server), until stop is called.
+func startKafkaServer(ctx context.Context, env *Env, hub *wakeup.Hub) (addr string, stop func(), err error) {
+	srv, err := kafka.New(env.Pool, &kafka.Config{Listener: "bench-" + env.RunID, Logger: quietLogger, Wakeups: hub})
+	if err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(sctx, ln) }() // owner: stop, which ends and waits for it
+	return ln.Addr().String(), func() { cancel(); <-done }, nil
+}
+
+// produce measures franz-go producing batches to a fresh stream.
+func (kafkaScenario) produce(ctx context.Context, env *Env, addr, codec string, p Params) (Result, error) {
+	stream := env.StreamName("kafka", codec)
+	if err := env.Client.CreateStream(ctx, stream, int32(p.Partitions)); err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = dropStream(context.WithoutCancel(ctx), env, stream) }()
+	compression := kgo.NoCompression()
+	if codec == "lz4" {
+		compression = kgo.Lz4Compression()
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.DefaultProduceTopic(stream), kgo.ProducerBatchCompression(compression),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.MaxBufferedRecords(4*p.BatchSize*p.Conns))
+	if err != nil {
+		return Result{}, err
+	}
+	defer cl.Close()
+	srcs := make([]*rowSource, p.Conns)
+	for w := range srcs {
+		srcs[w] = newRowSource(env, stream, w, p.PayloadBytes)
+	}
+	load, err := env.measure(ctx, p.Conns, env.Suite.CaseDuration, func(ctx context.Context, w, iter int) (int, int, error) {
+		part := int32((w + iter*p.Conns) % p.Partitions)
+		recs := make([]*kgo.Record, p.BatchSize)
+		bytes := 0
+		for i := range recs {
+			r, b := srcs[w].next()
+			recs[i] = &kgo.Record{Partition: part, Key: []byte(r.key), Value: r.data}
+			bytes += b
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			return 0, 0, err
+		}
+		return len(recs), bytes, nil
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	info, err := env.Client.DescribeStream(ctx, stream)
+	if err != nil {
+		return Result{}, err
+	}
+	var stored int64
+	for _, pi := range info.PartitionInfo {
+		stored += pi.NextOffset
+	}
+	if stored != load.records {
+		return Result{}, fmt.Errorf("%d records acknowledged but the log end offsets of %s sum to %d", load.records, stream, stored)
+	}
+	r := loadToResult("kafka", "kgo-"+codec, false, p, load)
+	r.Note = fmt.Sprintf("franz-go ProduceSync of %d records, %d goroutines on one client, %s batches, idempotent (its default)", p.BatchSize, p.Conns, codec)
+	env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
+	return r, nil
+}
+
+// consume measures a franz-go group, a native group and the raw range read, each
+// reading the same pre-filled stream from the start.
+func (s kafkaScenario) consume(ctx context.Context, env *Env, addr string) ([]Result, error) {
+	n := bySuite(env, 4_000, 100_000, 500_000) // tiny: two native batches per partition, for a latency sample
+	stream := env.StreamName("kafka", "consume")
+	if err := env.Client.CreateStream(ctx, stream, consumePartitions); err != nil {
+		return nil, err
+	}
+	defer func() { _ = dropStream(context.WithoutCancel(ctx), env, stream) }()
+	if err := fillStream(ctx, env.Pool, stream, consumePartitions, n/consumePartitions, consumePayload); err != nil {
+		return nil, err
+	}
+	rawPool, err := benchPool(ctx, env, consumePartitions)
+	if err != nil {
+		return nil, err
+	}
+	defer rawPool.Close()
+	if _, _, err := rawRead(ctx, env, rawPool, stream, 1); err != nil { // warm-up
+		return nil, err
+	}
+	raw, rawSamples, err := rawRead(ctx, env, rawPool, stream, 1)
+	if err != nil {
+		return nil, err
+	}
+	native, nativeSamples, err := groupsRead(ctx, env, stream, "kafka", 1, int64(n))
+	if err != nil {
+		return nil, err
+	}
+	kg, kgSamples, err := s.groupRead(ctx, env, addr, stream, int64(n))
+	if err != nil {
+		return nil, fmt.Errorf("kafka consume: %w", err)
+	}
+	raw.latency, native.latency, kg.latency = summarize(rawSamples), summarize(nativeSamples), summarize(kgSamples)
+	base := Params{PayloadBytes: consumePayload, BatchSize: consumeBatch, Conns: consumePartitions, Partitions: consumePartitions}
+	rr := loadToResult("kafka", "raw-select", true, base, raw)
+	rr.Note = fmt.Sprintf("%d records, one reader goroutine per partition; latency: one range query of %d rows", n, consumeBatch)
+	base.Mode = "auto-commit"
+	nr := loadToResult("kafka", "consume-group", false, base, native)
+	nr.Note = fmt.Sprintf("%d records, one consumergroup.Consumer, a commit after every batch; latency: between two batches of a partition", n)
+	nr.RatioTo, nr.Ratio = rr.Case, ratio(nr.RecordsPerSec, rr.RecordsPerSec)
+	kp := Params{PayloadBytes: consumePayload, Conns: 1, Partitions: consumePartitions, Mode: "commit-each-poll"}
+	kr := loadToResult("kafka", "kgo-group", false, kp, kg)
+	kr.Note = fmt.Sprintf("%d records, one franz-go group consumer (classic, range), CommitUncommittedOffsets after every poll; latency: one poll and its commit", n)
+	kr.RatioTo, kr.Ratio, kr.Target = nr.Case, ratio(kr.RecordsPerSec, nr.RecordsPerSec), kafkaTarget
+	for _, r := range []Result{rr, nr, kr} {
+		env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
+	}
+	return []Result{rr, nr, kr}, nil
+}
+
+// groupRead reads stream from the start with a franz-go group consumer of a fresh
+// group until it has n records, committing after every poll; the time runs from the
+// client's creation (the join included, as for the native group). Latency samples
+// are one poll and its commit each.
+func (kafkaScenario) groupRead(ctx context.Context, env *Env, addr, stream string, n int64) (loadResult, []time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	before := sampleCPU(ctx, env)
+	start := time.Now()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumerGroup("bench-kafka-"+env.RunID+"-"+randomID()),
+		kgo.ConsumeTopics(stream), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DisableAutoCommit(),
+		kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		return loadResult{}, nil, err
+	}
+	defer cl.Close()
+	var res loadResult
+	var samples []time.Duration
+	for res.records < n {
+		t0 := time.Now()
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return res, nil, fmt.Errorf("%d of %d records: %w", res.records, n, err)
+		}
+		if errs := fs.Errors(); len(errs) > 0 {
+			return res, nil, fmt.Errorf("fetch %s/%d: %w", errs[0].Topic, errs[0].Partition, errs[0].Err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			res.records++
+			res.bytes += int64(len(r.Key) + len(r.Value))
+		})
+		if err := cl.CommitUncommittedOffsets(ctx); err != nil {
+			return res, nil, fmt.Errorf("commit: %w", err)
+		}
+		samples = append(samples, time.Since(t0))
+	}
+	res.elapsed = time.Since(start)
+	res.clientCPU, res.serverCPU = cpuSince(ctx, env, before)
+	return res, samples, nil
+}
+
+// endToEnd runs the latency scenario's group-tailer mode and its kafka-group mode
+// (the same producers and tailer, a franz-go group consumer instead of the native
+// one) back to back, when the suite asks for it and the server can run the tailer.
+func (kafkaScenario) endToEnd(ctx context.Context, env *Env) ([]Result, error) {
+	d := env.Suite.KafkaLatencyDuration
+	if d <= 0 {
+		return nil, nil
+	}
+	var walLevel string
+	if err := env.Pool.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
+		return nil, err
+	}
+	if walLevel != "logical" {
+		env.AddNote("kafka", "Kafka end to end: not measured", fmt.Sprintf("The server runs with wal_level=%s; the tailer needs logical.\n", walLevel))
+		return nil, nil
+	}
+	var out []Result
+	for _, mode := range []string{"group-tailer", "kafka-group"} {
+		rs, err := latencyScenario{}.run(ctx, env, mode, d)
+		if err != nil {
+			return nil, fmt.Errorf("kafka end to end %s: %w", mode, err)
+		}
+		for _, r := range rs {
+			r.Scenario = "kafka"
+			r.Case = "kafka e2e " + strings.TrimPrefix(r.Case, "latency ")
+			r.Baseline = mode == "group-tailer"
+			out = append(out, r)
+		}
+	}
+	out[1].RatioTo, out[1].Ratio = out[0].Case, resultRatio(out[1], out[0])
+	return out, nil
+}
+
+// startKafkaGroup is startGroup's twin for the kafka-group latency mode: a kafka.Server
+// long-polling on hub and one franz-go group consumer of the stream, which stamps
+// each record when a poll returns it. It sends one nil to done per lane once every
+// lane's producer stopped and everything produced was seen, and returns after the
+// consumer got one untimed warm-up record per partition (the join is not delivery).
+func (latencyScenario) startKafkaGroup(ctx context.Context, env *Env, hub *wakeup.Hub, stream string, lanes []*latencyLane, n int,
+	wg *sync.WaitGroup, done chan<- error) error {
+	addr, stopServer, err := startKafkaServer(ctx, env, hub)
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumerGroup("bench-latency-kafka-"+env.RunID),
+		kgo.ConsumeTopics(stream), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(5*time.Second))
+	if err != nil {
+		stopServer()
+		return err
+	}
+	for _, ln := range lanes {
+		if _, err := env.Client.Produce(ctx, streams.Record{Stream: stream, Partition: streams.PartitionOf(ln.partition), Data: latencyPayload}); err != nil {
+			cl.Close()
+			stopServer()
+			return err
+		}
+		ln.base = 1
+	}
+	var seen, warm atomic.Int64
+	all := make(chan struct{})
+	var once sync.Once
+	check := func() {
+		var want int64
+		for _, ln := range lanes {
+			if !ln.finished.Load() {
+				return
+			}
+			want += min(ln.produced.Load(), int64(n))
+		}
+		if seen.Load() >= want {
+			once.Do(func() { close(all) })
+		}
+	}
+	wg.Add(1)
+	go func() { // owner: this run; exits when ctx ends (the run's stop)
+		defer wg.Done()
+		defer stopServer()
+		defer cl.Close()
+		for ctx.Err() == nil {
+			fs := cl.PollFetches(ctx)
+			now := time.Now().UnixNano()
+			fs.EachRecord(func(r *kgo.Record) {
+				ln := lanes[r.Partition]
+				if r.Offset < ln.base {
+					warm.Add(1)
+					return
+				}
+				if i := r.Offset - ln.base; i < int64(n) && ln.seen[i].CompareAndSwap(0, now) {
+					seen.Add(1)
+				}
+			})
+			check()
+		}
+	}()
+	deadline := time.Now().Add(latencyReadyWait)
+	for warm.Load() < int64(len(lanes)) {
+		if time.Now().After(deadline) {
+			return errors.New("the Kafka group consumer did not get its warm-up events in time")
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+	wg.Add(1)
+	go func() { // owner: this run; exits when every event was seen or ctx ends
+		defer wg.Done()
+		tick := time.NewTicker(10 * time.Millisecond) // the producers' end is not signalled: look again
+		defer tick.Stop()
+		for {
+			select {
+			case <-all:
+				for range lanes {
+					done <- nil
+				}
+				return
+			case <-ctx.Done():
+				for range lanes {
+					done <- ctx.Err()
+				}
+				return
+			case <-tick.C:
+				check()
+			}
+		}
+	}()
+	return nil
+}
