@@ -78,7 +78,13 @@ func (w *worker) processRedelivery(ctx context.Context, events []streams.Event, 
 	// alone; the others are pending again, which the mark skips).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if err := w.m.redeliveriesDone(cctx, w.c.pool, w.partition, ids); err != nil {
+	done := make([]int64, 0, len(ids))
+	for _, id := range ids {
+		if id > 0 { // not dead-lettered again (deadLetterEvents)
+			done = append(done, id)
+		}
+	}
+	if err := w.m.redeliveriesDone(cctx, w.c.pool, w.partition, done); err != nil {
 		w.c.log.Warn("marking redeliveries done failed; partition dropped", "partition", w.partition, "error", err)
 		w.lost.Store(true)
 		w.c.signal()

@@ -477,6 +477,13 @@ func (w *worker) deadLetterEvents(ctx context.Context, events []streams.Event, h
 		}
 		w.c.metrics.deadLettered.WithLabelValues(w.labels()...).Inc()
 		w.c.log.Warn("event dead-lettered", "partition", w.partition, "offset", e.Offset, "error", err)
+		if ids != nil {
+			// Pending again: the caller's mark must not name it. The mark's own
+			// condition (status 'replayed') does not suffice: a replay made once
+			// the record was pending again, before the mark, was marked as done
+			// and never redelivered.
+			ids[i] = -1
+		}
 	}
 	return true
 }
