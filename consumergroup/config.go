@@ -19,7 +19,10 @@ import (
 type CommitMode int
 
 const (
-	// CommitAuto commits the offset after each batch the handler returned nil for.
+	// CommitAuto commits the offset after each batch the handler returned nil for,
+	// asynchronously: the commits of the member's partitions are coalesced into one
+	// statement at most every CommitInterval, and the next batch does not wait for
+	// them (a revoke, a loss and a clean stop commit at once).
 	CommitAuto CommitMode = iota
 	// CommitManual commits only when the handler calls Batch.Commit (or the program
 	// calls Consumer.Commit, e.g. from OnRevoked).
@@ -89,6 +92,14 @@ type Config struct {
 	// AutoOffsetReset is where a partition without a committed offset starts.
 	// Defaults to ResetEarliest.
 	AutoOffsetReset ResetPolicy
+	// CommitInterval is how long, in CommitAuto mode, the offsets of handled batches
+	// may wait to be committed: they are committed asynchronously (the next batch
+	// does not wait for the commit), and what all of the member's partitions handled
+	// meanwhile goes out as one statement, at most once per interval (Kafka's
+	// auto.commit.interval.ms, much shorter). A crash redelivers what was handled
+	// but not committed yet (at-least-once, G4). A partition that is revoked or lost,
+	// and a clean stop, commit at once, before OnRevoked. Defaults to 100ms.
+	CommitInterval time.Duration
 	// CommitMode says when offsets are committed. Defaults to CommitAuto.
 	CommitMode CommitMode
 	// ConsumerID prefixes the member id of each join (a random suffix makes every
@@ -203,6 +214,9 @@ func (c Config) withDefaults() Config {
 		}
 		c.ConsumerID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = 100 * time.Millisecond
+	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 10 * time.Second
 	}
@@ -256,6 +270,8 @@ func (c Config) validate() error {
 	switch {
 	case c.AutoOffsetReset < ResetEarliest || c.AutoOffsetReset > ResetByTime:
 		return bad("AutoOffsetReset", "unknown policy %d", c.AutoOffsetReset)
+	case c.CommitInterval < 0:
+		return bad("CommitInterval", "%v is negative", c.CommitInterval)
 	case c.CommitMode < CommitAuto || c.CommitMode > CommitTransactional:
 		return bad("CommitMode", "unknown mode %d", c.CommitMode)
 	case len(c.ConsumerID) > 200:

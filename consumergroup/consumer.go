@@ -20,7 +20,8 @@ import (
 
 // Handler processes one batch of one partition. Batches of a partition are delivered
 // one at a time, in offset order; batches of different partitions run concurrently.
-// Return nil when the batch is done (in CommitAuto mode its offset is then committed);
+// Return nil when the batch is done (in CommitAuto mode its offset is then committed,
+// asynchronously: Config.CommitInterval);
 // an error retries it (see Config.MaxRetries and Config.OnHandlerError). ctx is not
 // Run's: cancelling Run's ctx lets the call finish and commit (Config.DrainTimeout).
 // ctx is cancelled when the partition is lost (fenced, expired, MaxPollInterval
@@ -223,6 +224,10 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 		c.mu.Unlock()
 	}()
 
+	// The membership's CommitAuto commits; every worker flushed its own before it
+	// exited, so stop finds nothing left when the session ends.
+	k := newCommitter(ctx, c, m)
+	defer k.stop()
 	done := make(chan *worker, 64)
 	workers := map[int32]*worker{} // running or stopping
 	lastOK := time.Now()
@@ -346,7 +351,7 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 			continue
 		}
 		lastOK = time.Now()
-		lastOK = latest(lastOK, c.reconcile(ctx, m, h, a, workers, done))
+		lastOK = latest(lastOK, c.reconcile(ctx, m, k, h, a, workers, done))
 		setOwned()
 	}
 }
@@ -354,7 +359,7 @@ func (c *Consumer) session(ctx context.Context, m *member, h Handler) error {
 // reconcile starts workers for newly assigned partitions, stops those being revoked,
 // cancels those no longer owned, and applies pauses. It returns the time of the last
 // heartbeat that succeeded while its releases and OnAssigned ran (zero when none).
-func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assignment, workers map[int32]*worker, done chan *worker) time.Time {
+func (c *Consumer) reconcile(ctx context.Context, m *member, k *committer, h Handler, a Assignment, workers map[int32]*worker, done chan *worker) time.Time {
 	var added, releaseNow []int32
 	for _, p := range a.Assigned {
 		w, running := workers[p]
@@ -397,7 +402,7 @@ func (c *Consumer) reconcile(ctx context.Context, m *member, h Handler, a Assign
 	}
 	for _, p := range added {
 		// Not Run's ctx: a clean stop drains the worker (finish) rather than cancel it.
-		w := newWorker(context.WithoutCancel(ctx), c, m, p, h, slices.Contains(a.Paused, p))
+		w := newWorker(context.WithoutCancel(ctx), c, m, k, p, h, slices.Contains(a.Paused, p))
 		workers[p] = w
 		go func() { // owner: session; exits on stop/cancel; reported on done
 			w.run()

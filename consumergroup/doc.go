@@ -33,7 +33,8 @@
 //
 //	member.go    the SQL calls of one membership (join, heartbeat, release, leave, commit)
 //	consumer.go  Consumer, Run, the session loop (heartbeats, reconcile, hooks)
-//	worker.go    one partition's loop: start position, fetch, handler retries, commit
+//	worker.go    one partition's loop: start position, fetch (one batch ahead), handler retries, commit
+//	committer.go the membership's asynchronous, coalesced CommitAuto commits
 //	batch.go     Batch, Commit, CommitTx
 //	listener.go  the LISTEN connection that wakes the session loop
 //	admin.go     Admin: list, describe, reset offsets, delete, pause, dead letters
@@ -55,7 +56,11 @@
 // stops the workers (they finish and commit their in-flight batches) and cancels
 // their ctx only after DrainTimeout (a timer it owns, stopped when the workers are
 // done); then OnRevoked runs and the member leaves. A worker owns a small goroutine
-// that cancels its fetch on stop (exits with the worker).
+// that cancels its fetch on stop (exits with the worker), and the goroutine of the
+// fetch it runs ahead while its handler works (at most one; the worker waits for it,
+// or cancels and waits for it, before it exits). The session owns the membership's
+// committer goroutine (committer.go): started with the session, stopped after every
+// worker exited.
 // Cleanup after cancellation (final commit, OnRevoked context, leave) runs under
 // context.WithoutCancel plus a 10s timeout.
 //
@@ -76,6 +81,16 @@
 //     function waits for, so a join or heartbeat that waited for the group row is not
 //     registered already expired, and CommitTx judges the session at the call, not
 //     at the start of the handler's transaction.
+//   - CommitAuto commits are asynchronous and coalesced: a worker hands the committer
+//     the offset after its handler returned for a batch (never before: G4) and goes
+//     on; the committer writes the member's due offsets as one commit_offsets
+//     statement, at most every CommitInterval, fenced by the epoch like any commit.
+//     A fenced statement of several partitions is retried partition by partition,
+//     so only the partitions refused are lost. A worker that exits (revoke, drain,
+//     loss) first waits for its partition's offsets to be written or refused, so
+//     OnRevoked and the release still come after the partition's last commit.
+//   - A batch fetched ahead is never handed to the handler once the worker was told
+//     to stop or the partition was paused: it is dropped and fetched again.
 //   - A worker that was stopped while its handler was blocked (ErrorBlock) exits
 //     without committing: the next owner redelivers the batch (at-least-once).
 //   - A partition assigned to a membership ends in exactly one of OnRevoked (clean:

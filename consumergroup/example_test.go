@@ -59,7 +59,7 @@ func Example() {
 				cancel() // a real worker runs until it is told to stop
 			}
 		}
-		return nil // the batch's offsets are committed (CommitAuto)
+		return nil // the batch is done: CommitAuto commits its offset (asynchronously, within CommitInterval)
 	})
 	if err != nil {
 		log.Fatal(err)

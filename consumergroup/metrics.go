@@ -25,7 +25,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		batchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "streamd_consumergroup_batch_duration_seconds", Help: "Time from a batch's handler call to its offset commit.",
+			Name: "streamd_consumergroup_batch_duration_seconds", Help: "Time from a batch's handler call until its offset is handed to the committer (CommitAuto) or committed.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
 		}, []string{"stream", "group"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{

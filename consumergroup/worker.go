@@ -21,6 +21,7 @@ import (
 type worker struct {
 	c         *Consumer
 	m         *member
+	k         *committer // the membership's CommitAuto commits
 	partition int32
 	h         Handler
 
@@ -37,14 +38,17 @@ type worker struct {
 	inflightSince atomic.Int64
 	// lost is set when the worker exits without a clean handover (fenced or cancelled).
 	lost atomic.Bool
+	// fetched counts the fetches that returned events, dropped the batches fetched
+	// and never handed to the handler (paused, stopped); read by tests.
+	fetched, dropped atomic.Int64
 	// redeliverSeen is the Consumer's redeliverGen when the worker last found no
 	// redeliveries (-1: not yet looked). Owned by run.
 	redeliverSeen int64
 }
 
-func newWorker(ctx context.Context, c *Consumer, m *member, p int32, h Handler, paused bool) *worker {
+func newWorker(ctx context.Context, c *Consumer, m *member, k *committer, p int32, h Handler, paused bool) *worker {
 	wctx, cancel := context.WithCancel(ctx)
-	return &worker{c: c, m: m, partition: p, h: h, ctx: wctx, cancelFn: cancel,
+	return &worker{c: c, m: m, k: k, partition: p, h: h, ctx: wctx, cancelFn: cancel,
 		stopCh: make(chan struct{}), paused: paused, pauseCh: make(chan struct{}, 1), redeliverSeen: -1}
 }
 
@@ -112,10 +116,26 @@ func (w *worker) labels() []string {
 }
 
 // run is the worker's loop; it returns when the worker is stopped, cancelled or fenced.
+// While the handler runs on a batch, the next batch is fetched (at most one batch
+// ahead, so at most the fetch's MaxBytes, 1 MiB, of events wait per partition): a
+// batch's next position is known before its handler returns, since a batch is either
+// done (committed past its end) or ends the worker. A fetched batch is dropped when the
+// partition is paused, stopped or lost meanwhile: it is never handed to the handler
+// after the worker was told to stop, so nothing of a revoked partition reaches the
+// handler after OnRevoked (the session calls it once run returned).
 func (w *worker) run() {
 	ctx := w.ctx
 	defer w.cancelFn()
 	defer w.c.metrics.lag.DeleteLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition)))
+	if w.c.cfg.CommitMode == CommitAuto {
+		// Runs after the fetch in flight ended (below): the offsets handed to the
+		// committer are written, or refused, before the session hears of the exit.
+		defer func() {
+			if err := w.k.flush(w); err != nil {
+				w.lost.Store(true)
+			}
+		}()
+	}
 	// fetchCtx also ends on stop, so an idle long poll does not delay a handover.
 	fetchCtx, fetchCancel := context.WithCancel(ctx)
 	defer fetchCancel()
@@ -126,6 +146,8 @@ func (w *worker) run() {
 		case <-fetchCtx.Done():
 		}
 	}()
+	var ahead *fetchAhead // the fetch in flight, nil when none
+	defer func() { ahead.drop() }()
 
 	pos, reset, err := w.startPosition(ctx)
 	for err != nil {
@@ -151,19 +173,29 @@ func (w *worker) run() {
 	fetchBackoff := backoff.NewJittered(50*time.Millisecond, 2*time.Second)
 	// With Wakeups, each fetch subscribes to the partition before its first read, so
 	// no commit between a read that found nothing and the wait goes unnoticed.
-	opts := &streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait, Wakeups: w.c.cfg.Wakeups}
+	opts := streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait, Wakeups: w.c.cfg.Wakeups}
 	for !w.stopping() {
 		if w.isPaused() {
+			if ahead.drop() {
+				w.dropped.Add(1) // paused: the batch fetched ahead is fetched again on resume
+			}
+			ahead = nil
 			select {
 			case <-w.pauseCh:
 			case <-w.stopCh:
 			}
 			continue
 		}
+		// Redeliveries (dead letters sent back) come before the next batch; the
+		// batch fetched ahead, if any, waits for them.
 		if !w.redeliverIfAsked(ctx) {
 			return
 		}
-		res, err := streams.FetchTx(fetchCtx, w.c.pool, w.c.cfg.Stream, w.partition, pos, opts)
+		if ahead == nil {
+			ahead = w.fetch(fetchCtx, pos, opts)
+		}
+		res, err := ahead.wait()
+		ahead = nil
 		if err != nil {
 			if w.stopping() || ctx.Err() != nil {
 				return
@@ -180,9 +212,16 @@ func (w *worker) run() {
 		fetchBackoff.Reset()
 		w.c.metrics.lag.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition))).
 			Set(float64(res.HighWatermark - pos))
-		if len(res.Events) == 0 || w.isPaused() {
-			continue // paused while fetching: drop the batch, refetch on resume
+		if len(res.Events) == 0 {
+			continue
 		}
+		if w.isPaused() || w.stopping() {
+			w.dropped.Add(1)
+			continue // paused or stopped while fetching: drop the batch, refetch on resume
+		}
+		// The next batch starts where this one ends, whatever its handler does: it
+		// is done (and committed past its end) or the worker exits.
+		ahead = w.fetch(fetchCtx, res.NextOffset, opts)
 		next, ok := w.process(ctx, res)
 		if !ok {
 			return
@@ -191,6 +230,47 @@ func (w *worker) run() {
 		w.c.metrics.lag.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition))).
 			Set(float64(max(0, res.HighWatermark-pos)))
 	}
+}
+
+// fetchAhead is one fetch running on a goroutine of its own, owned by the worker's
+// run, which waits for it (wait or drop) before it returns.
+type fetchAhead struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	res    *streams.FetchResult
+	err    error
+}
+
+// fetch starts a fetch from pos.
+func (w *worker) fetch(ctx context.Context, pos int64, opts streams.FetchOpts) *fetchAhead {
+	fctx, cancel := context.WithCancel(ctx)
+	f := &fetchAhead{cancel: cancel, done: make(chan struct{})}
+	go func() { // owner: the worker's run (wait or drop); exits when the fetch returns
+		defer close(f.done)
+		f.res, f.err = streams.FetchTx(fctx, w.c.pool, w.c.cfg.Stream, w.partition, pos, &opts)
+		if f.err == nil && len(f.res.Events) > 0 {
+			w.fetched.Add(1)
+		}
+	}()
+	return f
+}
+
+// wait returns the fetch's outcome once it ended.
+func (f *fetchAhead) wait() (*streams.FetchResult, error) {
+	<-f.done
+	f.cancel()
+	return f.res, f.err
+}
+
+// drop cancels the fetch and waits for it to end; its result is never used. It
+// reports whether the fetch had returned events. Nil is a no-op.
+func (f *fetchAhead) drop() bool {
+	if f == nil {
+		return false
+	}
+	f.cancel()
+	<-f.done
+	return f.err == nil && len(f.res.Events) > 0
 }
 
 // startPosition is the committed offset, else the reset policy's (reset true).
@@ -256,7 +336,10 @@ func (w *worker) process(ctx context.Context, res *streams.FetchResult) (int64, 
 		}
 	}
 	next := b.NextOffset()
-	if w.c.cfg.CommitMode == CommitAuto || (w.c.cfg.CommitMode == CommitTransactional && err != nil) {
+	switch {
+	case w.c.cfg.CommitMode == CommitAuto:
+		w.k.add(w, next) // committed asynchronously, coalesced (committer.go)
+	case w.c.cfg.CommitMode == CommitTransactional && err != nil:
 		// After a dead-lettering pass in transactional mode the handler could not
 		// commit the events that failed; commit past them here.
 		if !w.commit(ctx, next) {
@@ -399,6 +482,13 @@ func (w *worker) deadLetterEvents(ctx context.Context, events []streams.Event, h
 		}
 		w.c.metrics.deadLettered.WithLabelValues(w.labels()...).Inc()
 		w.c.log.Warn("event dead-lettered", "partition", w.partition, "offset", e.Offset, "error", err)
+		if ids != nil {
+			// Pending again: the caller's mark must not name it. The mark's own
+			// condition (status 'replayed') does not suffice: a replay made once
+			// the record was pending again, before the mark, was marked as done
+			// and never redelivered.
+			ids[i] = -1
+		}
 	}
 	return handled, true
 }

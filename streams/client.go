@@ -174,11 +174,12 @@ func DescribeStreamTx(ctx context.Context, db DBTX, name string) (*StreamInfo, e
 // positions in the order given. Records may name several streams. For many small
 // concurrent appends, a Producer batches them into fewer transactions.
 func (c *Client) Produce(ctx context.Context, records ...Record) ([]Position, error) {
-	if len(records) >= copyThreshold && oneStreamAndPartition(records) {
+	if len(records) > 0 && oneStreamAndPartition(records) {
 		if err := validateRecords(records); err != nil {
 			return nil, err
 		}
-		// COPY needs every event id up front (it cannot return generated ones).
+		// The one-statement and COPY paths need every event id up front (a retry
+		// through streamd.append() must name the same ones).
 		recs := make([]Record, len(records))
 		copy(recs, records)
 		for i := range recs {

@@ -14,8 +14,9 @@ import (
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
-// copyThreshold is the smallest batch appended with COPY; smaller batches take one
-// round trip through streamd.append(), which costs less than COPY's three.
+// copyThreshold is the smallest batch appended with COPY by callers that choose it
+// themselves (AppendPartition); Produce and the Producer take COPY above insertMax
+// (insert.go).
 var copyThreshold = 32
 
 // copyAppends counts batches appended with COPY (tests check the path was taken).
@@ -100,12 +101,20 @@ func nullable(s string) any {
 	return s
 }
 
-// appendOwnTx appends records of one stream in a transaction of its own: with COPY
-// when the batch is large enough and names one partition, else through
-// streamd.append().
+// appendOwnTx appends records of one stream in a transaction of its own: a batch of
+// one partition whose records all have an event id in one statement (insertSQL) up to
+// insertMax records, with COPY above; anything else, and what those paths decline,
+// through streamd.append().
 func appendOwnTx(ctx context.Context, pool *pgxpool.Pool, stream string, recs []Record) ([]Position, error) {
-	if partition, ok := copyable(recs); ok {
-		pos, done, err := appendCopy(ctx, pool, stream, partition, recs)
+	if partition, ok := onePartitionWithIDs(recs); ok {
+		var pos []Position
+		var done bool
+		var err error
+		if len(recs) <= insertMax {
+			pos, done, err = appendInsert(ctx, pool, stream, partition, recs)
+		} else {
+			pos, done, err = appendCopy(ctx, pool, stream, partition, recs)
+		}
 		if err != nil || done {
 			return pos, err
 		}
@@ -113,10 +122,10 @@ func appendOwnTx(ctx context.Context, pool *pgxpool.Pool, stream string, recs []
 	return appendBatch(ctx, pool, stream, recs)
 }
 
-// copyable reports whether recs can take the COPY path, and their partition: enough
-// of them, one explicit partition, every event id set.
-func copyable(recs []Record) (int32, bool) {
-	if len(recs) < copyThreshold || recs[0].Partition == nil {
+// onePartitionWithIDs reports whether recs can take the one-statement or the COPY
+// path, and their partition: one explicit partition, every event id set.
+func onePartitionWithIDs(recs []Record) (int32, bool) {
+	if len(recs) == 0 || recs[0].Partition == nil {
 		return 0, false
 	}
 	p := *recs[0].Partition

@@ -24,28 +24,34 @@ func bigBatch(s string, partition int32, n int, idPrefix string) []streams.Recor
 	return recs
 }
 
-// TestCopyAppendRoundTrip: a large one-partition batch takes the COPY path, gets
-// gapless offsets, and every field reads back as written.
+// TestCopyAppendRoundTrip: a one-partition batch takes the one-statement path up to
+// 256 records and COPY above, gets gapless offsets, and every field reads back as
+// written.
 func TestCopyAppendRoundTrip(t *testing.T) {
 	t.Parallel()
+	t.Run("insert", func(t *testing.T) { t.Parallel(); testFastAppendRoundTrip(t, 100, streams.InsertAppends) })
+	t.Run("copy", func(t *testing.T) { t.Parallel(); testFastAppendRoundTrip(t, 300, streams.CopyAppends) })
+}
+
+func testFastAppendRoundTrip(t *testing.T, n int, taken func() int64) {
 	ctx := context.Background()
 	c, s := setup(t, 2)
-	before := streams.CopyAppends()
-	recs := bigBatch(s, 1, 100, "")
+	before := taken()
+	recs := bigBatch(s, 1, n, "")
 	recs[3].Key, recs[3].Headers, recs[3].CorrelationID, recs[3].CausationID, recs[3].Version = "k", map[string]string{"h": "v"}, "corr", "cause", 7
 	recs[4].Data, recs[4].Bytes = nil, []byte{9, 8, 7}
 	recs[5].Data = nil // tombstone
 	pos, err := c.Produce(ctx, recs...)
 	require.NoError(t, err)
-	require.Greater(t, streams.CopyAppends(), before, "the batch took the COPY path")
+	require.Greater(t, taken(), before, "the batch took the path of its size")
 	for i, p := range pos {
 		require.Equal(t, int32(1), p.Partition)
 		require.Equal(t, int64(i), p.Offset)
 		require.False(t, p.Duplicate)
 	}
-	res, err := c.Fetch(ctx, s, 1, 0, &streams.FetchOpts{MaxRecords: 200})
+	res, err := c.Fetch(ctx, s, 1, 0, &streams.FetchOpts{MaxRecords: 1000})
 	require.NoError(t, err)
-	require.Len(t, res.Events, 100)
+	require.Len(t, res.Events, n)
 	e := res.Events[3]
 	require.Equal(t, "k", e.Key)
 	require.Equal(t, map[string]string{"h": "v"}, e.Headers)
@@ -56,10 +62,11 @@ func TestCopyAppendRoundTrip(t *testing.T) {
 	require.Nil(t, res.Events[4].Data)
 	require.Nil(t, res.Events[5].Data)
 	require.Nil(t, res.Events[5].Bytes)
-	require.JSONEq(t, `{"i":99}`, string(res.Events[99].Data))
-	require.Equal(t, "T", res.Events[99].EventType)
-	require.Equal(t, int32(1), res.Events[99].Version)
-	require.NotEmpty(t, res.Events[99].EventID)
+	last := res.Events[n-1]
+	require.JSONEq(t, fmt.Sprintf(`{"i":%d}`, n-1), string(last.Data))
+	require.Equal(t, "T", last.EventType)
+	require.Equal(t, int32(1), last.Version)
+	require.NotEmpty(t, last.EventID)
 }
 
 // TestCopyAppendRetryFallsBackAndDedups: a retried large batch (same event ids) cannot

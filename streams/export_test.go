@@ -1,4 +1,21 @@
 package streams
 
+import "context"
+
 // CopyAppends returns how many batches were appended with COPY so far. Tests only.
 func CopyAppends() int64 { return copyAppends.Load() }
+
+// InsertAppends returns how many batches were appended by the one-statement path
+// (insertSQL) so far. Tests only.
+func InsertAppends() int64 { return insertAppends.Load() }
+
+// FetchDecodesItself reports whether a Fetch on db decodes its rows itself (the
+// formats db's connections get allow it) rather than through pgx's Scan. Tests only.
+func FetchDecodesItself(ctx context.Context, db DBTX) (bool, error) {
+	rows, err := db.Query(ctx, fetchSQL, "-", int32(0), int64(0), int64(1), int64(1))
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	return newFetchDecoder(rows).fast, nil
+}

@@ -142,67 +142,32 @@ func fetchOnce(ctx context.Context, db DBTX, stream string, partition int32, off
 	res := &FetchResult{NextOffset: offset}
 	found := false
 	size := 0
+	d := newFetchDecoder(rows)
 	for rows.Next() {
 		found = true
-		var (
-			off     *int64
-			e       Event
-			eventID *string
-			typ     *string
-			key     *string
-			data    []byte
-			bin     []byte
-			meta    []byte
-			ts      *time.Time
-			corr    *string
-			caus    *string
-			version *int32
-			hkeys   []string
-			hvals   [][]byte
-		)
-		if err := rows.Scan(&res.LogStartOffset, &res.HighWatermark, &off, &eventID, &typ, &key, &data, &bin, &meta,
-			&ts, &corr, &caus, &version, &hkeys, &hvals, &e.KeyBytes); err != nil {
+		var e Event
+		n, ok, err := d.row(rows, res, &e)
+		if err != nil {
 			return nil, fmt.Errorf("fetch %s/%d: %w", stream, partition, err)
 		}
-		if off == nil {
+		if !ok {
 			continue // the partition exists but has no events at or after offset
 		}
-		e.Stream, e.Partition, e.Offset = stream, partition, *off
-		e.EventID, e.EventType = *eventID, *typ
-		if key != nil {
-			e.Key = *key
-		}
-		if data != nil {
-			e.Data = json.RawMessage(data)
-		}
-		e.Bytes = bin
-		if meta != nil {
-			e.Headers = decodeHeaders(meta)
-		}
-		e.Timestamp = *ts
-		if corr != nil {
-			e.CorrelationID = *corr
-		}
-		if caus != nil {
-			e.CausationID = *caus
-		}
-		e.Version = *version
-		if hkeys != nil && len(hkeys) == len(hvals) {
-			e.RawHeaders = make([]Header, len(hkeys))
-			for i := range hkeys {
-				e.RawHeaders[i] = Header{Key: hkeys[i], Value: hvals[i]}
-			}
-		}
-		if len(res.Events) > 0 && size+e.Size() > o.MaxBytes {
+		e.Stream, e.Partition = stream, partition
+		if len(res.Events) > 0 && size+n > o.MaxBytes {
 			break
 		}
-		size += e.Size()
+		size += n
+		if res.Events == nil {
+			res.Events = make([]Event, 0, min(o.MaxRecords, 64))
+		}
 		res.Events = append(res.Events, e)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("fetch %s/%d: %w", stream, partition, sqlerr.Wrap(err))
 	}
 	rows.Close()
+	d.finish(res.Events)
 	if !found {
 		return nil, partitionMissing(ctx, db, stream, partition)
 	}

@@ -94,7 +94,7 @@ func (s *streamdSystem) consume(ctx context.Context, topic, group string, ready 
 		FetchMaxWait: s.fetchMaxWait,
 		Wakeups:      s.hub,
 		Logger:       s.logger,
-		OnAssigned:   func(context.Context, []int32) { ready() },
+		OnAssigned:   func(context.Context, consumergroup.Membership, []int32) { ready() },
 	})
 	if err != nil {
 		return err

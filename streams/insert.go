@@ -1,0 +1,106 @@
+package streams
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/streamd/streamd/internal/sqlerr"
+)
+
+// insertMax is the largest batch appended by insertSQL; larger one-partition batches
+// take COPY, which encodes rows more cheaply than the arrays of one statement.
+var insertMax = 256
+
+// insertAppends counts batches appended by insertSQL (tests check the path was taken).
+var insertAppends atomic.Int64
+
+// insertSQL appends a batch of one partition in one statement, so in one round trip
+// and one implicit transaction: streamd.append_reserve takes the offsets on the head
+// row and marks the transaction trusted (the rows then skip the offset trigger, as
+// COPY's do), and the INSERT writes the rows from arrays. The CTE is MATERIALIZED and
+// every inserted row joins its one row, so the reservation runs, once, before the
+// first row is inserted. No row comes back when append_reserve declines the batch (a
+// stream with per-key versions or enforced types, a payload over the limit): nothing
+// was written, and the batch goes through streamd.append(). A duplicate event id fails
+// the statement with a unique violation (no ON CONFLICT: a skipped row would leave a
+// hole), and the batch goes through streamd.append(), which deduplicates (L4).
+const insertSQL = `WITH r AS MATERIALIZED (SELECT base, ts FROM streamd.append_reserve($1, $2, $3, $4)),
+ins AS (
+    INSERT INTO streamd.events (stream_name, partition, "offset", event_id, event_type, key, data, data_bytes,
+                                metadata, "timestamp", correlation_id, causation_id, version)
+    SELECT $1, $2, r.base + u.i - 1, u.e, u.t, u.k, u.d::jsonb, u.b, u.m::jsonb, r.ts, u.c, u.ca, u.v
+      FROM r, unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[],
+                     $12::text[], $13::integer[]) WITH ORDINALITY AS u(e, t, k, d, b, m, c, ca, v, i)
+    RETURNING 1)
+SELECT r.base, r.ts, (SELECT count(*) FROM ins) FROM r`
+
+// appendInsert appends recs, all to stream and partition and all with an event id,
+// with insertSQL. It reports ok=false, having written nothing, when the batch must
+// take streamd.append() instead (the cases of appendCopy, but for row-level security:
+// an INSERT, unlike COPY, is subject to the policies).
+func appendInsert(ctx context.Context, pool *pgxpool.Pool, stream string, partition int32, recs []Record) (pos []Position, ok bool, err error) {
+	n := len(recs)
+	maxPayload := 0
+	ids := make([]string, n)
+	types := make([]string, n)
+	keys := make([]pgtype.Text, n)
+	data := make([]pgtype.Text, n)
+	bin := make([][]byte, n)
+	meta := make([]pgtype.Text, n)
+	corr := make([]pgtype.Text, n)
+	caus := make([]pgtype.Text, n)
+	versions := make([]int32, n)
+	for i := range recs {
+		r := &recs[i]
+		maxPayload = max(maxPayload, len(r.Data)+len(r.Bytes))
+		ids[i], types[i] = r.EventID, r.EventType
+		keys[i] = pgtype.Text{String: r.Key, Valid: r.Key != ""}
+		if r.Data != nil {
+			data[i] = pgtype.Text{String: string(r.Data), Valid: true}
+		}
+		bin[i] = r.Bytes
+		if len(r.Headers) > 0 {
+			b, err := json.Marshal(r.Headers)
+			if err != nil {
+				return nil, false, fmt.Errorf("append to %s: encode headers: %w", stream, err)
+			}
+			meta[i] = pgtype.Text{String: string(b), Valid: true}
+		}
+		corr[i] = pgtype.Text{String: r.CorrelationID, Valid: r.CorrelationID != ""}
+		caus[i] = pgtype.Text{String: r.CausationID, Valid: r.CausationID != ""}
+		versions[i] = r.Version
+		if versions[i] == 0 {
+			versions[i] = 1
+		}
+	}
+	var base, count int64
+	var ts time.Time
+	err = pool.QueryRow(ctx, insertSQL, stream, partition, n, maxPayload,
+		ids, types, keys, data, bin, meta, corr, caus, versions).Scan(&base, &ts, &count)
+	switch {
+	case err == nil:
+	case sqlerr.Code(err) == "23505": // a duplicate event id
+		return nil, false, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, false, nil
+	default:
+		return nil, false, fmt.Errorf("append to %s: %w", stream, sqlerr.Wrap(err))
+	}
+	if count != int64(n) {
+		return nil, false, fmt.Errorf("append to %s: %d rows inserted for %d records", stream, count, n)
+	}
+	insertAppends.Add(1)
+	pos = make([]Position, n)
+	for i := range pos {
+		pos[i] = Position{Partition: partition, Offset: base + int64(i), Timestamp: ts}
+	}
+	return pos, true, nil
+}
