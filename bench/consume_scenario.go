@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/streamd/streamd/consumergroup"
+	"github.com/streamd/streamd/internal/backoff"
+	"github.com/streamd/streamd/internal/sqlerr"
 )
 
 // consumeScenario measures consumer groups (issue 3) reading a pre-filled stream of 4
@@ -360,8 +362,17 @@ func fillStream(ctx context.Context, pool *pgxpool.Pool, stream string, partitio
 			}
 		}
 	}
-	if _, err := pool.Exec(ctx, "ANALYZE streamd.events"); err != nil {
-		return fmt.Errorf("analyze events: %w", err)
+	// ANALYZE can be a deadlock victim against a concurrent CREATE INDEX on events
+	// (another test of the same database turning a read index on): try again.
+	bo := backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
+	for attempt := 1; ; attempt++ {
+		_, err := pool.Exec(ctx, "ANALYZE streamd.events")
+		if err == nil {
+			return nil
+		}
+		if attempt == 5 || !sqlerr.Retriable(err) {
+			return fmt.Errorf("analyze events: %w", err)
+		}
+		bo.Wait(ctx)
 	}
-	return nil
 }
