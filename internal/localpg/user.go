@@ -1,6 +1,7 @@
 package localpg
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -38,14 +39,18 @@ func DefaultStateDir() string {
 // StateDir is the cluster's state folder.
 func (c *Cluster) StateDir() string { return c.cfg.StateDir }
 
+// ErrPortTaken is wrapped by the error of a cluster that cannot start because its
+// port is taken (by another cluster or another process).
+var ErrPortTaken = errors.New("localpg: port taken")
+
 // portTakenError says that port is taken and by what, and how to choose another.
 func portTakenError(port int) error {
 	holder := "another process"
 	if dir := portHolderStateDir(port); dir != "" {
 		holder = "the private cluster of state folder " + dir
 	}
-	return fmt.Errorf("localpg: port %d is taken by %s: choose another port with %s, or another cluster with %s",
-		port, holder, EnvPort, EnvStateDir)
+	return fmt.Errorf("localpg: port %d is taken by %s: choose another port with %s, or another cluster with %s%w",
+		port, holder, EnvPort, EnvStateDir, silent{ErrPortTaken})
 }
 
 // portTaken reports whether something listens on 127.0.0.1:port.
@@ -107,3 +112,9 @@ func portHolderStateDir(port int) string {
 // Resolved returns the configuration with its defaults applied: the state folder and
 // the port a cluster of cfg uses. A nil *Config means the defaults.
 func (c *Config) Resolved() (Config, error) { return c.withDefaults() }
+
+// silent wraps an error for errors.Is without adding its text to a message.
+type silent struct{ err error }
+
+func (s silent) Error() string { return "" }
+func (s silent) Unwrap() error { return s.err }

@@ -11,6 +11,7 @@ package tailertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -97,12 +98,6 @@ func start(dir string, extra map[string]string) (*started, string, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, "", err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, "", err
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
 	all := map[string]string{}
 	for k, v := range settings {
 		all[k] = v
@@ -110,12 +105,30 @@ func start(dir string, extra map[string]string) (*started, string, error) {
 	for k, v := range extra {
 		all[k] = v
 	}
-	cfg := &localpg.Config{StateDir: filepath.Join(dir, "state"), Port: port, Settings: all}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := localpg.Ensure(ctx, cfg)
-	if err != nil {
-		return nil, "", err
+	var (
+		cfg *localpg.Config
+		c   *localpg.Cluster
+	)
+	// The free port is free when asked, not necessarily when the server binds it: a
+	// client's ephemeral port (other packages' tests connect over TCP) may take it in
+	// between. Take another then.
+	for attempt := 1; ; attempt++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, "", err
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
+		cfg = &localpg.Config{StateDir: filepath.Join(dir, "state"), Port: port, Settings: all}
+		c, err = localpg.Ensure(ctx, cfg)
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !errors.Is(err, localpg.ErrPortTaken) {
+			return nil, "", err
+		}
 	}
 	if err := c.CreateDatabase(ctx, "streamd"); err != nil {
 		_ = localpg.Stop(ctx, cfg)
