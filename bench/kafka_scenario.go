@@ -2,12 +2,10 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -312,21 +310,7 @@ func (latencyScenario) startKafkaGroup(ctx context.Context, env *Env, hub *wakeu
 		}
 		ln.base = 1
 	}
-	var seen, warm atomic.Int64
-	all := make(chan struct{})
-	var once sync.Once
-	check := func() {
-		var want int64
-		for _, ln := range lanes {
-			if !ln.finished.Load() {
-				return
-			}
-			want += min(ln.produced.Load(), int64(n))
-		}
-		if seen.Load() >= want {
-			once.Do(func() { close(all) })
-		}
-	}
+	st := newGroupStamps(lanes, n)
 	wg.Add(1)
 	go func() { // owner: this run; exits when ctx ends (the run's stop)
 		defer wg.Done()
@@ -335,47 +319,9 @@ func (latencyScenario) startKafkaGroup(ctx context.Context, env *Env, hub *wakeu
 		for ctx.Err() == nil {
 			fs := cl.PollFetches(ctx)
 			now := time.Now().UnixNano()
-			fs.EachRecord(func(r *kgo.Record) {
-				ln := lanes[r.Partition]
-				if r.Offset < ln.base {
-					warm.Add(1)
-					return
-				}
-				if i := r.Offset - ln.base; i < int64(n) && ln.seen[i].CompareAndSwap(0, now) {
-					seen.Add(1)
-				}
-			})
-			check()
+			fs.EachRecord(func(r *kgo.Record) { st.stamp(r.Partition, r.Offset, now) })
+			st.check()
 		}
 	}()
-	deadline := time.Now().Add(latencyReadyWait)
-	for warm.Load() < int64(len(lanes)) {
-		if time.Now().After(deadline) {
-			return errors.New("the Kafka group consumer did not get its warm-up events in time")
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval
-	}
-	wg.Add(1)
-	go func() { // owner: this run; exits when every event was seen or ctx ends
-		defer wg.Done()
-		tick := time.NewTicker(10 * time.Millisecond) // the producers' end is not signalled: look again
-		defer tick.Stop()
-		for {
-			select {
-			case <-all:
-				for range lanes {
-					done <- nil
-				}
-				return
-			case <-ctx.Done():
-				for range lanes {
-					done <- ctx.Err()
-				}
-				return
-			case <-tick.C:
-				check()
-			}
-		}
-	}()
-	return nil
+	return st.await(ctx, wg, done, "the Kafka group consumer")
 }

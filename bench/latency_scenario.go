@@ -514,48 +514,77 @@ func (latencyScenario) startGroup(ctx context.Context, env *Env, hub *wakeup.Hub
 		}
 		ln.base = 1
 	}
-	var seen, warm atomic.Int64
-	all := make(chan struct{})
-	var once sync.Once
-	check := func() {
-		var want int64
-		for _, ln := range lanes {
-			if !ln.finished.Load() {
-				return
-			}
-			want += min(ln.produced.Load(), int64(n))
-		}
-		if seen.Load() >= want {
-			once.Do(func() { close(all) })
-		}
-	}
+	st := newGroupStamps(lanes, n)
 	wg.Add(1)
 	go func() { // owner: this run; exits when ctx ends (the run's stop)
 		defer wg.Done()
 		defer pool.Close()
 		err := c.Run(ctx, func(ctx context.Context, b *consumergroup.Batch) error {
 			now := time.Now().UnixNano()
-			ln := lanes[b.Partition]
 			for _, ev := range b.Events {
-				if ev.Offset < ln.base {
-					warm.Add(1)
-					continue
-				}
-				if i := ev.Offset - ln.base; i < int64(n) && ln.seen[i].CompareAndSwap(0, now) {
-					seen.Add(1)
-				}
+				st.stamp(b.Partition, ev.Offset, now)
 			}
-			check()
+			st.check()
 			return nil
 		})
 		if err != nil && ctx.Err() == nil {
 			env.Logger.Warn("latency group consumer stopped", "error", err)
 		}
 	}()
+	return st.await(ctx, wg, done, "the group consumer")
+}
+
+// groupStamps is what a latency mode's group consumer (native or Kafka) shares with
+// its run: it stamps each event when the consumer gets it, counts the untimed warm-up
+// events, and ends the run once every lane's producer stopped and all it produced
+// was seen.
+type groupStamps struct {
+	lanes      []*latencyLane // by partition
+	n          int
+	seen, warm atomic.Int64
+	all        chan struct{}
+	once       sync.Once
+}
+
+func newGroupStamps(lanes []*latencyLane, n int) *groupStamps {
+	return &groupStamps{lanes: lanes, n: n, all: make(chan struct{})}
+}
+
+// stamp records that the consumer got partition's offset at now (unix ns).
+func (g *groupStamps) stamp(partition int32, offset, now int64) {
+	ln := g.lanes[partition]
+	if offset < ln.base {
+		g.warm.Add(1)
+		return
+	}
+	if i := offset - ln.base; i < int64(g.n) && ln.seen[i].CompareAndSwap(0, now) {
+		g.seen.Add(1)
+	}
+}
+
+// check closes all once every lane's producer stopped and everything it produced
+// was seen.
+func (g *groupStamps) check() {
+	var want int64
+	for _, ln := range g.lanes {
+		if !ln.finished.Load() {
+			return
+		}
+		want += min(ln.produced.Load(), int64(g.n))
+	}
+	if g.seen.Load() >= want {
+		g.once.Do(func() { close(g.all) })
+	}
+}
+
+// await returns once the consumer (who, for the error) got one warm-up event per
+// lane, and starts the goroutine (waited for with wg) that sends one nil to done per
+// lane when everything was seen, or ctx's error when ctx ends first.
+func (g *groupStamps) await(ctx context.Context, wg *sync.WaitGroup, done chan<- error, who string) error {
 	deadline := time.Now().Add(latencyReadyWait)
-	for warm.Load() < int64(len(lanes)) {
+	for g.warm.Load() < int64(len(g.lanes)) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the group consumer did not get its warm-up events within %s", latencyReadyWait)
+			return fmt.Errorf("%s did not get its warm-up events within %s", who, latencyReadyWait)
 		}
 		time.Sleep(10 * time.Millisecond) // polling interval
 	}
@@ -566,18 +595,18 @@ func (latencyScenario) startGroup(ctx context.Context, env *Env, hub *wakeup.Hub
 		defer tick.Stop()
 		for {
 			select {
-			case <-all:
-				for range lanes {
+			case <-g.all:
+				for range g.lanes {
 					done <- nil
 				}
 				return
 			case <-ctx.Done():
-				for range lanes {
+				for range g.lanes {
 					done <- ctx.Err()
 				}
 				return
 			case <-tick.C:
-				check()
+				g.check()
 			}
 		}
 	}()
