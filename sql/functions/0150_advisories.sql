@@ -15,12 +15,13 @@
 -- (the subject: a group as "<stream>/<group>", a queue, a stream, a lease), payload
 -- p_data. It never fails the fact it reports for the advisory's sake: when the stream
 -- streamd.advisories was deleted or made read-only, or the calling role may not
--- insert into streamd.events, it writes nothing. The row gets the caller's tenant
+-- append (insert into streamd.events, execute streamd.head_reserve), it writes nothing. The row gets the caller's tenant
 -- (the column default), so a tenant role's advisories are its tenant's.
 CREATE OR REPLACE FUNCTION streamd.advise(p_type text, p_key text, p_data jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT has_table_privilege('streamd.events', 'INSERT') THEN
+    IF NOT has_table_privilege('streamd.events', 'INSERT')
+       OR NOT has_function_privilege('streamd.head_reserve(text, integer, integer)', 'EXECUTE') THEN
         RETURN;
     END IF;
     PERFORM 1 FROM streamd.streams s WHERE s.stream_name = 'streamd.advisories' AND NOT s.read_only;
