@@ -22,7 +22,8 @@ var errRollback = errors.New("rollback")
 // rows: the appends move them through streamd.head_reserve and its siblings (SECURITY
 // DEFINER). Its own UPDATE, DELETE, INSERT or row lock of a head row is refused with
 // 42501, and the definer functions cannot move a head back over offsets its
-// transaction did not reserve or over a stored event (SD005). Offsets stay gapless.
+// transaction did not reserve or over a stored event (SD005); nor does the trusted
+// mark let it write an event outside its own reservation. Offsets stay gapless.
 // Before migration 0087 the role held UPDATE on stream_partitions and rewound the head.
 func TestTenantHeadRowsMoveOnlyThroughAppends(t *testing.T) {
 	t.Parallel()
@@ -113,6 +114,23 @@ func TestTenantHeadRowsMoveOnlyThroughAppends(t *testing.T) {
 	}), errRollback)
 	_, after = logOffsets(t, admin, stream)
 	require.Equal(t, next, after)
+
+	// The trusted mark, which any inserting role can set, does not let a tenant write
+	// at an offset of its choosing (past the head: every tenant's next append would
+	// fail on it) nor rewrite its events.
+	for name, stmt := range map[string]string{
+		"insert past the head": `INSERT INTO streamd.events (stream_name, partition, "offset", data) VALUES ($1, 0, $2 + 5, '1')`,
+		"rewrite an event":     `UPDATE streamd.events SET data = '{"forged": true}' WHERE stream_name = $1 AND "offset" = $2 - 1`,
+	} {
+		err := pgx.BeginFunc(ctx, acme, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT set_config('streamd.append_trusted', 'on', true)`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, stmt, stream, next)
+			return err
+		})
+		require.ErrorIs(t, wrap(err), streams.ErrInvalidArgument, "%s: %v", name, err)
+	}
 
 	// Neither role may write the head rows; re-binding a role that was granted it
 	// takes the grant away.

@@ -164,6 +164,39 @@ BEGIN
 END;
 $$;
 
+-- The trusted mark (streamd.append_trusted) is an ordinary setting, which any role
+-- that inserts into streamd.events can set: for the owner and unbound roles it guards
+-- against mistakes only (docs/tenants.md). A role bound to a tenant gets no more
+-- from it than its appends need: a trusted row of a tenant (tenant_id is set: the
+-- policy makes a tenant role's rows carry its tenant) must lie in a range of offsets
+-- that its own transaction reserved on that partition (streamd.head_reserve records
+-- the reserving transaction and its first offset on the head row, which no tenant
+-- role may write), else SD005. So a tenant role cannot store or move an event to an
+-- offset of its choosing on a shared stream (above the head, where the next append of
+-- every tenant would fail on it), nor rewrite its stored events. One primary-key read
+-- of the head row per trusted row of a tenant; rows without a tenant skip it (the
+-- trigger's WHEN).
+CREATE OR REPLACE FUNCTION streamd.events_check_trusted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM streamd.stream_partitions h
+      WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition
+        AND h.reserved_by = pg_current_xact_id() AND NEW."offset" >= h.reserved_from AND NEW."offset" < h.next_offset;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005',
+            MESSAGE = format('event %s/%s@%s: a trusted write (streamd.append_trusted) of a tenant''s event needs an offset its transaction reserved (append with streamd.append or a plain INSERT)',
+                             NEW.stream_name, NEW.partition, NEW."offset");
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER events_check_trusted
+    BEFORE INSERT OR UPDATE ON streamd.events
+    FOR EACH ROW
+    WHEN (current_setting('streamd.append_trusted', true) = 'on' AND NEW.tenant_id IS NOT NULL)
+    EXECUTE FUNCTION streamd.events_check_trusted();
+
 CREATE OR REPLACE TRIGGER events_assign_offset
     BEFORE INSERT ON streamd.events
     FOR EACH ROW
