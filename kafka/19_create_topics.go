@@ -63,7 +63,7 @@ func handleCreateTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 					return err
 				}
 				var err error
-				if settings, err = loadTopicSettings(ctx, tx, t.Topic); err != nil {
+				if settings, err = loadTopicSettings(ctx, tx, t.Topic, s.cfg.Compression); err != nil {
 					return err
 				}
 				for _, c := range t.Configs {
@@ -95,6 +95,7 @@ func handleCreateTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 					}
 					rt.Configs = append(rt.Configs, c)
 				}
+				s.forgetCompression(t.Topic)
 				if !req.ValidateOnly {
 					s.logger.Info("kafka topic created", "stream", t.Topic, "partitions", partitions)
 				}
