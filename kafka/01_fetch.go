@@ -129,6 +129,10 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 				rp.ErrorCode = kerr.UnknownTopicID.Code
 				continue
 			}
+			if t.Topic == consumerOffsetsTopic {
+				fetchInternal(rp, p)
+				continue
+			}
 			if !allowed.Allows(t.Topic, access.Read) {
 				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
 				continue

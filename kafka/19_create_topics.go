@@ -41,6 +41,8 @@ func handleCreateTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 		switch {
 		case !r.isAdmin():
 			fail(kerr.TopicAuthorizationFailed.Code, "only the admin principal may create topics")
+		case t.Topic == consumerOffsetsTopic:
+			fail(kerr.TopicAlreadyExists.Code, "topic "+t.Topic+" already exists (internal: streamd keeps committed offsets as rows)")
 		case seen[t.Topic] > 1:
 			fail(kerr.InvalidRequest.Code, "the topic is named more than once in the request")
 		case !streams.ValidName(t.Topic):
