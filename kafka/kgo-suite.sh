@@ -9,7 +9,9 @@
 # expect that. streamd keeps records, not batches, so the serve compresses fetches of
 # the topics that set nothing with snappy (--kafka-compression).
 # A second serve with a token (SASL) on the next ports runs the suite's SCRAM tests
-# (KGO_TEST_SCRAM_SEEDS, KGO_TEST_SCRAM: the admin principal and its token).
+# (KGO_TEST_SCRAM_SEEDS, KGO_TEST_SCRAM: the admin principal and its token) and its
+# OAUTHBEARER test (KGO_TEST_OAUTH_SEEDS; it sends an unsecured JWT, which streamd
+# refuses: docs/kafka.md, Security).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -36,7 +38,7 @@ for p in "$port" "$sasl_port"; do
 	done
 done
 out="$state/kgo-suite.json"
-KGO_SEEDS="127.0.0.1:$port" KGO_TEST_SCRAM_SEEDS="127.0.0.1:$sasl_port" KGO_TEST_SCRAM="admin:$sasl_token:512" KGO_TEST_RF=1 KGO_TEST_RECORDS=$records KGO_LOG_LEVEL=none \
+KGO_SEEDS="127.0.0.1:$port" KGO_TEST_SCRAM_SEEDS="127.0.0.1:$sasl_port" KGO_TEST_OAUTH_SEEDS="127.0.0.1:$sasl_port" KGO_TEST_SCRAM="admin:$sasl_token:512" KGO_TEST_RF=1 KGO_TEST_RECORDS=$records KGO_LOG_LEVEL=none \
 	$GO test -count=1 -timeout "${KGO_SUITE_TIMEOUT:-20m}" -json -skip 'Txn|Transact' \
 	github.com/twmb/franz-go/pkg/kgo >"$out" 2>&1 || true
 $GO run ./kafka/internal/kgosummary <"$out" | tee "$state/kgo-suite.txt"
