@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -206,7 +207,15 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 	if anyBytes {
 		binary = bytesData
 	}
-	rows, err := db.Query(ctx, `SELECT ord, "offset", message_id, duplicate
+	// The message ids come back only when the SQL makes some (a batch that names some
+	// ids and not others); otherwise they are the ones sent, and a result row is the
+	// smaller without them.
+	idsKnown := !slices.Contains(ids, nil) // every id made here or named
+	cols := `ord, "offset", message_id, duplicate`
+	if idsKnown {
+		cols = `ord, "offset", NULL::text, duplicate`
+	}
+	rows, err := db.Query(ctx, `SELECT `+cols+`
 		FROM streamd.queue_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		queue, ids, data, nilIfAllNil(meta), nilIfAllNil(delays), nilIfAllNil(deliverAt), nilIfAllNil(groups),
 		nilIfAllNil(attempts), nilIfAllNil(dlqs), c.sqlNow(), fresh, binary)
@@ -219,15 +228,21 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 		var (
 			ord int32
 			off *int64
+			id  *string
 			r   SendResult
 		)
-		if err := rows.Scan(&ord, &off, &r.MessageID, &r.Duplicate); err != nil {
+		if err := rows.Scan(&ord, &off, &id, &r.Duplicate); err != nil {
 			return nil, fmt.Errorf("send to queue %s: %w", queue, err)
 		}
 		if off != nil {
 			r.Offset = *off
 		}
 		if ord >= 1 && int(ord) <= n {
+			if id != nil {
+				r.MessageID = *id
+			} else if ids[ord-1] != nil {
+				r.MessageID = *ids[ord-1]
+			}
 			out[ord-1] = r
 		}
 	}

@@ -331,6 +331,7 @@ DECLARE
     v_offs   bigint[];
     v_all    bigint[];
     v_hidden text;
+    v_stored bigint;
     v_tenant text := nullif(current_setting('streamd.tenant_id', true), '');
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(1396986164, hashtext(p_queue)); -- see queue_lock_shared
@@ -420,21 +421,29 @@ BEGIN
         RETURN;
     END IF;
 
-    v_ids := ARRAY(SELECT coalesce(u.id, gen_random_uuid()::text) FROM unnest(p_ids, p_data) WITH ORDINALITY u(id, d, i) ORDER BY u.i);
-    WITH ins AS (
-        INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
-                                                 visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
-                                                 dedup, tenant_id, data_bytes)
-        SELECT p_queue, u.o, v.id, u.d::jsonb, u.md::jsonb, v_now,
-               coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
-               u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b
-        FROM unnest(v_all, p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
-             WITH ORDINALITY u(o, named, d, md, dl, da, g, ma, dq, b, i)
-        JOIN unnest(v_ids) WITH ORDINALITY v(id, i) ON v.i = u.i
-        ORDER BY u.i
-        ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING
-        RETURNING m.message_id, m."offset")
-    SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
+    -- unnest reads its arrays in order: no ordinality, join or sort is needed to keep
+    -- the batch's order (the first of two messages with one id is the one stored).
+    v_ids := CASE WHEN p_ids IS NOT NULL AND array_position(p_ids, NULL) IS NULL THEN p_ids
+                  ELSE ARRAY(SELECT coalesce(u.id, gen_random_uuid()::text) FROM unnest(p_ids, p_data) u(id, d)) END;
+    INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
+                                             visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
+                                             dedup, tenant_id, data_bytes)
+    SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now,
+           coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
+           u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b
+    FROM unnest(v_all, p_ids, v_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
+         u(o, named, id, d, md, dl, da, g, ma, dq, b)
+    ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING;
+    GET DIAGNOSTICS v_stored = ROW_COUNT;
+    IF v_stored = v_n THEN
+        -- Every message was stored (no duplicate, within the batch or of a held
+        -- message): each has the offset taken for it.
+        RETURN QUERY SELECT u.i::integer, u.o, u.id, false FROM unnest(v_all, v_ids) WITH ORDINALITY u(o, id, i);
+        RETURN;
+    END IF;
+    -- What was stored: the rows with this batch's offsets (this statement sees them).
+    SELECT array_agg(m.message_id), array_agg(m."offset") INTO v_new, v_offs
+    FROM streamd.queue_messages m WHERE m.stream_name = p_queue AND m."offset" = ANY(v_all);
 
     -- A tenant role cannot see another tenant's messages (nor those without a tenant),
     -- but the dedup index holds every tenant's ids: a send of an id such a message
