@@ -26,7 +26,11 @@
 -- (a queue drained when autovacuum analyzed the table, or a new queue), and kept that
 -- plan for the connection's life: 14 ms instead of 0.3 ms for a receive of 100 from
 -- 20,000. The enable_* settings only price the alternatives out; the index paths
--- they leave always exist.
+-- they leave always exist. queue_receive, queue_lock_groups and queue_groups_advance
+-- also turn hash and merge joins off: joining a batch's groups (or receipts) to
+-- message_groups, the planner hashed every group of the queue (and, locking the
+-- groups of an ack, looked up every group's head) instead of looking up the batch's
+-- own: O(groups in the queue) per receive and settlement.
 -- Storage (migration 0086): the functions read and write streamd.queue_messages;
 -- streamd.messages is seed 003's view of it. A message's max_delivery_attempts and
 -- dead_letter_stream are overrides, NULL for the queue's setting (read from the
@@ -578,7 +582,7 @@ $$;
 -- queue_groups_advance).
 CREATE OR REPLACE FUNCTION streamd.queue_lock_groups(p_queue text, p_offsets bigint[], p_tokens uuid[],
                                                      OUT keys text[], OUT tenants text[])
-LANGUAGE sql SET enable_seqscan = off AS $$
+LANGUAGE sql SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
     SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key, l.tenant_id), '{}'),
            coalesce(array_agg(l.tenant_id ORDER BY l.group_key, l.tenant_id), '{}') FROM (
         SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
@@ -599,22 +603,25 @@ $$;
 -- sees every tenant's messages, a tenant role only its own.
 CREATE OR REPLACE FUNCTION streamd.queue_groups_advance(p_queue text, p_groups text[], p_tenants text[], p_now timestamptz)
 RETURNS void
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
 BEGIN
-    DELETE FROM streamd.message_groups g
-    USING unnest(p_groups, p_tenants) k(key, ten)
-    WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten
-      AND NOT EXISTS (SELECT 1 FROM streamd.queue_messages m
-                      WHERE m.stream_name = p_queue AND m.group_key = g.group_key
-                        AND coalesce(m.tenant_id, '') = g.tenant_id);
+    -- One statement, one head lookup per group: a group without a head goes, the
+    -- others get their head's time (the group rows are locked, so no send to them can
+    -- commit meanwhile).
+    WITH h AS MATERIALIZED (
+        SELECT k.key, k.ten,
+               (SELECT m.visibility_timeout FROM streamd.queue_messages m
+                WHERE m.stream_name = p_queue AND m.group_key = k.key AND coalesce(m.tenant_id, '') = k.ten
+                ORDER BY m."offset" LIMIT 1) AS vis
+        FROM unnest(p_groups, p_tenants) k(key, ten)
+    ), gone AS (
+        DELETE FROM streamd.message_groups g USING h
+        WHERE g.stream_name = p_queue AND g.group_key = h.key AND g.tenant_id = h.ten AND h.vis IS NULL
+    )
     UPDATE streamd.message_groups g SET visible_at = greatest(v_now, h.vis)
-    FROM (SELECT k.key, k.ten,
-                 (SELECT m.visibility_timeout FROM streamd.queue_messages m
-                  WHERE m.stream_name = p_queue AND m.group_key = k.key AND coalesce(m.tenant_id, '') = k.ten
-                  ORDER BY m."offset" LIMIT 1) AS vis
-          FROM unnest(p_groups, p_tenants) k(key, ten)) h
+    FROM h
     WHERE g.stream_name = p_queue AND g.group_key = h.key AND g.tenant_id = h.ten AND h.vis IS NOT NULL;
 END;
 $$;
@@ -639,7 +646,8 @@ RETURNS TABLE ("offset" bigint, message_id text, data jsonb, metadata jsonb, enq
                visibility_timeout timestamptz, delivery_attempts integer, max_delivery_attempts integer,
                lease_token uuid, group_key text, last_error text, origin_stream text, origin_offset bigint,
                origin_attempts integer, dead_lettered_at timestamptz, data_bytes bytea)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+    SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := coalesce(p_now, clock_timestamp());
@@ -724,7 +732,16 @@ BEGIN
                   m.data_bytes;
     END IF;
     IF v_q.fifo THEN
-        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
+        IF v_dead IS NULL AND cardinality(v_offs) = cardinality(v_groups) THEN
+            -- Each group's head was leased: the group may deliver again when that
+            -- lease ends, which is what queue_groups_advance would find (without its
+            -- head lookup per group). Keyed by the groups we hold locked.
+            UPDATE streamd.message_groups g SET visible_at = v_lease
+            FROM unnest(v_groups, v_tens) k(key, ten)
+            WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten;
+        ELSE
+            PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
+        END IF;
     END IF;
 END;
 $$;
