@@ -96,12 +96,10 @@ BEGIN
             MESSAGE = format('stream %L keeps key versions, so key %L must go to its own partition %s, not %s',
                              NEW.stream_name, NEW.key, streamd.partition_for_key(NEW.key, v_stream.partitions), NEW.partition);
     END IF;
-    UPDATE streamd.stream_partitions h
-       SET next_offset = h.next_offset + 1,
-           last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
-     WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition
-    RETURNING h.next_offset - 1, h.last_appended_at INTO NEW."offset", NEW."timestamp";
-    IF NOT FOUND THEN -- the stream was deleted while this waited: SD001
+    -- The head row moves through streamd.head_reserve: the inserting role needs no
+    -- write privilege on it (docs/tenants.md).
+    SELECT hr.base, hr.ts INTO NEW."offset", NEW."timestamp" FROM streamd.head_reserve(NEW.stream_name, NEW.partition, 1) hr;
+    IF NEW."offset" IS NULL THEN -- the stream was deleted while this waited: SD001
         PERFORM streamd.raise_partition_missing(NEW.stream_name, NEW.partition);
     END IF;
     PERFORM streamd.append_recheck_rules(NEW.stream_name, v_stream.key_versions, v_stream.enforce_event_types);
@@ -118,8 +116,7 @@ BEGIN
                 RAISE EXCEPTION USING ERRCODE = 'SD005',
                     MESSAGE = format('event id %L of stream %L is stored under key %L, not %L', NEW.event_id, NEW.stream_name, v_dupkey, NEW.key);
             END IF;
-            UPDATE streamd.stream_partitions h SET next_offset = h.next_offset - 1
-             WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition;
+            PERFORM streamd.head_give_back(NEW.stream_name, NEW.partition, NEW."offset");
             RETURN NULL;
         END IF;
         -- The same for an event this role cannot see, committed while this waited:
