@@ -388,3 +388,70 @@ func BenchmarkQueueWorker(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*benchMessages)/elapsed.Seconds(), "msgs/s")
 }
+
+// BenchmarkQueueDelayedHead measures DESIGN.md's known limit of the queue's storage: a
+// receive reads the primary key in offset order and reads past every message that is
+// not visible, so delayed messages at a queue's head are paid for by every receive.
+// One queue holds delayedHead messages sent with a one-hour delay, another none; each
+// iteration sends benchMessages ready messages to both and drains each with one
+// consumer (Receive of benchBatch, then Ack), in alternating order. It reports the
+// median receive + ack time per batch of each queue and their ratio.
+func BenchmarkQueueDelayedHead(b *testing.B) {
+	const delayedHead = 100_000
+	ctx := context.Background()
+	_, c, plain := benchQueue(b, "bench_plain")
+	delayed := testdb.Name("bench_delayed")
+	require.NoError(b, c.CreateQueue(ctx, delayed, nil))
+	defer func() { _ = c.DeleteQueue(context.Background(), delayed) }()
+	later := make([]messages.OutgoingMessage, 1000)
+	for i := range later {
+		later[i] = messages.OutgoingMessage{Data: json.RawMessage(`{"later":true}`), Delay: time.Hour}
+	}
+	for range delayedHead / len(later) {
+		_, err := c.Send(ctx, delayed, later...)
+		require.NoError(b, err)
+	}
+	msgs := make([]messages.OutgoingMessage, benchBatch)
+	for i := range msgs {
+		msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprintf(`{"order":%d}`, i))}
+	}
+	batches := map[string][]time.Duration{}
+	run := func(q string) {
+		for range benchMessages / benchBatch {
+			_, err := c.Send(ctx, q, msgs...)
+			require.NoError(b, err)
+		}
+		for {
+			t0 := time.Now()
+			got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: benchBatch})
+			require.NoError(b, err)
+			if len(got) == 0 {
+				return
+			}
+			rs := make([]messages.Receipt, len(got))
+			for i, m := range got {
+				rs[i] = m.Receipt
+			}
+			require.NoError(b, c.Ack(ctx, rs...))
+			batches[q] = append(batches[q], time.Since(t0))
+		}
+	}
+	for i := 0; b.Loop(); i++ {
+		if i%2 == 0 {
+			run(plain)
+			run(delayed)
+		} else {
+			run(delayed)
+			run(plain)
+		}
+	}
+	median := func(d []time.Duration) float64 {
+		d = slices.Clone(d)
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds())
+	}
+	p, d := median(batches[plain]), median(batches[delayed])
+	b.ReportMetric(p, "plain_receive_ack_µs/batch")
+	b.ReportMetric(d, "delayed_head_receive_ack_µs/batch")
+	b.ReportMetric(d/p, "delayed_head/plain")
+}
