@@ -409,8 +409,15 @@ BEGIN
     END IF;
 
     -- Offsets in batch order, taken after the group locks: within a group, they
-    -- follow commit order.
-    v_all := ARRAY(SELECT nextval(v_q.offset_seq) FROM generate_series(1, v_n));
+    -- follow commit order. A message a standard queue cannot deliver yet goes to the
+    -- delayed lane: its offset is the sequence's plus 2^52 (migration 0099), after
+    -- every undelayed message's, so that receives do not read past it; they find it
+    -- through queue_messages_delayed once it is due.
+    v_all := ARRAY(SELECT nextval(v_q.offset_seq)
+                          + CASE WHEN NOT v_q.fifo
+                                      AND coalesce(p_deliver_at[i], v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) > v_now
+                                 THEN 4503599627370496 ELSE 0 END
+                   FROM generate_series(1, v_n) i);
     IF p_fresh_ids THEN
         -- Every id is new: no conflict to look for.
         INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
@@ -674,16 +681,30 @@ BEGIN
     v_lease := v_now + make_interval(secs => coalesce(p_vt_ms, v_q.visibility_timeout_ms) / 1000.0);
 
     IF NOT v_q.fifo THEN
+        -- Due messages of the delayed lane first (through their partial index, in
+        -- due order; it is empty unless the queue has delayed sends), then the rest
+        -- in offset order, below the lane. The outer LIMIT stops pulling (and
+        -- locking) once it has p_max.
         SELECT array_agg(c.ctid) FILTER (WHERE NOT c.exhausted), array_agg(c.o) FILTER (WHERE c.exhausted)
         INTO v_ctids, v_dead
-        FROM (SELECT m.ctid, m."offset" AS o,
-                     (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
-                      AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
-              FROM streamd.queue_messages m
-              WHERE m.stream_name = p_queue AND m.visibility_timeout <= v_now
-              ORDER BY m."offset"
-              LIMIT p_max
-              FOR UPDATE SKIP LOCKED) c;
+        FROM ((SELECT * FROM (SELECT m.ctid, m."offset" AS o,
+                      (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
+                       AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
+               FROM streamd.queue_messages m
+               WHERE m.stream_name = p_queue AND m."offset" >= 4503599627370496 AND m.visibility_timeout <= v_now
+               ORDER BY m.visibility_timeout
+               LIMIT p_max
+               FOR UPDATE SKIP LOCKED) lane)
+              UNION ALL
+              (SELECT * FROM (SELECT m.ctid, m."offset" AS o,
+                      (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
+                       AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
+               FROM streamd.queue_messages m
+               WHERE m.stream_name = p_queue AND m."offset" < 4503599627370496 AND m.visibility_timeout <= v_now
+               ORDER BY m."offset"
+               LIMIT p_max
+               FOR UPDATE SKIP LOCKED) head)
+              LIMIT p_max) c;
     ELSE
         SELECT array_agg(l.group_key), array_agg(l.tenant_id) INTO v_groups, v_tens
         FROM (SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
