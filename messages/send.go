@@ -26,8 +26,10 @@ type OutgoingMessage struct {
 	// DeadLetterQueue overrides the queue's dead-letter queue for this message; it
 	// must exist and be standard. Defaults to the queue's.
 	DeadLetterQueue string
-	// Delay keeps the message invisible for this long after the send (no cap).
-	// Defaults to 0.
+	// Delay keeps the message invisible for this long after the send (no cap). On a
+	// standard queue a delayed message (Delay, or DeliverAt in the future) goes to the
+	// queue's delayed lane: its offset is after every undelayed message's (from 2^52
+	// up), so receives do not read past it while it waits. Defaults to 0.
 	Delay time.Duration
 	// DeliverAt keeps the message invisible until this time; set Delay or DeliverAt,
 	// not both. Defaults to the zero time: Delay applies.
