@@ -193,6 +193,9 @@ type Server struct {
 
 	// fetchesWaiting counts the Fetch long polls waiting (tests wait on it).
 	fetchesWaiting atomic.Int64
+	// fetchPoll, when set, replaces the long poll's safety-net polling intervals
+	// (tests: a poll an hour away cannot pass for a wake-up).
+	fetchPoll *wakeup.PollOpts
 
 	// topicIDs caches the streams' topic ids for Fetch v13+ (01_fetch.go).
 	topicIDs struct {
