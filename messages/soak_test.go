@@ -87,7 +87,9 @@ func TestSoakTableStaysBounded(t *testing.T) {
 	type sample struct {
 		at        time.Duration
 		dead, liv int64
-		size      int64
+		size      int64 // table and indexes
+		table     int64 // heap and TOAST
+		index     int64
 		vacuums   int64
 	}
 	var samples []sample
@@ -99,12 +101,14 @@ func TestSoakTableStaysBounded(t *testing.T) {
 		case <-wctx.Done():
 		case <-tick.C:
 			var s sample
-			require.NoError(t, pool.QueryRow(ctx, `SELECT n_dead_tup, n_live_tup, pg_total_relation_size(relid), autovacuum_count
-				FROM pg_stat_user_tables WHERE schemaname = 'streamd' AND relname = 'queue_messages'`).Scan(&s.dead, &s.liv, &s.size, &s.vacuums))
+			require.NoError(t, pool.QueryRow(ctx, `SELECT n_dead_tup, n_live_tup, pg_total_relation_size(relid),
+				pg_table_size(relid), pg_indexes_size(relid), autovacuum_count
+				FROM pg_stat_user_tables WHERE schemaname = 'streamd' AND relname = 'queue_messages'`).Scan(&s.dead, &s.liv, &s.size, &s.table, &s.index, &s.vacuums))
 			s.at = time.Since(start).Round(time.Second)
 			samples = append(samples, s)
 			pmu.Lock()
-			t.Logf("t=%v processed=%d live=%d dead=%d size=%dKiB autovacuums=%d", s.at, processed, s.liv, s.dead, s.size/1024, s.vacuums)
+			t.Logf("t=%v processed=%d live=%d dead=%d table=%dKiB indexes=%dKiB total=%dKiB autovacuums=%d",
+				s.at, processed, s.liv, s.dead, s.table/1024, s.index/1024, s.size/1024, s.vacuums)
 			pmu.Unlock()
 		}
 	}
