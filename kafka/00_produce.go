@@ -39,10 +39,14 @@ func handleProduce(ctx context.Context, r *request) (kmsg.Response, error) {
 	}
 	allowed, err := r.decide(ctx, topics)
 	if err != nil {
+		for k := range r.turns {
+			r.turns[k].pass(ctx)
+		}
 		return nil, err
 	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, produceParallelism)
+	k := 0
 	for _, t := range req.Topics {
 		rt := kmsg.NewProduceResponseTopic()
 		rt.Topic = t.Topic
@@ -52,9 +56,12 @@ func handleProduce(ctx context.Context, r *request) (kmsg.Response, error) {
 			*rp = kmsg.NewProduceResponseTopicPartition()
 			rp.Partition = p.Partition
 			rp.BaseOffset, rp.LogAppendTime, rp.LogStartOffset = -1, -1, -1
+			turn := r.turn(k)
+			k++
 			switch {
 			case !acksOK:
 				rp.ErrorCode = kerr.InvalidRequiredAcks.Code
+				turn.pass(ctx)
 				continue
 			case t.Topic == consumerOffsetsTopic:
 				rp.ErrorCode = kerr.InvalidTopicException.Code
@@ -63,15 +70,24 @@ func handleProduce(ctx context.Context, r *request) (kmsg.Response, error) {
 			case txn:
 				rp.ErrorCode = kerr.TransactionalIDAuthorizationFailed.Code
 				setMessage(rp, "transactions are not supported by streamd")
+				turn.pass(ctx)
 				continue
 			case !allowed.Allows(t.Topic, access.Write):
 				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				turn.pass(ctx)
 				continue
 			}
 			wg.Add(1)
 			sem <- struct{}{}
 			go func() { // owner: handleProduce, which waits for it below
 				defer func() { <-sem; wg.Done() }()
+				defer turn.done()
+				// The same partition's append of the connection's request before
+				// goes first (a producer's batches append in the order sent).
+				if err := turn.wait(ctx); err != nil {
+					rp.ErrorCode = kerr.RequestTimedOut.Code
+					return
+				}
 				s.producePartition(ctx, t.Topic, p.Partition, p.Records, rp, r.isAdmin())
 			}()
 		}

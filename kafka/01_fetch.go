@@ -66,6 +66,9 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 	if sub != nil {
 		opts.MaxInterval = time.Second // the wake-ups carry it; polling is the safety net
 	}
+	if s.fetchPoll != nil {
+		opts = s.fetchPoll
+	}
 	// The server's drain (shutdown) answers a waiting fetch at once.
 	pollCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -99,17 +102,19 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 	return resp, nil // enough bytes, the deadline, or the drain
 }
 
+// fetchJob is one partition a fetch pass reads into rp.
+type fetchJob struct {
+	rp        *kmsg.FetchResponseTopicPartition
+	topic     string
+	partition kmsg.FetchRequestTopicPartition
+}
+
 // fetchOnce reads every partition of req into resp (replacing what a previous pass
 // put there) and returns the record bytes read and whether a partition failed.
 // Partitions of topics the principal may not read are TOPIC_AUTHORIZATION_FAILED.
 func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, allowed *access.Decisions) (int, bool) {
 	resp.Topics = resp.Topics[:0]
-	type job struct {
-		rp        *kmsg.FetchResponseTopicPartition
-		topic     string
-		partition kmsg.FetchRequestTopicPartition
-	}
-	var jobs []job
+	var jobs []fetchJob
 	for _, t := range req.Topics {
 		rt := kmsg.NewFetchResponseTopic()
 		rt.Topic, rt.TopicID = t.Topic, t.TopicID
@@ -137,9 +142,10 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
 				continue
 			}
-			jobs = append(jobs, job{rp: rp, topic: t.Topic, partition: p})
+			jobs = append(jobs, fetchJob{rp: rp, topic: t.Topic, partition: p})
 		}
 	}
+	jobs = s.skipUnchanged(ctx, jobs)
 	var (
 		mu    sync.Mutex
 		total int
@@ -183,6 +189,42 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 		}
 	}
 	return total, false
+}
+
+// skipUnchanged drops the jobs of partitions with nothing at their fetch offset (it
+// is the log end), answering them from their head rows: one read of a topic's heads
+// instead of a read of each partition, when a fetch names several partitions of a
+// topic. A long poll reads again on every wake-up, usually for one partition's new
+// records; reading all of them made each pass cost one query per partition. A topic
+// whose heads cannot be read is read partition by partition, which reports why.
+func (s *Server) skipUnchanged(ctx context.Context, jobs []fetchJob) []fetchJob {
+	perTopic := map[string]int{}
+	for _, j := range jobs {
+		perTopic[j.topic]++
+	}
+	heads := map[string][]streams.PartitionInfo{}
+	for t, n := range perTopic {
+		if n < 2 {
+			continue
+		}
+		if h, err := s.streams.PartitionHeads(ctx, t); err == nil {
+			heads[t] = h
+		}
+	}
+	if len(heads) == 0 {
+		return jobs
+	}
+	kept := jobs[:0]
+	for _, j := range jobs {
+		p, offset, rp := j.partition.Partition, j.partition.FetchOffset, j.rp
+		h := heads[j.topic]
+		if p >= 0 && int(p) < len(h) && h[p].Partition == p && offset == h[p].NextOffset && offset >= h[p].LogStartOffset {
+			rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = h[p].NextOffset, h[p].NextOffset, h[p].LogStartOffset
+			continue
+		}
+		kept = append(kept, j)
+	}
+	return kept
 }
 
 // fetchPartition reads one partition from offset into rp, its batches compressed

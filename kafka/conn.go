@@ -18,11 +18,15 @@ import (
 	"github.com/streamd/streamd/access"
 )
 
-// conn is one client connection. Goroutines: serve (owned by Serve's accept loop)
-// runs the requests one at a time, in the order they arrived, so responses go out
-// in order (Kafka's per-connection serial processing); readLoop (owned by serve)
-// reads frames ahead by one, so a client that disconnects during a long request
-// cancels it. Both end when the connection closes; serve waits for readLoop.
+// conn is one client connection. Goroutines, all ending when the connection closes:
+// serve (owned by Serve's accept loop) takes the requests in the order they arrived
+// and runs each but Produce alone, after the ones before it (Kafka's per-connection
+// serial processing); Produce requests run side by side in goroutines of their own
+// (owned by serve, which waits for them), up to maxPipelined, each partition's
+// appends in the order the requests came (turns); writeLoop (owned by serve) writes
+// the answers in that order; readLoop (owned by serve) reads frames ahead by one, so
+// a client that disconnects during a long request cancels it. serve waits for the
+// others.
 type conn struct {
 	s      *Server
 	nc     net.Conn
@@ -46,6 +50,9 @@ type conn struct {
 	sasl *saslExchange
 	// closeAfterResponse: a handler's answer is the last one (a failed SASL exchange).
 	closeAfterResponse bool
+	// lastAppend is, by partition, the turn of the last Produce append serve
+	// dispatched on this connection (takeTurns).
+	lastAppend map[topicPartition]chan struct{}
 }
 
 func (s *Server) newConn(nc net.Conn, draining context.Context) *conn {
@@ -77,10 +84,34 @@ func (c *conn) close() {
 	})
 }
 
+// maxPipelined bounds the Produce requests of one connection handled at once.
+// franz-go's idempotent producer keeps up to 5 in flight per broker.
+const maxPipelined = 5
+
+// reply is one answer to write, in the order the requests came: a response (nil:
+// none, as for Produce with acks=0), a raw SASL reply, or an error that closes the
+// connection. ready, when not nil, is closed once the reply is complete.
+type reply struct {
+	ready chan struct{}
+	resp  kmsg.Response
+	corr  int32
+	raw   []byte
+	isRaw bool
+	err   error
+	// last: the connection closes after this answer (a failed SASL exchange).
+	last bool
+}
+
 func (c *conn) serve() {
 	c.s.metrics.connections.Inc()
 	readDone := make(chan struct{})
+	writeDone := make(chan struct{})
+	replies := make(chan *reply, maxPipelined)
+	var producing sync.WaitGroup // the Produce requests under way
 	defer func() {
+		close(replies)
+		<-writeDone
+		producing.Wait()
 		c.close()
 		<-readDone
 		c.s.mu.Lock()
@@ -92,36 +123,163 @@ func (c *conn) serve() {
 		defer close(readDone)
 		c.readLoop()
 	}()
-	var out []byte
+	go func() {
+		defer close(writeDone)
+		c.writeLoop(replies)
+	}()
+	send := func(r *reply) bool {
+		select {
+		case replies <- r:
+			return true
+		case <-c.ctx.Done():
+			return false
+		}
+	}
 	for body := range c.frames {
 		if c.sasl != nil && c.sasl.raw {
-			reply, err := c.rawSASL(body)
+			raw, err := c.rawSASL(body)
 			if err != nil {
 				return
 			}
-			out = append(binary.BigEndian.AppendUint32(out[:0], uint32(len(reply))), reply...)
-			if _, err := c.nc.Write(out); err != nil {
+			if !send(&reply{raw: raw, isRaw: true}) {
 				return
 			}
 			continue
 		}
-		resp, corr, err := c.handle(body)
-		if err != nil {
-			c.s.logger.Debug("kafka connection closed", "remote", c.remote, "err", err)
-			return
-		}
-		if resp == nil {
+		call, r := c.prepare(body)
+		if call != nil && call.h.key == produceHandler.key {
+			// Produce requests run side by side, so that an append's commit does not
+			// hold up the next request's appends to other partitions (a producer
+			// keeps several in flight); per partition they still append in the order
+			// they came (turns), and their answers go out in that order.
+			call.turns = c.takeTurns(call.kreq.(*kmsg.ProduceRequest))
+			r := &reply{ready: make(chan struct{}), corr: call.h.corr}
+			producing.Add(1)
+			go func() { // owner: serve, which waits for it (producing) before returning
+				defer producing.Done()
+				defer close(r.ready)
+				r.resp, r.err = c.run(call)
+			}()
+			if !send(r) {
+				return
+			}
 			continue
 		}
-		out = encodeResponse(out[:0], corr, resp)
-		if _, err := c.nc.Write(out); err != nil {
-			c.s.logger.Debug("kafka write failed", "remote", c.remote, "err", err)
-			return
+		// Every other request runs alone, after the Produce requests before it, as
+		// Kafka serves a connection's requests one at a time.
+		producing.Wait()
+		if call != nil {
+			r.resp, r.err = c.run(call)
+			r.corr = call.h.corr
 		}
-		if c.closeAfterResponse {
+		r.last = c.closeAfterResponse
+		if !send(r) || r.err != nil || r.last {
 			return
 		}
 	}
+}
+
+// writeLoop writes the replies in order, each once it is ready. A reply with an
+// error, a failed write or a last reply closes the connection.
+func (c *conn) writeLoop(replies <-chan *reply) {
+	var out []byte
+	for r := range replies {
+		if r.ready != nil {
+			<-r.ready
+		}
+		switch {
+		case r.err != nil:
+			c.s.logger.Debug("kafka connection closed", "remote", c.remote, "err", r.err)
+			c.close()
+			return
+		case r.isRaw:
+			out = append(binary.BigEndian.AppendUint32(out[:0], uint32(len(r.raw))), r.raw...)
+		case r.resp == nil:
+			continue
+		default:
+			out = encodeResponse(out[:0], r.corr, r.resp)
+		}
+		if _, err := c.nc.Write(out); err != nil {
+			c.s.logger.Debug("kafka write failed", "remote", c.remote, "err", err)
+			c.close()
+			return
+		}
+		if r.last {
+			c.close()
+			return
+		}
+	}
+}
+
+// turn orders one partition's appends across the pipelined Produce requests of a
+// connection: an append waits for prev (the same partition's append of the request
+// before, nil: none) and closes cur when it is done.
+type turn struct{ prev, cur chan struct{} }
+
+// wait blocks until the append before is done, or ctx ends.
+func (t turn) wait(ctx context.Context) error {
+	if t.prev == nil {
+		return nil
+	}
+	select {
+	case <-t.prev:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// done lets the next append of the partition go.
+func (t turn) done() {
+	if t.cur != nil {
+		close(t.cur)
+	}
+}
+
+// pass is done for a partition that appends nothing: the next append of the
+// partition still waits for the one before.
+func (t turn) pass(ctx context.Context) {
+	if t.prev == nil {
+		t.done()
+		return
+	}
+	go func() { // owner: the request; ends when the append before is done or ctx ends
+		_ = t.wait(ctx)
+		t.done()
+	}()
+}
+
+// takeTurns gives each partition of req (in request order: topics, then their
+// partitions) its turn after the same partition's append in the Produce requests
+// before. Called by serve only, in the order the requests came.
+func (c *conn) takeTurns(req *kmsg.ProduceRequest) []turn {
+	if c.lastAppend == nil {
+		c.lastAppend = map[topicPartition]chan struct{}{}
+	}
+	if len(c.lastAppend) > 4096 {
+		for tp, ch := range c.lastAppend {
+			select {
+			case <-ch:
+				delete(c.lastAppend, tp)
+			default:
+			}
+		}
+	}
+	var turns []turn
+	for _, t := range req.Topics {
+		for _, p := range t.Partitions {
+			tp := topicPartition{t.Topic, p.Partition}
+			cur := make(chan struct{})
+			turns = append(turns, turn{prev: c.lastAppend[tp], cur: cur})
+			c.lastAppend[tp] = cur
+		}
+	}
+	return turns
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
 }
 
 // readLoop reads size-prefixed frames and hands them to serve one at a time. A frame
@@ -218,58 +376,80 @@ func decodeRequest(table map[int16]*handler, body []byte) (header, *handler, kms
 	return h, hd, kreq, nil
 }
 
-// handle decodes and answers one frame. It returns the response to send (nil: none)
-// and its correlation id; an error closes the connection: a malformed frame, an
-// unknown key or an unsupported version (except ApiVersions, which answers
-// UNSUPPORTED_VERSION so that the client can pick another), a handler's error or
-// panic.
-func (c *conn) handle(body []byte) (resp kmsg.Response, corr int32, err error) {
-	api := "request"
+// call is a decoded request, ready to run.
+type call struct {
+	h     header
+	hd    *handler
+	kreq  kmsg.Request
+	turns []turn // Produce: the partitions' turns (takeTurns)
+}
+
+// prepare decodes one frame. It returns the request to run, or (call nil) the reply
+// to send at once: ApiVersions' UNSUPPORTED_VERSION answer, or an error that closes
+// the connection (a malformed frame, an unknown key or an unsupported version, a
+// request before SASL authentication).
+func (c *conn) prepare(body []byte) (cl *call, r *reply) {
 	defer func() {
-		// A bug in decoding or in a handler costs this connection, never the server.
+		// A bug in decoding costs this connection, never the server.
 		if p := recover(); p != nil {
-			c.s.logger.Error("kafka request panicked: closing the connection", "remote", c.remote,
-				"api", api, "panic", p, "stack", string(debug.Stack()))
-			resp, err = nil, fmt.Errorf("%s panicked: %v", api, p)
+			c.s.logger.Error("kafka request decoding panicked: closing the connection", "remote", c.remote,
+				"panic", p, "stack", string(debug.Stack()))
+			cl, r = nil, &reply{err: fmt.Errorf("decoding panicked: %v", p)}
 		}
 	}()
 	h, hd, kreq, err := decodeRequest(c.s.table, body)
 	if err != nil {
 		c.s.metrics.malformed.Inc()
 		c.s.logger.Warn("kafka malformed request: closing the connection", "remote", c.remote, "err", err)
-		return nil, 0, err
+		return nil, &reply{err: err}
 	}
 	if kreq == nil {
 		if h.key == apiVersionsHandler.key {
 			// Kafka answers an ApiVersions it cannot parse with a v0 response that
 			// carries UNSUPPORTED_VERSION and the supported ranges.
-			return c.s.apiVersionsResponse(0, unsupportedVersion), h.corr, nil
+			return nil, &reply{resp: c.s.apiVersionsResponse(0, unsupportedVersion), corr: h.corr}
 		}
 		c.s.metrics.malformed.Inc()
 		if hd == nil {
 			c.s.logger.Warn("kafka unknown API key: closing the connection", "remote", c.remote, "api_key", h.key)
-			return nil, 0, fmt.Errorf("unknown API key %d", h.key)
+			return nil, &reply{err: fmt.Errorf("unknown API key %d", h.key)}
 		}
 		c.s.logger.Warn("kafka unsupported API version: closing the connection", "remote", c.remote,
 			"api", kmsg.NameForKey(h.key), "version", h.version, "min", hd.min, "max", hd.max)
-		return nil, 0, fmt.Errorf("%s v%d unsupported", kmsg.NameForKey(h.key), h.version)
+		return nil, &reply{err: fmt.Errorf("%s v%d unsupported", kmsg.NameForKey(h.key), h.version)}
 	}
-	api = kmsg.NameForKey(h.key)
 	if !c.authenticated.Load() && !servedBeforeAuthentication(h.key) {
 		// Kafka closes a connection that sends anything else before authenticating.
 		c.s.metrics.malformed.Inc()
-		c.s.logger.Warn("kafka request before SASL authentication: closing the connection", "remote", c.remote, "api", api)
-		return nil, 0, fmt.Errorf("%s before SASL authentication", api)
+		c.s.logger.Warn("kafka request before SASL authentication: closing the connection", "remote", c.remote, "api", kmsg.NameForKey(h.key))
+		return nil, &reply{err: fmt.Errorf("%s before SASL authentication", kmsg.NameForKey(h.key))}
 	}
+	return &call{h: h, hd: hd, kreq: kreq}, &reply{}
+}
+
+// run answers one request. It returns the response to send (nil: none); an error
+// closes the connection: a handler's error or panic.
+func (c *conn) run(cl *call) (resp kmsg.Response, err error) {
+	api := kmsg.NameForKey(cl.h.key)
+	defer func() {
+		// A bug in a handler costs this connection, never the server.
+		if p := recover(); p != nil {
+			c.s.logger.Error("kafka request panicked: closing the connection", "remote", c.remote,
+				"api", api, "panic", p, "stack", string(debug.Stack()))
+			resp, err = nil, fmt.Errorf("%s panicked: %v", api, p)
+		}
+	}()
+	h := cl.h
 	start := time.Now()
-	resp, err = hd.fn(c.ctx, &request{s: c.s, c: c, key: h.key, version: h.version, corr: h.corr, clientID: h.clientID, kreq: kreq})
+	resp, err = cl.hd.fn(c.ctx, &request{s: c.s, c: c, key: h.key, version: h.version, corr: h.corr, clientID: h.clientID,
+		kreq: cl.kreq, turns: cl.turns})
 	c.s.metrics.observe(h.key, time.Since(start), err)
 	if err != nil {
 		c.s.logger.Warn("kafka request failed: closing the connection", "remote", c.remote,
-			"api", kmsg.NameForKey(h.key), "version", h.version, "err", err)
-		return nil, 0, err
+			"api", api, "version", h.version, "err", err)
+		return nil, err
 	}
-	return resp, h.corr, nil
+	return resp, nil
 }
 
 // encodeResponse appends a response frame: size, correlation id, the header's empty

@@ -181,3 +181,68 @@ func TestSQLInsertReadByKafkaConsumer(t *testing.T) {
 	require.JSONEq(t, `{"b":true}`, string(got[2].Value))
 	require.Equal(t, int64(2), got[2].Offset)
 }
+
+// A record committed while no fetch waits is in the next fetch's answer at once; one
+// committed while a fetch waits on a topic of several partitions ends that wait
+// through its wake-up: the safety-net poll is an hour away here, so only the wake-up
+// can end the wait before max.wait.ms.
+func TestFetchSeesCommitsBetweenFetchesAndIsWokenWhileWaiting(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ts.srv.fetchPoll = &wakeup.PollOpts{MinInterval: time.Hour, MaxInterval: time.Hour}
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	topic := testdb.Name("wake")
+	require.NoError(t, sc.CreateStream(ctx, topic, 3))
+	cl := newClient(t, []string{ts.addr})
+	fetch := func(offsets ...int64) *kmsg.FetchRequest {
+		req := fetchReq(topic, 0, offsets[0], 30*time.Second, 1)
+		for p := 1; p < len(offsets); p++ {
+			rp := kmsg.NewFetchRequestTopicPartition()
+			rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = int32(p), offsets[p], 1<<20
+			req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+		}
+		return req
+	}
+
+	// Between fetches: appended and notified while nobody waits.
+	_, err := sc.AppendPartition(ctx, topic, 2, []streams.Record{{Bytes: []byte("between")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 2)
+	start := time.Now()
+	resp, err := fetch(0, 0, 0).RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), 10*time.Second, "the first read of a fetch finds what was committed before it")
+	ps := resp.Topics[0].Partitions
+	require.Empty(t, ps[0].RecordBatches)
+	require.Empty(t, ps[1].RecordBatches)
+	require.NotEmpty(t, ps[2].RecordBatches)
+	require.Equal(t, []int64{0, 0, 1}, []int64{ps[0].HighWatermark, ps[1].HighWatermark, ps[2].HighWatermark})
+
+	// While a fetch waits on all three partitions at their log ends.
+	type result struct {
+		resp *kmsg.FetchResponse
+		err  error
+		took time.Duration
+	}
+	done := make(chan result, 1)
+	start = time.Now()
+	go func() {
+		resp, err := fetch(0, 0, 1).RequestWith(ctx, cl)
+		done <- result{resp, err, time.Since(start)}
+	}()
+	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > 0 }, 10*time.Second, time.Millisecond)
+	_, err = sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("woken")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 1)
+	res := <-done
+	require.NoError(t, res.err)
+	require.Less(t, res.took, 20*time.Second, "the wake-up ended the wait, long before max.wait.ms (30s) and the poll (1h)")
+	ps = res.resp.Topics[0].Partitions
+	require.Empty(t, ps[0].RecordBatches)
+	require.NotEmpty(t, ps[1].RecordBatches)
+	require.Empty(t, ps[2].RecordBatches)
+	require.Equal(t, []int64{0, 1, 1}, []int64{ps[0].HighWatermark, ps[1].HighWatermark, ps[2].HighWatermark})
+}

@@ -101,4 +101,16 @@ type request struct {
 	corr     int32
 	clientID string
 	kreq     kmsg.Request
+	// turns order a Produce's appends after the connection's earlier ones (conn.go):
+	// one per partition, in request order. Nil for other requests.
+	turns []turn
+}
+
+// turn returns the turn of the request's k-th partition (a turn that waits for
+// nothing when the request has none).
+func (r *request) turn(k int) turn {
+	if k < len(r.turns) {
+		return r.turns[k]
+	}
+	return turn{}
 }

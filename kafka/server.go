@@ -206,6 +206,9 @@ type Server struct {
 
 	// fetchesWaiting counts the Fetch long polls waiting (tests wait on it).
 	fetchesWaiting atomic.Int64
+	// fetchPoll, when set, replaces the long poll's safety-net polling intervals
+	// (tests: a poll an hour away cannot pass for a wake-up).
+	fetchPoll *wakeup.PollOpts
 
 	// compression caches each topic's fetch codec (fetch_compression.go).
 	compression topicCompression

@@ -154,20 +154,36 @@ func DescribeStreamTx(ctx context.Context, db DBTX, name string) (*StreamInfo, e
 	if err != nil {
 		return nil, fmt.Errorf("describe stream %s: %w", name, err)
 	}
-	rows, err := db.Query(ctx, `SELECT partition, log_start_offset, next_offset, last_appended_at
-		FROM streamd.stream_partitions WHERE stream_name = $1 ORDER BY partition`, name)
-	if err != nil {
+	if s.PartitionInfo, err = partitionHeads(ctx, db, name); err != nil {
 		return nil, fmt.Errorf("describe stream %s: %w", name, err)
 	}
-	s.PartitionInfo, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionInfo, error) {
+	return &s, nil
+}
+
+// PartitionHeads returns the log start offset and the log end (next offset) of every
+// partition of stream, by partition, in one read of the head rows, without the
+// stream's row: what a reader of several partitions checks before fetching those that
+// may have something new (the Kafka fetch). A stream that does not exist has no
+// partitions: an empty result, no error.
+func (c *Client) PartitionHeads(ctx context.Context, stream string) ([]PartitionInfo, error) {
+	heads, err := partitionHeads(ctx, c.pool, stream)
+	if err != nil {
+		return nil, fmt.Errorf("partition heads of %s: %w", stream, err)
+	}
+	return heads, nil
+}
+
+func partitionHeads(ctx context.Context, db DBTX, stream string) ([]PartitionInfo, error) {
+	rows, err := db.Query(ctx, `SELECT partition, log_start_offset, next_offset, last_appended_at
+		FROM streamd.stream_partitions WHERE stream_name = $1 ORDER BY partition`, stream)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionInfo, error) {
 		var p PartitionInfo
 		err := r.Scan(&p.Partition, &p.LogStartOffset, &p.NextOffset, &p.LastAppendedAt)
 		return p, err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("describe stream %s: %w", name, err)
-	}
-	return &s, nil
 }
 
 // Produce appends records atomically in one transaction (L2) and returns their
