@@ -249,8 +249,9 @@ func TestCoalescedCommitFencedWritesNothing(t *testing.T) {
 }
 
 // TestFetchReadsTenBatchesAndHandsThemOneAtATime: a partition's fetch reads ten
-// handler batches at once (and the next fetch runs ahead), while the handler gets
-// them MaxBatchSize at a time, in offset order, nothing skipped or repeated.
+// handler batches at once (its first fetch one; the next fetch runs ahead), while
+// the handler gets them MaxBatchSize at a time, in offset order, nothing skipped or
+// repeated.
 func TestFetchReadsTenBatchesAndHandsThemOneAtATime(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
@@ -287,9 +288,9 @@ func TestFetchReadsTenBatchesAndHandsThemOneAtATime(t *testing.T) {
 		defer c.mu.Unlock()
 		return c.owned[0]
 	}
-	// While the first batch's handler waits: its fetch's ten batches, and the ten
-	// of the fetch ahead.
-	waitFor(t, 5*time.Second, "two fetches of ten batches", func() bool { w := worker(); return w != nil && w.fetched.Load() >= 20 })
+	// While the first batch's handler waits: the first fetch (one batch, so that the
+	// handler starts at once) and the fetch ahead, of ten batches.
+	waitFor(t, 5*time.Second, "a fetch of one batch and one of ten", func() bool { w := worker(); return w != nil && w.fetched.Load() >= 11 })
 	close(release)
 	waitFor(t, 10*time.Second, "lag 0", func() bool { return groupLag(t, pool, stream, group) == 0 })
 	h.requireAll(t, pos)

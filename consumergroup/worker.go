@@ -117,7 +117,8 @@ func (w *worker) labels() []string {
 
 // run is the worker's loop; it returns when the worker is stopped, cancelled or fenced.
 // A fetch reads up to fetchRecords events (10 handler batches, at most 5,000 and the
-// fetch's MaxBytes, 1 MiB), which the handler gets MaxBatchSize at a time. While the
+// fetch's MaxBytes, 1 MiB; the worker's first fetch one batch, so that the handler
+// starts at once), which the handler gets MaxBatchSize at a time. While the
 // handler works on them, the next fetch runs (one fetch ahead, so at most two fetches,
 // 2 MiB of events, wait per partition): the next position is known before the
 // handler returns, since each batch is either done (committed past its end) or ends
@@ -175,7 +176,10 @@ func (w *worker) run() {
 	fetchBackoff := backoff.NewJittered(50*time.Millisecond, 2*time.Second)
 	// With Wakeups, each fetch subscribes to the partition before its first read, so
 	// no commit between a read that found nothing and the wait goes unnoticed.
-	opts := streams.FetchOpts{MaxRecords: w.c.cfg.fetchRecords(), MaxWait: w.c.cfg.FetchMaxWait, Wakeups: w.c.cfg.Wakeups}
+	// The first fetch reads one batch, so that the handler starts as soon as it can
+	// (a starting member's fetches of 5,000 events each queued behind each other);
+	// the fetches after it, which run while the handler works, read fetchRecords.
+	opts := streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait, Wakeups: w.c.cfg.Wakeups}
 	var (
 		chunk    []streams.Event // fetched, not handed to the handler yet; starts at pos
 		chunkHWM int64           // the log end when chunk was fetched
@@ -231,6 +235,7 @@ func (w *worker) run() {
 			// The next fetch starts where this one ends, whatever the handler does
 			// with its batches: each is done (and committed past its end) or the
 			// worker exits.
+			opts.MaxRecords = w.c.cfg.fetchRecords()
 			ahead = w.fetch(fetchCtx, res.NextOffset, opts)
 		}
 		// A fetch reads up to fetchRecords; the handler gets them MaxBatchSize at a
