@@ -69,9 +69,9 @@ const (
 
 // A partition's fetch reads up to fetchBatches handler batches at once (at most
 // fetchMaxRecords events, and at most the fetch's MaxBytes, 1 MiB), handed to the
-// handler MaxBatchSize at a time: one statement per 500 events cost each event a
-// fifth more server CPU than one per 5,000 (issue 21), and Kafka's door reads up to
-// 5,000 per partition too (kafka/01_fetch.go).
+// handler MaxBatchSize at a time: one statement per 500 events cost each event more
+// server CPU than one per 5,000 (issue 21; bench/RESULTS.md, session 8), and Kafka's
+// door reads up to 5,000 per partition too (kafka/01_fetch.go).
 const (
 	fetchBatches    = 10
 	fetchMaxRecords = 5000

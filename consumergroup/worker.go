@@ -176,9 +176,9 @@ func (w *worker) run() {
 	fetchBackoff := backoff.NewJittered(50*time.Millisecond, 2*time.Second)
 	// With Wakeups, each fetch subscribes to the partition before its first read, so
 	// no commit between a read that found nothing and the wait goes unnoticed.
-	// The first fetch reads one batch, so that the handler starts as soon as it can
-	// (a starting member's fetches of 5,000 events each queued behind each other);
-	// the fetches after it, which run while the handler works, read fetchRecords.
+	// The first fetch reads one batch, so that the handler does not wait for a fetch
+	// of 5,000 events to start; the fetches after it, which run while the handler
+	// works, read fetchRecords.
 	opts := streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait, Wakeups: w.c.cfg.Wakeups}
 	var (
 		chunk    []streams.Event // fetched, not handed to the handler yet; starts at pos
