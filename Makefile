@@ -65,17 +65,19 @@ soak: soak-groups soak-queue
 # child processes stopped with SIGTERM, killed with SIGKILL and frozen with SIGSTOP
 # (TestChildChaos).
 soak-groups: db-start
-	STREAMD_SOAK=1 $(GO) test -count=1 -run 'TestGroupInvariants|TestChildChaos' -timeout 30m ./consumergroup/
+	STREAMD_SOAK=1 $(GO) test -count=1 -run 'TestGroupInvariants|TestChildChaos' -timeout $${STREAMD_SOAK_TIMEOUT:-3h} ./consumergroup/
 
 # The queue table under churn: dead tuples and table size stay bounded. Run alone: it
-# measures the whole table. STREAMD_SOAK_DURATION (default 3m).
+# measures the whole table. STREAMD_SOAK_DURATION (default 3m; the issue's figure is
+# 30m), STREAMD_SOAK_TIMEOUT (go test's -timeout, default 3h) for either soak.
 soak-queue: db-start
-	STREAMD_SOAK=1 STREAMD_SOAK_DURATION=$${STREAMD_SOAK_DURATION:-3m} $(GO) test -count=1 -timeout 15m -run TestSoakTableStaysBounded -v ./messages/
+	STREAMD_SOAK=1 STREAMD_SOAK_DURATION=$${STREAMD_SOAK_DURATION:-3m} $(GO) test -count=1 -timeout $${STREAMD_SOAK_TIMEOUT:-3h} -run TestSoakTableStaysBounded -v ./messages/
 
-# Queue send+receive+ack against a raw SKIP LOCKED drain and a pgmq-style loop, then
-# the same phase by phase on one connection (BenchmarkQueuePhases).
+# Queue send+receive+ack against a raw SKIP LOCKED drain, a pgmq-style loop and the
+# same queue as FIFO, a receive behind 100,000 delayed messages, then send+receive+ack
+# phase by phase on one connection (BenchmarkQueuePhases).
 bench-queue: db-start
-	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkQueue(Throughput|LongPollLatency)' -benchtime 5x ./messages/
+	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkQueue(Throughput|LongPollLatency|DelayedHead)' -benchtime 5x ./messages/
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkQueuePhases -benchtime 300x ./messages/
 
 # librdkafka (Debian's kcat, installed when missing and apt-get is usable) produces and

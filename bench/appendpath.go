@@ -15,7 +15,7 @@ import (
 // current append path with two prototypes that skip the plpgsql function:
 //
 //   - streamd: streams.Client.Produce, i.e. streamd.append();
-//   - copy-append: one transaction of reserveSQL (head-row UPDATE, trusted inserts)
+//   - copy-append: one transaction of reserveSQL (head_reserve, trusted inserts)
 //     and a COPY of the rows with their offsets into streamd.events. No dedup: a
 //     duplicate event id fails the batch (a real path would fall back to append());
 //   - insert-append: reserveSQL and INSERT ... SELECT FROM unnest(arrays) ON

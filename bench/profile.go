@@ -40,14 +40,10 @@ SELECT $1, $2, $3 + u.i - 1, u.e, 'bench', u.k, u.d::jsonb, $4, 1
 
 // reserveSQL is what an append path outside streamd.append would run first: mark
 // the transaction's inserts as trusted (the offset trigger skips them) and advance
-// the partition's head row, returning the first offset and the timestamp.
-const reserveSQL = `WITH h AS (
-	UPDATE streamd.stream_partitions h
-	   SET next_offset = h.next_offset + $3,
-	       last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
-	 WHERE h.stream_name = $1 AND h.partition = $2
-	RETURNING h.next_offset - $3 AS base, h.last_appended_at AS ts)
-SELECT set_config('streamd.append_trusted', 'on', true), base, ts FROM h`
+// the partition's head row through streamd.head_reserve (as every append path does),
+// returning the first offset and the timestamp.
+const reserveSQL = `SELECT set_config('streamd.append_trusted', 'on', true), h.base, h.ts
+  FROM streamd.head_reserve($1, $2, $3) h`
 
 // profileStage is one way of writing a batch of rows inside a transaction.
 type profileStage struct {

@@ -314,7 +314,8 @@ func TestUnboundRoleAppendsWithoutStoredEventIDs(t *testing.T) {
 		}
 		_, err := tx.Exec(ctx, "GRANT USAGE ON SCHEMA streamd TO "+ident+
 			"; GRANT SELECT ON streamd.streams, streamd.event_types TO "+ident+
-			"; GRANT SELECT, UPDATE ON streamd.stream_partitions TO "+ident+
+			"; GRANT SELECT ON streamd.stream_partitions TO "+ident+
+			"; GRANT EXECUTE ON FUNCTION streamd.head_reserve(text, integer, integer), streamd.head_give_back(text, integer, bigint), streamd.head_lock(text, integer[]) TO "+ident+
 			"; GRANT SELECT, INSERT, UPDATE ON streamd.events, streamd.key_heads TO "+ident)
 		return err
 	}))

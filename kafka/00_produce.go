@@ -56,6 +56,10 @@ func handleProduce(ctx context.Context, r *request) (kmsg.Response, error) {
 			case !acksOK:
 				rp.ErrorCode = kerr.InvalidRequiredAcks.Code
 				continue
+			case t.Topic == consumerOffsetsTopic:
+				rp.ErrorCode = kerr.InvalidTopicException.Code
+				setMessage(rp, consumerOffsetsTopic+" is internal: streamd keeps committed offsets as rows (OffsetCommit writes them)")
+				continue
 			case txn:
 				rp.ErrorCode = kerr.TransactionalIDAuthorizationFailed.Code
 				setMessage(rp, "transactions are not supported by streamd")

@@ -129,6 +129,10 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 				rp.ErrorCode = kerr.UnknownTopicID.Code
 				continue
 			}
+			if t.Topic == consumerOffsetsTopic {
+				fetchInternal(rp, p)
+				continue
+			}
 			if !allowed.Allows(t.Topic, access.Read) {
 				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
 				continue
@@ -160,7 +164,11 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 		go func() { // owner: fetchOnce, which waits for it below
 			defer func() { <-sem; wg.Done() }()
 			limit := min(int(j.partition.PartitionMaxBytes), room)
-			n := s.fetchPartition(ctx, j.rp, j.topic, j.partition.Partition, j.partition.FetchOffset, limit)
+			codec := s.fetchCodec(ctx, j.topic)
+			if codec == codecZstd && req.Version < 10 {
+				codec = codecNone // zstd needs Fetch v10+ (KIP-110): an older client gets the records uncompressed
+			}
+			n := s.fetchPartition(ctx, j.rp, j.topic, j.partition.Partition, j.partition.FetchOffset, limit, codec)
 			mu.Lock()
 			total += n
 			mu.Unlock()
@@ -177,11 +185,15 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 	return total, false
 }
 
-// fetchPartition reads one partition from offset into rp and returns the bytes of
-// the record batches.
-func (s *Server) fetchPartition(ctx context.Context, rp *kmsg.FetchResponseTopicPartition, topic string, partition int32, offset int64, maxBytes int) int {
+// fetchPartition reads one partition from offset into rp, its batches compressed
+// with codec, and returns the bytes of the record batches.
+func (s *Server) fetchPartition(ctx context.Context, rp *kmsg.FetchResponseTopicPartition, topic string, partition int32, offset int64, maxBytes int, codec int8) int {
+	readBytes := maxBytes
+	if codec != codecNone {
+		readBytes = compressedReadBytes(maxBytes)
+	}
 	res, err := streams.FetchTx(ctx, s.pool, topic, partition, offset, &streams.FetchOpts{
-		MaxBytes: max(maxBytes, 1), MaxRecords: fetchMaxRecords})
+		MaxBytes: max(readBytes, 1), MaxRecords: fetchMaxRecords})
 	if err != nil {
 		var oor *streams.OffsetOutOfRangeError
 		if errors.As(err, &oor) {
@@ -194,7 +206,11 @@ func (s *Server) fetchPartition(ctx context.Context, rp *kmsg.FetchResponseTopic
 	if len(res.Events) == 0 {
 		return 0
 	}
-	rp.RecordBatches = appendBatches(nil, res.Events)
+	if codec != codecNone {
+		rp.RecordBatches = appendCompressedBatches(nil, res.Events, codec, maxBytes)
+	} else {
+		rp.RecordBatches = appendBatches(nil, res.Events)
+	}
 	return len(rp.RecordBatches)
 }
 

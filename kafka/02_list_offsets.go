@@ -32,6 +32,17 @@ func handleListOffsets(ctx context.Context, r *request) (kmsg.Response, error) {
 	}
 	for _, t := range req.Topics {
 		rt := kmsg.NewListOffsetsResponseTopic()
+		if t.Topic == consumerOffsetsTopic {
+			rt.Topic = t.Topic
+			for _, p := range t.Partitions {
+				rp := kmsg.NewListOffsetsResponseTopicPartition()
+				rp.Partition, rp.Timestamp, rp.Offset, rp.LeaderEpoch = p.Partition, -1, -1, -1
+				listInternalOffset(&rp, p.Timestamp)
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+			continue
+		}
 		if !allowed.Allows(t.Topic, access.Read) {
 			for _, p := range t.Partitions {
 				rp := kmsg.NewListOffsetsResponseTopicPartition()

@@ -71,10 +71,11 @@ func handleMetadata(ctx context.Context, r *request) (kmsg.Response, error) {
 
 	if everyTopic {
 		for _, st := range all {
-			if describable(st.Name) {
+			if describable(st.Name) && st.Name != consumerOffsetsTopic {
 				resp.Topics = append(resp.Topics, topicMetadata(live, st.Name, st.Partitions))
 			}
 		}
+		resp.Topics = append(resp.Topics, internalTopicMetadata(live))
 		return resp, nil
 	}
 	// Creating topics is AdminPrincipal's (as CreateTopics).
@@ -88,6 +89,10 @@ func handleMetadata(ctx context.Context, r *request) (kmsg.Response, error) {
 			continue
 		}
 		name := *t.Topic
+		if name == consumerOffsetsTopic {
+			resp.Topics = append(resp.Topics, internalTopicMetadata(live))
+			continue
+		}
 		if !describable(name) {
 			// Also for a topic that does not exist: a refusal tells nobody which exist.
 			mt := kmsg.NewMetadataResponseTopic()

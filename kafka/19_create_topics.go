@@ -41,6 +41,8 @@ func handleCreateTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 		switch {
 		case !r.isAdmin():
 			fail(kerr.TopicAuthorizationFailed.Code, "only the admin principal may create topics")
+		case t.Topic == consumerOffsetsTopic:
+			fail(kerr.TopicAlreadyExists.Code, "topic "+t.Topic+" already exists (internal: streamd keeps committed offsets as rows)")
 		case seen[t.Topic] > 1:
 			fail(kerr.InvalidRequest.Code, "the topic is named more than once in the request")
 		case !streams.ValidName(t.Topic):
@@ -63,7 +65,7 @@ func handleCreateTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 					return err
 				}
 				var err error
-				if settings, err = loadTopicSettings(ctx, tx, t.Topic); err != nil {
+				if settings, err = loadTopicSettings(ctx, tx, t.Topic, s.cfg.Compression); err != nil {
 					return err
 				}
 				for _, c := range t.Configs {
@@ -95,6 +97,7 @@ func handleCreateTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 					}
 					rt.Configs = append(rt.Configs, c)
 				}
+				s.forgetCompression(t.Topic)
 				if !req.ValidateOnly {
 					s.logger.Info("kafka topic created", "stream", t.Topic, "partitions", partitions)
 				}

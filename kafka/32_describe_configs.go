@@ -45,7 +45,7 @@ func handleDescribeConfigs(ctx context.Context, r *request) (kmsg.Response, erro
 			var settings *topicSettings
 			err := pgx.BeginFunc(ctx, r.s.pool, func(tx pgx.Tx) error {
 				var err error
-				settings, err = loadTopicSettings(ctx, tx, res.ResourceName)
+				settings, err = loadTopicSettings(ctx, tx, res.ResourceName, r.s.cfg.Compression)
 				return err
 			})
 			if err != nil {

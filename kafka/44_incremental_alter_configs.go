@@ -51,7 +51,7 @@ func handleIncrementalAlterConfigs(ctx context.Context, r *request) (kmsg.Respon
 			continue
 		}
 		err := pgx.BeginFunc(ctx, r.s.pool, func(tx pgx.Tx) error {
-			settings, err := loadTopicSettings(ctx, tx, res.ResourceName)
+			settings, err := loadTopicSettings(ctx, tx, res.ResourceName, r.s.cfg.Compression)
 			if err != nil {
 				return err
 			}
@@ -84,6 +84,7 @@ func handleIncrementalAlterConfigs(ctx context.Context, r *request) (kmsg.Respon
 			msg := err.Error()
 			rr.ErrorMessage = &msg
 		}
+		r.s.forgetCompression(res.ResourceName)
 		resp.Resources = append(resp.Resources, rr)
 	}
 	return resp, nil

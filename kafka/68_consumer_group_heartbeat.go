@@ -103,10 +103,11 @@ func (s *Server) topicNamesByID(ctx context.Context) (map[[16]byte]string, error
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[[16]byte]string, len(all))
+	out := make(map[[16]byte]string, len(all)+1)
 	for _, st := range all {
 		out[topicID(st.Name)] = st.Name
 	}
+	out[topicID(consumerOffsetsTopic)] = consumerOffsetsTopic
 	return out, nil
 }
 

@@ -23,6 +23,7 @@ const (
 	cfgMaxMessageBytes = "max.message.bytes"      // streams.max_payload_bytes
 	cfgTimestampType   = "message.timestamp.type" // always LogAppendTime (read only)
 	cfgValueFormat     = "streamd.value.format"   // streams.value_format: any or json
+	cfgCompression     = "compression.type"       // performance_config.enableCompression, compressionCodec
 )
 
 // errInvalidConfig: a config name or value streamd does not take (INVALID_CONFIG).
@@ -33,6 +34,9 @@ type topicSettings struct {
 	cfg         *streamconfig.Config
 	maxPayload  int32
 	valueFormat string
+	// defaultCompression is the server's Config.Compression: the compression.type
+	// of a topic whose performance_config says nothing.
+	defaultCompression string
 }
 
 type configEntry struct {
@@ -68,6 +72,9 @@ func (t *topicSettings) entries() []configEntry {
 		isDefault: t.maxPayload == 1<<20, typ: kmsg.ConfigTypeInt})
 	out = append(out, configEntry{name: cfgTimestampType, value: strp("LogAppendTime"), readOnly: true, isDefault: true, typ: kmsg.ConfigTypeString})
 	out = append(out, configEntry{name: cfgValueFormat, value: strp(t.valueFormat), isDefault: t.valueFormat == "any", typ: kmsg.ConfigTypeString})
+	p := t.cfg.Performance
+	out = append(out, configEntry{name: cfgCompression, value: strp(compressionOf(p, t.defaultCompression)),
+		isDefault: p == nil || p.EnableCompression == nil, typ: kmsg.ConfigTypeString})
 	return out
 }
 
@@ -151,6 +158,8 @@ func (t *topicSettings) set(name string, value *string) error {
 			return bad("%q is not any or json", *value)
 		}
 		t.valueFormat = *value
+	case cfgCompression:
+		return t.setCompression(value)
 	case cfgTimestampType:
 		if value != nil && *value != "LogAppendTime" {
 			return bad("streamd stamps records with the log's time: only LogAppendTime")
@@ -161,8 +170,37 @@ func (t *topicSettings) set(name string, value *string) error {
 	return nil
 }
 
-// loadTopicSettings reads stream's settings in db.
-func loadTopicSettings(ctx context.Context, db pgx.Tx, stream string) (*topicSettings, error) {
+// setCompression maps compression.type onto performance_config: a codec enables
+// compression with it, uncompressed disables it, and producer or nil (DELETE) removes
+// both keys, so the topic follows the server's default (streamd keeps records, not
+// the producer's batches: there is no producer's codec to keep).
+func (t *topicSettings) setCompression(value *string) error {
+	p := t.cfg.Performance
+	if p == nil {
+		p = &streamconfig.Performance{}
+	}
+	switch {
+	case value == nil || *value == compressionProducer:
+		p.EnableCompression, p.CompressionCodec = nil, ""
+	case *value == compressionUncompressed:
+		off := false
+		p.EnableCompression, p.CompressionCodec = &off, ""
+	case compressionCodecs[*value] != codecNone:
+		on := true
+		p.EnableCompression, p.CompressionCodec = &on, *value
+	default:
+		return fmt.Errorf("%w: %s: %q is not uncompressed, gzip, snappy, lz4, zstd or producer", errInvalidConfig, cfgCompression, *value)
+	}
+	if p.BatchSize == 0 && p.EnableCompression == nil {
+		p = nil
+	}
+	t.cfg.Performance = p
+	return nil
+}
+
+// loadTopicSettings reads stream's settings in db; defaultCompression is the
+// server's Config.Compression.
+func loadTopicSettings(ctx context.Context, db pgx.Tx, stream, defaultCompression string) (*topicSettings, error) {
 	info, err := streams.DescribeStreamTx(ctx, db, stream)
 	if err != nil {
 		return nil, err
@@ -171,7 +209,8 @@ func loadTopicSettings(ctx context.Context, db pgx.Tx, stream string) (*topicSet
 	if err != nil {
 		return nil, err
 	}
-	return &topicSettings{cfg: cfg, maxPayload: info.MaxPayloadBytes, valueFormat: info.ValueFormat}, nil
+	return &topicSettings{cfg: cfg, maxPayload: info.MaxPayloadBytes, valueFormat: info.ValueFormat,
+		defaultCompression: defaultCompression}, nil
 }
 
 // save writes t to stream in db (the caller's transaction), all or nothing.

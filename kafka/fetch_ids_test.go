@@ -65,7 +65,7 @@ func TestFetchByTopicID(t *testing.T) {
 	require.Equal(t, kerr.UnknownTopicID.Code, unknown.Partitions[0].ErrorCode)
 }
 
-// recordsOf decodes fetched record batches (uncompressed, as streamd serves them).
+// recordsOf decodes fetched record batches, compressed or not.
 func recordsOf(t *testing.T, raw []byte) []kgo.Record {
 	t.Helper()
 	var out []kgo.Record
@@ -73,7 +73,8 @@ func recordsOf(t *testing.T, raw []byte) []kgo.Record {
 		var b kmsg.RecordBatch
 		require.NoError(t, b.ReadFrom(raw))
 		raw = raw[12+int(b.Length):]
-		data := b.Records
+		data, err := decompress(b.Attributes&attrCodecMask, b.Records, 64<<20)
+		require.NoError(t, err)
 		for range b.NumRecords {
 			var r kmsg.Record
 			l, n := varint(data)

@@ -18,7 +18,7 @@ import (
 // principal: the tokens stay the one secret, nothing is stored.
 
 // saslMechanisms are the mechanisms SaslHandshake offers, in its order.
-var saslMechanisms = []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
+var saslMechanisms = []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", mechanismOAuthBearer}
 
 // scramIterations is SCRAM's PBKDF2 iteration count (Kafka's minimum, RFC 7677's
 // recommendation).
@@ -84,6 +84,9 @@ type saslExchange struct {
 	steps int
 	// raw: started by SaslHandshake v0, the messages come as bare frames.
 	raw bool
+	// oauthFailed: OAUTHBEARER refused the token and sent its error; the client's
+	// next message (%x01) ends the exchange with it.
+	oauthFailed bool
 }
 
 func (a *saslAuth) start(mechanism string) *saslExchange {
@@ -109,6 +112,9 @@ func (a *saslAuth) unknownSalt(user string) []byte {
 // is over).
 func (a *saslAuth) step(x *saslExchange, msg []byte) (reply []byte, principal string, err error) {
 	x.steps++
+	if x.mechanism == mechanismOAuthBearer {
+		return a.oauthStep(x, msg)
+	}
 	if x.scram == nil { // PLAIN
 		// authzid NUL authcid NUL password (RFC 4616); Kafka takes an authzid only if
 		// it is the authcid.

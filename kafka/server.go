@@ -47,6 +47,12 @@ type Config struct {
 	// BrokerTTL is how long this instance stays listed in Metadata after its last
 	// heartbeat. Defaults to 10s.
 	BrokerTTL time.Duration
+	// Compression is the compression.type of the topics whose performance_config does
+	// not set enableCompression (Kafka's broker-level compression.type): their Fetch
+	// batches are compressed with it. "uncompressed", "gzip", "snappy", "lz4" or
+	// "zstd"; Kafka's "producer" is refused (streamd keeps records, not the
+	// producer's batches). Defaults to "uncompressed" (docs/kafka.md, "Compression").
+	Compression string
 	// ConsumerGroupHeartbeatInterval is how often KIP-848 group members are told to
 	// heartbeat. Defaults to 5s, at most a third of ConsumerGroupSessionTimeout.
 	ConsumerGroupHeartbeatInterval time.Duration
@@ -107,6 +113,13 @@ func (c *Config) withDefaults() (Config, error) {
 		if _, err := splitAddr(out.AdvertisedAddr); err != nil {
 			return out, fmt.Errorf("kafka: Config.AdvertisedAddr: %v", err)
 		}
+	}
+	if out.Compression == "" {
+		out.Compression = compressionUncompressed
+	}
+	if _, ok := compressionCodecs[out.Compression]; !ok {
+		return out, fmt.Errorf("kafka: Config.Compression %q is not uncompressed, gzip, snappy, lz4 or zstd "+
+			"(streamd keeps records, not the producer's batches, so Kafka's \"producer\" cannot be honoured)", out.Compression)
 	}
 	if out.DefaultPartitions == 0 {
 		out.DefaultPartitions = 1
@@ -193,6 +206,9 @@ type Server struct {
 
 	// fetchesWaiting counts the Fetch long polls waiting (tests wait on it).
 	fetchesWaiting atomic.Int64
+
+	// compression caches each topic's fetch codec (fetch_compression.go).
+	compression topicCompression
 
 	// topicIDs caches the streams' topic ids for Fetch v13+ (01_fetch.go).
 	topicIDs struct {

@@ -34,7 +34,13 @@ import (
 //   - pgmq-style batched: the same table, read benchBatch rows per UPDATE (pgmq's
 //     read with qty) then delete them by id array (pgmq's delete of msg_ids[]): the
 //     leanest queue with a lease, a write per receive that the raw drain does not
-//     pay.
+//     pay;
+//   - streamd FIFO: streamd's loop (Receive + Ack) on a FIFO queue, the messages
+//     spread over benchFIFOGroups groups (two messages each, sent in different
+//     batches), against the same loop on the standard queue (issue 22: FIFO groups
+//     at 0.8x or more of the same queue without them). A receive takes one message
+//     per group, so each of the benchConsumers consumers gets up to benchBatch
+//     groups' heads.
 //
 // The baselines' statements are internal/queuebaseline's, which the bench suite's
 // queue scenario runs too. Every system is sent the same payloads in the same batches, drained by the same
@@ -49,6 +55,9 @@ const (
 	benchMessages  = 2000
 	benchBatch     = 100
 	benchConsumers = 4
+	// benchFIFOGroups is the number of FIFO groups of BenchmarkQueueThroughput's FIFO
+	// queue.
+	benchFIFOGroups = benchMessages / 2
 )
 
 // benchQueue returns a pool of benchConsumers + 2 connections, a Client on it and a
@@ -71,6 +80,9 @@ func benchQueue(b *testing.B, prefix string) (*pgxpool.Pool, *messages.Client, s
 func BenchmarkQueueThroughput(b *testing.B) {
 	ctx := context.Background()
 	pool, c, q := benchQueue(b, "bench")
+	fifo := testdb.Name("bench_fifo")
+	require.NoError(b, c.CreateQueue(ctx, fifo, &messages.QueueConfig{FIFO: true}))
+	defer func() { _ = c.DeleteQueue(context.Background(), fifo) }()
 	raw := pgx.Identifier{strings.ReplaceAll(testdb.Name("bench_raw"), "-", "_")}.Sanitize()
 	pgmq := pgx.Identifier{strings.ReplaceAll(testdb.Name("bench_pgmq"), "-", "_")}.Sanitize()
 	_, err := pool.Exec(ctx, fmt.Sprintf(queuebaseline.RawTable, raw)+";"+fmt.Sprintf(queuebaseline.PgmqTable, pgmq))
@@ -191,7 +203,26 @@ func BenchmarkQueueThroughput(b *testing.B) {
 			return n, err
 		}))
 	}
-	systems := []func(){runStreamd, runRaw, runStreamd2, runPgmq, runPgmqBatch}
+	// streamd on the FIFO queue, each batch acked by its own call, as runStreamd.
+	runFIFO := func() {
+		for k := range benchMessages / benchBatch {
+			msgs := make([]messages.OutgoingMessage, benchBatch)
+			for i := range msgs {
+				msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(payloads[i]),
+					GroupKey: fmt.Sprintf("g%d", (k*benchBatch+i)%benchFIFOGroups)}
+			}
+			_, err := c.Send(ctx, fifo, msgs...)
+			require.NoError(b, err)
+		}
+		require.NoError(b, drain(func() (int, error) {
+			got, err := c.Receive(ctx, fifo, &messages.ReceiveOpts{Max: benchBatch})
+			if err != nil || len(got) == 0 {
+				return 0, err
+			}
+			return len(got), c.Ack(ctx, receipts(got)...)
+		}))
+	}
+	systems := []func(){runStreamd, runRaw, runStreamd2, runPgmq, runPgmqBatch, runFIFO}
 	times := make([][]time.Duration, len(systems)) // each system's iterations
 	for i := 0; b.Loop(); i++ {
 		for j := range systems {
@@ -210,7 +241,9 @@ func BenchmarkQueueThroughput(b *testing.B) {
 		slices.Sort(d)
 		return benchMessages / d[len(d)/2].Seconds()
 	}
-	s, r, s2, p, pb := rate(0), rate(1), rate(2), rate(3), rate(4)
+	s, r, s2, p, pb, f := rate(0), rate(1), rate(2), rate(3), rate(4), rate(5)
+	b.ReportMetric(f, "streamd_fifo_msgs/s")
+	b.ReportMetric(f/s, "streamd_fifo/streamd")
 	b.ReportMetric(s2, "streamd_ack_with_receive_msgs/s")
 	b.ReportMetric(s2/r, "streamd_ack_with_receive/raw")
 	b.ReportMetric(s, "streamd_msgs/s")
@@ -354,4 +387,71 @@ func BenchmarkQueueWorker(b *testing.B) {
 		require.Zero(b, stats[0].Total, "every message acked")
 	}
 	b.ReportMetric(float64(b.N*benchMessages)/elapsed.Seconds(), "msgs/s")
+}
+
+// BenchmarkQueueDelayedHead measures DESIGN.md's known limit of the queue's storage: a
+// receive reads the primary key in offset order and reads past every message that is
+// not visible, so delayed messages at a queue's head are paid for by every receive.
+// One queue holds delayedHead messages sent with a one-hour delay, another none; each
+// iteration sends benchMessages ready messages to both and drains each with one
+// consumer (Receive of benchBatch, then Ack), in alternating order. It reports the
+// median receive + ack time per batch of each queue and their ratio.
+func BenchmarkQueueDelayedHead(b *testing.B) {
+	const delayedHead = 100_000
+	ctx := context.Background()
+	_, c, plain := benchQueue(b, "bench_plain")
+	delayed := testdb.Name("bench_delayed")
+	require.NoError(b, c.CreateQueue(ctx, delayed, nil))
+	defer func() { _ = c.DeleteQueue(context.Background(), delayed) }()
+	later := make([]messages.OutgoingMessage, 1000)
+	for i := range later {
+		later[i] = messages.OutgoingMessage{Data: json.RawMessage(`{"later":true}`), Delay: time.Hour}
+	}
+	for range delayedHead / len(later) {
+		_, err := c.Send(ctx, delayed, later...)
+		require.NoError(b, err)
+	}
+	msgs := make([]messages.OutgoingMessage, benchBatch)
+	for i := range msgs {
+		msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprintf(`{"order":%d}`, i))}
+	}
+	batches := map[string][]time.Duration{}
+	run := func(q string) {
+		for range benchMessages / benchBatch {
+			_, err := c.Send(ctx, q, msgs...)
+			require.NoError(b, err)
+		}
+		for {
+			t0 := time.Now()
+			got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: benchBatch})
+			require.NoError(b, err)
+			if len(got) == 0 {
+				return
+			}
+			rs := make([]messages.Receipt, len(got))
+			for i, m := range got {
+				rs[i] = m.Receipt
+			}
+			require.NoError(b, c.Ack(ctx, rs...))
+			batches[q] = append(batches[q], time.Since(t0))
+		}
+	}
+	for i := 0; b.Loop(); i++ {
+		if i%2 == 0 {
+			run(plain)
+			run(delayed)
+		} else {
+			run(delayed)
+			run(plain)
+		}
+	}
+	median := func(d []time.Duration) float64 {
+		d = slices.Clone(d)
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds())
+	}
+	p, d := median(batches[plain]), median(batches[delayed])
+	b.ReportMetric(p, "plain_receive_ack_µs/batch")
+	b.ReportMetric(d, "delayed_head_receive_ack_µs/batch")
+	b.ReportMetric(d/p, "delayed_head/plain")
 }

@@ -195,7 +195,7 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 		rows   pgx.Rows
 		ackErr error
 		br     pgx.BatchResults
-		acked  map[receiptKey]bool
+		stale  map[receiptKey]bool // receipts of o.Ack the ack did not settle
 	)
 	if len(o.Ack) == 0 {
 		rows, err = conn.Query(ctx, receiveSQL, queue, o.Max, vt, c.sqlNow())
@@ -212,11 +212,11 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 		if qerr != nil {
 			return nil, fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(qerr))
 		}
-		done, qerr := collectOffsets(ackRows)
+		missed, qerr := collectOffsets(ackRows)
 		if qerr != nil {
 			return nil, fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(qerr))
 		}
-		acked = done
+		stale = missed
 		rows, err = br.Query()
 	}
 	if err != nil {
@@ -240,8 +240,8 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 		if err := br.Close(); err != nil {
 			return nil, fmt.Errorf("receive from queue %s: %w", queue, sqlerr.Wrap(err))
 		}
-		c.metrics.add(c.metrics.acked, queue, len(acked))
-		ackErr = c.lost(ctx, queue, o.Ack, acked)
+		c.metrics.add(c.metrics.acked, queue, settledCount(o.Ack, stale))
+		ackErr = c.lost(ctx, queue, o.Ack, func(k receiptKey) bool { return !stale[k] })
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
 	c.metrics.add(c.metrics.received, queue, len(out))

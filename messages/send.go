@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -25,8 +26,10 @@ type OutgoingMessage struct {
 	// DeadLetterQueue overrides the queue's dead-letter queue for this message; it
 	// must exist and be standard. Defaults to the queue's.
 	DeadLetterQueue string
-	// Delay keeps the message invisible for this long after the send (no cap).
-	// Defaults to 0.
+	// Delay keeps the message invisible for this long after the send (no cap). On a
+	// standard queue a delayed message (Delay, or DeliverAt in the future) goes to the
+	// queue's delayed lane: its offset is after every undelayed message's (from 2^52
+	// up), so receives do not read past it while it waits. Defaults to 0.
 	Delay time.Duration
 	// DeliverAt keeps the message invisible until this time; set Delay or DeliverAt,
 	// not both. Defaults to the zero time: Delay applies.
@@ -206,7 +209,15 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 	if anyBytes {
 		binary = bytesData
 	}
-	rows, err := db.Query(ctx, `SELECT ord, "offset", message_id, duplicate
+	// The message ids come back only when the SQL makes some (a batch that names some
+	// ids and not others); otherwise they are the ones sent, and a result row is the
+	// smaller without them.
+	idsKnown := !slices.Contains(ids, nil) // every id made here or named
+	cols := `ord, "offset", message_id, duplicate`
+	if idsKnown {
+		cols = `ord, "offset", NULL::text, duplicate`
+	}
+	rows, err := db.Query(ctx, `SELECT `+cols+`
 		FROM streamd.queue_send($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		queue, ids, data, nilIfAllNil(meta), nilIfAllNil(delays), nilIfAllNil(deliverAt), nilIfAllNil(groups),
 		nilIfAllNil(attempts), nilIfAllNil(dlqs), c.sqlNow(), fresh, binary)
@@ -219,15 +230,21 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 		var (
 			ord int32
 			off *int64
+			id  *string
 			r   SendResult
 		)
-		if err := rows.Scan(&ord, &off, &r.MessageID, &r.Duplicate); err != nil {
+		if err := rows.Scan(&ord, &off, &id, &r.Duplicate); err != nil {
 			return nil, fmt.Errorf("send to queue %s: %w", queue, err)
 		}
 		if off != nil {
 			r.Offset = *off
 		}
 		if ord >= 1 && int(ord) <= n {
+			if id != nil {
+				r.MessageID = *id
+			} else if ids[ord-1] != nil {
+				r.MessageID = *ids[ord-1]
+			}
 			out[ord-1] = r
 		}
 	}

@@ -3,6 +3,7 @@ package messages_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -15,8 +16,10 @@ import (
 )
 
 // TestSoakTableStaysBounded churns a queue (send, receive, ack, some nacks) for
-// $STREAMD_SOAK_DURATION (default 3m) and samples streamd.queue_messages' dead tuples and
-// total size: with the table's autovacuum settings (0086_queue_storage.sql) both must
+// $STREAMD_SOAK_DURATION (default 3m) and samples streamd.queue_messages' live and dead
+// tuples and its table, index and total sizes (logged as they come, and at the end
+// again as a Markdown table to paste into bench/RESULTS.md): with the table's
+// autovacuum settings (0086_queue_storage.sql) both must
 // level off instead of growing with the number of messages processed. It runs only
 // with STREAMD_SOAK=1 (make soak-queue), alone, since it measures the whole table.
 func TestSoakTableStaysBounded(t *testing.T) {
@@ -86,8 +89,11 @@ func TestSoakTableStaysBounded(t *testing.T) {
 
 	type sample struct {
 		at        time.Duration
+		processed int64
 		dead, liv int64
-		size      int64
+		size      int64 // table and indexes
+		table     int64 // heap and TOAST
+		index     int64
 		vacuums   int64
 	}
 	var samples []sample
@@ -99,16 +105,26 @@ func TestSoakTableStaysBounded(t *testing.T) {
 		case <-wctx.Done():
 		case <-tick.C:
 			var s sample
-			require.NoError(t, pool.QueryRow(ctx, `SELECT n_dead_tup, n_live_tup, pg_total_relation_size(relid), autovacuum_count
-				FROM pg_stat_user_tables WHERE schemaname = 'streamd' AND relname = 'queue_messages'`).Scan(&s.dead, &s.liv, &s.size, &s.vacuums))
+			require.NoError(t, pool.QueryRow(ctx, `SELECT n_dead_tup, n_live_tup, pg_total_relation_size(relid),
+				pg_table_size(relid), pg_indexes_size(relid), autovacuum_count
+				FROM pg_stat_user_tables WHERE schemaname = 'streamd' AND relname = 'queue_messages'`).Scan(&s.dead, &s.liv, &s.size, &s.table, &s.index, &s.vacuums))
 			s.at = time.Since(start).Round(time.Second)
-			samples = append(samples, s)
 			pmu.Lock()
-			t.Logf("t=%v processed=%d live=%d dead=%d size=%dKiB autovacuums=%d", s.at, processed, s.liv, s.dead, s.size/1024, s.vacuums)
+			s.processed = processed
 			pmu.Unlock()
+			samples = append(samples, s)
+			t.Logf("t=%v processed=%d live=%d dead=%d table=%dKiB indexes=%dKiB total=%dKiB autovacuums=%d",
+				s.at, s.processed, s.liv, s.dead, s.table/1024, s.index/1024, s.size/1024, s.vacuums)
 		}
 	}
 	wg.Wait()
+	// The samples again as a Markdown table, to paste into bench/RESULTS.md.
+	table := "\n| t | processed | live | dead | table MiB | indexes MiB | total MiB | autovacuums |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+	for _, s := range samples {
+		table += fmt.Sprintf("| %v | %d | %d | %d | %.1f | %.1f | %.1f | %d |\n", s.at, s.processed, s.liv, s.dead,
+			float64(s.table)/(1<<20), float64(s.index)/(1<<20), float64(s.size)/(1<<20), s.vacuums)
+	}
+	t.Log(table)
 	require.GreaterOrEqual(t, len(samples), 8)
 	half := samples[len(samples)/2]
 	last := samples[len(samples)-1]

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -97,4 +98,51 @@ func TestQueueSettingsApplyToQueuedMessages(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"queue's"}, inDLQ, "the new policy dead-letters the queued message; the other has attempts left")
 	require.Equal(t, 1, count(t, pool, q))
+}
+
+// TestReceiveDoesNotReadPastDelayedMessages: messages sent with a delay go to the
+// queue's delayed lane (migration 0099: offsets after every undelayed message's), so a
+// receive of ready messages does not read past them, and finds them through their
+// own index once they are due. Before, a receive read every delayed message at the
+// queue's head (BenchmarkQueueDelayedHead: 7x the time per batch behind 100,000).
+// pg_stat_xact_user_tables counts the rows the transaction read.
+func TestReceiveDoesNotReadPastDelayedMessages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q := setup(t, clock, nil)
+	later := make([]messages.OutgoingMessage, 2000)
+	for i := range later {
+		later[i] = messages.OutgoingMessage{Data: data(i), Delay: time.Duration(i+1) * time.Second}
+	}
+	res, err := c.Send(ctx, q, later...)
+	require.NoError(t, err)
+	ready, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("ready")})
+	require.NoError(t, err)
+
+	var n int
+	var rows int64
+	require.NoError(t, pgx.BeginFunc(ctx, c.Pool(), func(tx pgx.Tx) error {
+		got, err := tx.Query(ctx, `SELECT "offset" FROM streamd.queue_receive($1, 10, NULL, $2)`, q, clock.Now())
+		require.NoError(t, err)
+		for got.Next() {
+			n++
+		}
+		require.NoError(t, got.Err())
+		return tx.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+			FROM pg_stat_xact_user_tables WHERE relid = 'streamd.queue_messages'::regclass`).Scan(&rows)
+	}))
+	require.Equal(t, 1, n, "only the ready message is visible")
+	require.Less(t, rows, int64(100), "the receive read %d rows behind 2,000 delayed messages", rows)
+	require.Greater(t, res[0].Offset, ready[0].Offset, "a delayed message's offset is after the undelayed ones'")
+
+	// Once due, they are received (the ready one is in flight).
+	clock.Advance(3 * time.Second)
+	got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+	require.NoError(t, err)
+	var order []string
+	for _, m := range got {
+		order = append(order, string(m.Data))
+	}
+	require.ElementsMatch(t, []string{"0", "1", "2"}, order)
 }

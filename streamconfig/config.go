@@ -102,9 +102,25 @@ type Lifecycle struct {
 type Performance struct {
 	// BatchSize is the preferred producer batch and fetch size (1 to 100000). Defaults to 0 (the client's).
 	BatchSize int `json:"batchSize,omitempty"`
-	// EnableCompression asks clients to compress payloads. Defaults to false.
-	EnableCompression bool `json:"enableCompression,omitempty"`
+	// CompressionCodec is the codec of compressed Kafka fetches: gzip, snappy, lz4 or
+	// zstd. Only with EnableCompression true. Defaults to "" (DefaultCompressionCodec).
+	CompressionCodec string `json:"compressionCodec,omitempty"`
+	// EnableCompression: true makes Kafka fetches of the stream return record batches
+	// compressed with CompressionCodec; false returns them uncompressed. Kafka's
+	// topic config compression.type reads and writes it (docs/kafka.md). Defaults to
+	// nil: the Kafka listener's default (kafka.Config.Compression, uncompressed
+	// unless set).
+	EnableCompression *bool `json:"enableCompression,omitempty"`
 }
+
+// DefaultCompressionCodec is the codec of a stream whose performance_config enables
+// compression without naming one (seed 003's example): lz4, cheap to compress and to
+// decompress.
+const DefaultCompressionCodec = "lz4"
+
+// CompressionCodecs are the values performance_config.compressionCodec takes: the
+// record batch codecs of Kafka.
+var CompressionCodecs = []string{"gzip", "snappy", "lz4", "zstd"}
 
 // AccessControl is the access_control_config section: the principals (API token
 // principals, see streamd serve's --auth-token-file) allowed each action on the
@@ -237,8 +253,18 @@ func (c *Config) Validate() error {
 			return fieldErr("lifecycle_config.deleteAfter", "%s must be positive", time.Duration(*l.DeleteAfter))
 		}
 	}
-	if p := c.Performance; p != nil && (p.BatchSize < 0 || p.BatchSize > 100000) {
-		return fieldErr("performance_config.batchSize", "%d must be between 1 and 100000", p.BatchSize)
+	if p := c.Performance; p != nil {
+		if p.BatchSize < 0 || p.BatchSize > 100000 {
+			return fieldErr("performance_config.batchSize", "%d must be between 1 and 100000", p.BatchSize)
+		}
+		if p.CompressionCodec != "" {
+			if !slices.Contains(CompressionCodecs, p.CompressionCodec) {
+				return fieldErr("performance_config.compressionCodec", "%q is not gzip, snappy, lz4 or zstd", p.CompressionCodec)
+			}
+			if p.EnableCompression == nil || !*p.EnableCompression {
+				return fieldErr("performance_config.compressionCodec", "%q needs enableCompression true", p.CompressionCodec)
+			}
+		}
 	}
 	if a := c.AccessControl; a != nil {
 		for _, l := range []struct {

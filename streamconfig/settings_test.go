@@ -30,6 +30,10 @@ func TestSettingsKeysAreChecked(t *testing.T) {
 		{"performance_config", `{"batchSize": 0}`, "performance_config.batchSize"},
 		{"performance_config", `{"batchSize": 1.5}`, "performance_config.batchSize"},
 		{"performance_config", `{"enableCompression": "yes"}`, "performance_config.enableCompression"},
+		{"performance_config", `{"enableCompression": true, "compressionCodec": "brotli"}`, "performance_config.compressionCodec"},
+		{"performance_config", `{"enableCompression": true, "compressionCodec": 4}`, "performance_config.compressionCodec"},
+		{"performance_config", `{"compressionCodec": "zstd"}`, "performance_config.compressionCodec"},
+		{"performance_config", `{"enableCompression": false, "compressionCodec": "zstd"}`, "performance_config.compressionCodec"},
 		{"dead_letter_config", `{"maxDeliveryAttempts": 1001}`, "dead_letter_config.maxDeliveryAttempts"},
 		{"dead_letter_config", `{"enabled": 1}`, "dead_letter_config.enabled"},
 		{"dead_letter_config", `{"stream": "no spaces"}`, "dead_letter_config.stream"},
@@ -57,6 +61,13 @@ func TestSettingsKeysAreChecked(t *testing.T) {
 	cfg, err := store.Get(ctx, name)
 	require.NoError(t, err)
 	require.Equal(t, 1000, cfg.Performance.BatchSize)
+	require.True(t, *cfg.Performance.EnableCompression)
+	_, err = c.Pool().Exec(ctx, `UPDATE streamd.stream_configurations
+		SET performance_config = '{"enableCompression": true, "compressionCodec": "zstd"}' WHERE stream_name = $1`, name)
+	require.NoError(t, err)
+	cfg, err = store.Get(ctx, name)
+	require.NoError(t, err)
+	require.Equal(t, "zstd", cfg.Performance.CompressionCodec)
 	require.Equal(t, 3, cfg.DeadLetter.MaxDeliveryAttempts)
 	require.Equal(t, 30*time.Second, time.Duration(*cfg.DeadLetter.Backoff))
 
@@ -66,6 +77,13 @@ func TestSettingsKeysAreChecked(t *testing.T) {
 	var fe *streamconfig.FieldError
 	require.ErrorAs(t, err, &fe)
 	require.Equal(t, "dead_letter_config.backoff", fe.Field)
+	on := true
+	err = store.Set(ctx, name, &streamconfig.Config{Performance: &streamconfig.Performance{EnableCompression: &on, CompressionCodec: "brotli"}})
+	require.ErrorAs(t, err, &fe)
+	require.Equal(t, "performance_config.compressionCodec", fe.Field)
+	err = store.Set(ctx, name, &streamconfig.Config{Performance: &streamconfig.Performance{CompressionCodec: "gzip"}})
+	require.ErrorAs(t, err, &fe)
+	require.Equal(t, "performance_config.compressionCodec", fe.Field)
 	// A JSON door that decodes into Config (the CLI) refuses unknown keys.
 	dec := json.NewDecoder(jsonReader(`{"performance_config": {"foo": 1}}`))
 	dec.DisallowUnknownFields()

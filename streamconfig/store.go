@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/streamd/streamd/internal/sqlerr"
@@ -104,6 +105,29 @@ func SetTx(ctx context.Context, db streams.DBTX, stream string, cfg *Config) err
 		return fmt.Errorf("set configuration of %s: %w", stream, sqlerr.Wrap(err))
 	}
 	return nil
+}
+
+// Update changes the configuration of stream with fn, in one transaction that holds
+// a lock of the stream's configuration, so that concurrent Updates of one stream
+// apply one after the other and none is lost (a Get then Set could lose one). fn
+// gets the current configuration (an empty Config when there is none) and changes it
+// in place; an error from fn writes nothing and is returned as is. The result is
+// validated and written as Set does. streams.ErrStreamNotFound for an unknown stream.
+// Set, SQL and other doors do not take the lock: Update orders Updates only.
+func (s *Store) Update(ctx context.Context, stream string, fn func(*Config) error) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('streamd.stream_configurations'), hashtext($1))`, stream); err != nil {
+			return fmt.Errorf("update configuration of %s: %w", stream, sqlerr.Wrap(err))
+		}
+		cfg, err := GetTx(ctx, tx, stream)
+		if err != nil {
+			return err
+		}
+		if err := fn(cfg); err != nil {
+			return err
+		}
+		return SetTx(ctx, tx, stream, cfg)
+	})
 }
 
 // Delete removes the configuration of stream, and with it its retention policy. It

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
@@ -27,7 +28,8 @@ type ReadIndexInfo struct {
 	Kind ReadIndex `json:"kind"`
 	// Index is the PostgreSQL index's name (in schema streamd).
 	Index string `json:"index"`
-	// Valid is false for an index whose build failed: disable and enable it again.
+	// Valid is false for an index whose build failed (or is under way): EnableReadIndex
+	// rebuilds it.
 	Valid bool `json:"valid"`
 }
 
@@ -36,29 +38,68 @@ type ReadIndexInfo struct {
 // event of the stream. Only that stream's appends pay for it (one more index entry per
 // event; bench's "append-read-index" case measures it). It is built CONCURRENTLY:
 // appends go on meanwhile, and the call takes as long as a pass over the stream's
-// events. Idempotent. Errors: ErrStreamNotFound, ErrInvalidName, ErrInvalidArgument
-// (unknown kind).
+// events. Idempotent. A build that failed before (cancelled, or a deadlock victim)
+// left an invalid index of that name, which CREATE INDEX ... IF NOT EXISTS would keep:
+// EnableReadIndex drops it (CONCURRENTLY) and builds it again. A build that loses a
+// deadlock (a concurrent ANALYZE of streamd.events can make one) is retried, up to
+// readIndexAttempts times with a backoff. Errors: ErrStreamNotFound, ErrInvalidName,
+// ErrInvalidArgument (unknown kind), or the last build's error.
 func (c *Client) EnableReadIndex(ctx context.Context, stream string, kind ReadIndex) error {
-	return c.readIndexDDL(ctx, stream, kind, true)
-}
-
-// DisableReadIndex drops the read index of kind on stream; reads by it then scan the
-// stream. Idempotent. Errors as EnableReadIndex.
-func (c *Client) DisableReadIndex(ctx context.Context, stream string, kind ReadIndex) error {
-	return c.readIndexDDL(ctx, stream, kind, false)
-}
-
-func (c *Client) readIndexDDL(ctx context.Context, stream string, kind ReadIndex, create bool) error {
-	verb := map[bool]string{true: "enable", false: "disable"}[create]
-	var ddl string
-	if err := c.pool.QueryRow(ctx, "SELECT streamd.read_index_ddl($1, $2, $3)", stream, string(kind), create).Scan(&ddl); err != nil {
-		return fmt.Errorf("%s read index %s of %s: %w", verb, kind, stream, sqlerr.Wrap(err))
+	b := backoff.NewJittered(50*time.Millisecond, 2*time.Second)
+	for attempt := 1; ; attempt++ {
+		err := c.buildReadIndex(ctx, stream, kind)
+		if err == nil || sqlerr.Code(err) != "40P01" || attempt == readIndexAttempts {
+			return err
+		}
+		if !b.Wait(ctx) {
+			return fmt.Errorf("enable read index %s of %s: %w (after %v)", kind, stream, ctx.Err(), err)
+		}
 	}
-	// The statement comes from streamd.read_index_ddl (the stream name quoted as a
-	// literal there); CONCURRENTLY needs it outside a transaction block, so it cannot
-	// run inside that function.
+}
+
+// readIndexAttempts is how many times EnableReadIndex builds an index that keeps
+// losing deadlocks.
+const readIndexAttempts = 5
+
+// buildReadIndex makes the read index of kind on stream valid: nothing when it is,
+// a drop of an invalid one (a failed CONCURRENTLY build leaves it), then the build.
+// Two concurrent calls are correct: the second's drop waits for the first's build (both
+// take the table's SHARE UPDATE EXCLUSIVE lock) and then builds it again.
+func (c *Client) buildReadIndex(ctx context.Context, stream string, kind ReadIndex) error {
+	var create, drop string
+	var valid *bool
+	if err := c.pool.QueryRow(ctx, `SELECT streamd.read_index_ddl($1, $2, true), streamd.read_index_ddl($1, $2, false),
+		(SELECT r.valid FROM streamd.read_indexes($1) r WHERE r.kind = $2)`, stream, string(kind)).Scan(&create, &drop, &valid); err != nil {
+		return fmt.Errorf("enable read index %s of %s: %w", kind, stream, sqlerr.Wrap(err))
+	}
+	if valid != nil && *valid {
+		return nil
+	}
+	// The statements come from streamd.read_index_ddl (the stream name quoted as a
+	// literal there); CONCURRENTLY needs them outside a transaction block.
+	if valid != nil {
+		if _, err := c.pool.Exec(ctx, drop); err != nil {
+			return fmt.Errorf("enable read index %s of %s: drop the invalid index a failed build left: %w", kind, stream, sqlerr.Wrap(err))
+		}
+	}
+	if _, err := c.pool.Exec(ctx, create); err != nil {
+		return fmt.Errorf("enable read index %s of %s: %w", kind, stream, sqlerr.Wrap(err))
+	}
+	return nil
+}
+
+// DisableReadIndex drops the read index of kind on stream (valid or not); reads by it
+// then scan the stream. Idempotent. Errors: ErrStreamNotFound, ErrInvalidName,
+// ErrInvalidArgument (unknown kind).
+func (c *Client) DisableReadIndex(ctx context.Context, stream string, kind ReadIndex) error {
+	var ddl string
+	if err := c.pool.QueryRow(ctx, "SELECT streamd.read_index_ddl($1, $2, false)", stream, string(kind)).Scan(&ddl); err != nil {
+		return fmt.Errorf("disable read index %s of %s: %w", kind, stream, sqlerr.Wrap(err))
+	}
+	// CONCURRENTLY needs the statement outside a transaction block, so it cannot run
+	// inside streamd.read_index_ddl.
 	if _, err := c.pool.Exec(ctx, ddl); err != nil {
-		return fmt.Errorf("%s read index %s of %s: %w", verb, kind, stream, sqlerr.Wrap(err))
+		return fmt.Errorf("disable read index %s of %s: %w", kind, stream, sqlerr.Wrap(err))
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -129,4 +130,38 @@ func TestReadByCorrelationAndType(t *testing.T) {
 	require.ErrorIs(t, err, streams.ErrInvalidArgument)
 	_, err = c.ReadIndexes(ctx, "bad name")
 	require.ErrorIs(t, err, streams.ErrInvalidName)
+}
+
+// TestEnableReadIndexRebuildsAnInvalidIndex: a CONCURRENTLY build that fails (here a
+// unique index over a column two events share, a unique violation; a cancelled build
+// or a deadlock victim does the same) leaves an INVALID index of the read index's
+// name, which CREATE INDEX CONCURRENTLY IF NOT EXISTS silently kept: the stream
+// looked indexed and every read scanned it. EnableReadIndex drops it and builds the
+// read index.
+func TestEnableReadIndexRebuildsAnInvalidIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, stream := setup(t, 1)
+	_, err := c.Produce(ctx, streams.Record{Stream: stream, EventType: "A", Data: json.RawMessage(`{}`)},
+		streams.Record{Stream: stream, EventType: "A", Data: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	var name string
+	require.NoError(t, c.Pool().QueryRow(ctx, "SELECT streamd.read_index_name($1, 'event_type')", stream).Scan(&name))
+	// Stream names are [A-Za-z0-9._-]: safe between quotes.
+	_, err = c.Pool().Exec(ctx, fmt.Sprintf(`CREATE UNIQUE INDEX CONCURRENTLY %s ON streamd.events (stream_name) WHERE stream_name = '%s'`,
+		pgx.Identifier{name}.Sanitize(), stream))
+	require.Error(t, err)
+	idx, err := c.ReadIndexes(ctx, stream)
+	require.NoError(t, err)
+	require.Equal(t, []streams.ReadIndexInfo{{Kind: streams.ReadIndexEventType, Index: name, Valid: false}}, idx)
+
+	require.NoError(t, c.EnableReadIndex(ctx, stream, streams.ReadIndexEventType))
+	idx, err = c.ReadIndexes(ctx, stream)
+	require.NoError(t, err)
+	require.Equal(t, []streams.ReadIndexInfo{{Kind: streams.ReadIndexEventType, Index: name, Valid: true}}, idx)
+	var def string
+	require.NoError(t, c.Pool().QueryRow(ctx, "SELECT pg_get_indexdef(('streamd.' || quote_ident($1))::regclass)", name).Scan(&def))
+	require.NotContains(t, def, "UNIQUE")
+	require.Contains(t, def, "event_type")
+	require.NoError(t, c.DisableReadIndex(ctx, stream, streams.ReadIndexEventType))
 }

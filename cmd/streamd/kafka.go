@@ -26,6 +26,8 @@ type kafkaConfig struct {
 	addr           string
 	advertisedAddr string
 	autoCreate     bool
+	// compression: the fetch codec of topics whose performance_config says nothing.
+	compression string
 	// producerExpiration: the leader forgets idempotent producers idle this long
 	// (streams.Client.ExpireProducers), whether or not this instance serves Kafka.
 	producerExpiration time.Duration
@@ -35,6 +37,7 @@ func (c *serveConfig) kafkaFlags(f *pflag.FlagSet) {
 	f.StringVar(&c.kafka.addr, "kafka-addr", envOr("STREAMD_KAFKA_ADDR", ""), "serve the Kafka protocol on this address, e.g. 127.0.0.1:9092 (off when empty). Clients authenticate with SASL (PLAIN, SCRAM-SHA-256/512: the principal and one of its API tokens) and speak TLS with --tls-cert; with --auth-disabled, loopback only ($STREAMD_KAFKA_ADDR)")
 	f.StringVar(&c.kafka.advertisedAddr, "kafka-advertised-addr", envOr("STREAMD_KAFKA_ADVERTISED_ADDR", ""), "host:port Kafka clients are told to connect to (default: the listener's address) ($STREAMD_KAFKA_ADVERTISED_ADDR)")
 	f.DurationVar(&c.kafka.producerExpiration, "producer-id-expiration", c.envDuration("producer-id-expiration", "STREAMD_PRODUCER_ID_EXPIRATION", 24*time.Hour), "the leader forgets an idempotent (Kafka) producer's sequences on a partition it appended nothing to for this long, as Kafka's producer.id.expiration.ms ($STREAMD_PRODUCER_ID_EXPIRATION)")
+	f.StringVar(&c.kafka.compression, "kafka-compression", envOr("STREAMD_KAFKA_COMPRESSION", "uncompressed"), "the compression.type of topics that set none: Fetch batches compressed with uncompressed, gzip, snappy, lz4 or zstd, as Kafka's broker-level compression.type ($STREAMD_KAFKA_COMPRESSION)")
 	f.BoolVar(&c.kafka.autoCreate, "kafka-auto-create-topics", c.envBool("kafka-auto-create-topics", "STREAMD_KAFKA_AUTO_CREATE_TOPICS", false), "create a topic (one partition) when a Kafka client produces to or asks for a missing one ($STREAMD_KAFKA_AUTO_CREATE_TOPICS)")
 }
 
@@ -99,6 +102,7 @@ func startKafka(ctx context.Context, g *globals, c *serveConfig, pool *pgxpool.P
 		AdvertisedAddr:   c.kafka.advertisedAddr,
 		Addr:             c.kafka.addr,
 		AutoCreateTopics: c.kafka.autoCreate,
+		Compression:      c.kafka.compression,
 		Logger:           g.logger,
 		Registerer:       reg,
 		ShutdownTimeout:  c.shutdownTimeout,

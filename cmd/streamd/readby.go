@@ -119,7 +119,7 @@ func newStreamIndexCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.AddCommand(
-		toggle("enable", "Build a stream's read index (CONCURRENTLY: appends go on); its appends then pay one more index entry", true),
+		toggle("enable", "Build a stream's read index (CONCURRENTLY: appends go on; an invalid one a failed build left is rebuilt); its appends then pay one more index entry", true),
 		toggle("disable", "Drop a stream's read index", false),
 		list)
 	return cmd

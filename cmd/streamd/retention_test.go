@@ -56,6 +56,8 @@ func TestCLIRetentionAndStreamConfig(t *testing.T) {
 
 	out, err = runSub(t, newStreamConfigCmd, "set", name, `{"retention_config": {"maxEventCount": -4}}`)
 	require.ErrorContains(t, err, "retention_config.maxEventCount", out)
+	out, err = runSub(t, newStreamConfigCmd, "set", name, `{"performance_config": {"enableCompression": true, "compressionCodec": "brotli"}}`)
+	require.ErrorContains(t, err, "performance_config.compressionCodec", out)
 	// A misspelt key is refused, not read as an empty section (no retention at all).
 	out, err = runSub(t, newStreamConfigCmd, "set", name, `{"retention_config": {"max_age": "1.00:00:00"}}`)
 	require.ErrorContains(t, err, "max_age", out)

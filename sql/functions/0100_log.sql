@@ -215,14 +215,11 @@ BEGIN
     SELECT rt.parts, rt.ids INTO v_parts, v_ids
       FROM streamd.append_route(v_stream, v_n, p_partitions, p_keys, p_event_ids, p_data, p_data_bytes) rt;
 
-    -- Reserve offsets: one head-row update per partition, in ascending partition order.
+    -- Reserve offsets: one head-row update per partition, in ascending partition order
+    -- (streamd.head_reserve: the caller needs no write privilege on the head rows).
     FOR r IN SELECT u.p, count(*) AS cnt FROM unnest(v_parts) AS u(p) GROUP BY u.p ORDER BY u.p LOOP
-        UPDATE streamd.stream_partitions h
-           SET next_offset = h.next_offset + r.cnt,
-               last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
-         WHERE h.stream_name = p_stream_name AND h.partition = r.p
-        RETURNING h.next_offset - r.cnt, h.last_appended_at INTO v_base, v_ts;
-        IF NOT FOUND THEN -- the stream was deleted while this waited: SD001
+        SELECT hr.base, hr.ts INTO v_base, v_ts FROM streamd.head_reserve(p_stream_name, r.p, r.cnt::integer) hr;
+        IF v_base IS NULL THEN -- the stream was deleted while this waited: SD001
             PERFORM streamd.raise_partition_missing(p_stream_name, r.p);
         END IF;
         v_bp := v_bp || r.p;
@@ -289,8 +286,9 @@ BEGIN
             END IF;
             v_next := v_next + 1;
         END LOOP;
-        UPDATE streamd.stream_partitions h SET next_offset = v_next
-         WHERE h.stream_name = p_stream_name AND h.partition = r.p;
+        IF v_next < r.base + r.cnt THEN
+            PERFORM streamd.head_give_back(p_stream_name, r.p, v_next);
+        END IF;
     END LOOP;
     PERFORM set_config('streamd.append_trusted', 'off', true);
 
@@ -414,12 +412,8 @@ BEGIN
        OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
         RETURN;
     END IF;
-    UPDATE streamd.stream_partitions h
-       SET next_offset = h.next_offset + p_count,
-           last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
-     WHERE h.stream_name = p_stream_name AND h.partition = p_partition
-    RETURNING h.next_offset - p_count, h.last_appended_at INTO base, ts;
-    IF NOT FOUND THEN
+    SELECT hr.base, hr.ts INTO base, ts FROM streamd.head_reserve(p_stream_name, p_partition, p_count) hr;
+    IF base IS NULL THEN
         -- The stream was deleted while this waited for its head row: the same error
         -- as append() gives, not a row of NULLs.
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);

@@ -96,12 +96,10 @@ BEGIN
             MESSAGE = format('stream %L keeps key versions, so key %L must go to its own partition %s, not %s',
                              NEW.stream_name, NEW.key, streamd.partition_for_key(NEW.key, v_stream.partitions), NEW.partition);
     END IF;
-    UPDATE streamd.stream_partitions h
-       SET next_offset = h.next_offset + 1,
-           last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
-     WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition
-    RETURNING h.next_offset - 1, h.last_appended_at INTO NEW."offset", NEW."timestamp";
-    IF NOT FOUND THEN -- the stream was deleted while this waited: SD001
+    -- The head row moves through streamd.head_reserve: the inserting role needs no
+    -- write privilege on it (docs/tenants.md).
+    SELECT hr.base, hr.ts INTO NEW."offset", NEW."timestamp" FROM streamd.head_reserve(NEW.stream_name, NEW.partition, 1) hr;
+    IF NEW."offset" IS NULL THEN -- the stream was deleted while this waited: SD001
         PERFORM streamd.raise_partition_missing(NEW.stream_name, NEW.partition);
     END IF;
     PERFORM streamd.append_recheck_rules(NEW.stream_name, v_stream.key_versions, v_stream.enforce_event_types);
@@ -118,8 +116,7 @@ BEGIN
                 RAISE EXCEPTION USING ERRCODE = 'SD005',
                     MESSAGE = format('event id %L of stream %L is stored under key %L, not %L', NEW.event_id, NEW.stream_name, v_dupkey, NEW.key);
             END IF;
-            UPDATE streamd.stream_partitions h SET next_offset = h.next_offset - 1
-             WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition;
+            PERFORM streamd.head_give_back(NEW.stream_name, NEW.partition, NEW."offset");
             RETURN NULL;
         END IF;
         -- The same for an event this role cannot see, committed while this waited:
@@ -166,6 +163,39 @@ BEGIN
         MESSAGE = format('events are append-only: cannot update %s/%s@%s', OLD.stream_name, OLD.partition, OLD."offset");
 END;
 $$;
+
+-- The trusted mark (streamd.append_trusted) is an ordinary setting, which any role
+-- that inserts into streamd.events can set: for the owner and unbound roles it guards
+-- against mistakes only (docs/tenants.md). A role bound to a tenant gets no more
+-- from it than its appends need: a trusted row of a tenant (tenant_id is set: the
+-- policy makes a tenant role's rows carry its tenant) must lie in a range of offsets
+-- that its own transaction reserved on that partition (streamd.head_reserve records
+-- the reserving transaction and its first offset on the head row, which no tenant
+-- role may write), else SD005. So a tenant role cannot store or move an event to an
+-- offset of its choosing on a shared stream (above the head, where the next append of
+-- every tenant would fail on it), nor rewrite its stored events. One primary-key read
+-- of the head row per trusted row of a tenant; rows without a tenant skip it (the
+-- trigger's WHEN).
+CREATE OR REPLACE FUNCTION streamd.events_check_trusted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM streamd.stream_partitions h
+      WHERE h.stream_name = NEW.stream_name AND h.partition = NEW.partition
+        AND h.reserved_by = pg_current_xact_id() AND NEW."offset" >= h.reserved_from AND NEW."offset" < h.next_offset;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD005',
+            MESSAGE = format('event %s/%s@%s: a trusted write (streamd.append_trusted) of a tenant''s event needs an offset its transaction reserved (append with streamd.append or a plain INSERT)',
+                             NEW.stream_name, NEW.partition, NEW."offset");
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER events_check_trusted
+    BEFORE INSERT OR UPDATE ON streamd.events
+    FOR EACH ROW
+    WHEN (current_setting('streamd.append_trusted', true) = 'on' AND NEW.tenant_id IS NOT NULL)
+    EXECUTE FUNCTION streamd.events_check_trusted();
 
 CREATE OR REPLACE TRIGGER events_assign_offset
     BEFORE INSERT ON streamd.events

@@ -87,12 +87,8 @@ BEGIN
         END IF;
     END IF;
 
-    UPDATE streamd.stream_partitions h
-       SET next_offset = h.next_offset + p_count,
-           last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
-     WHERE h.stream_name = p_stream_name AND h.partition = p_partition
-    RETURNING h.next_offset - p_count, h.last_appended_at INTO base, ts;
-    IF NOT FOUND THEN
+    SELECT hr.base, hr.ts INTO base, ts FROM streamd.head_reserve(p_stream_name, p_partition, p_count) hr;
+    IF base IS NULL THEN
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
     PERFORM streamd.append_recheck_rules(p_stream_name, v_stream.key_versions, v_stream.enforce_event_types);

@@ -50,8 +50,9 @@ END;
 $$;
 
 -- The read indexes a stream has, and whether each is ready (a CONCURRENTLY build that
--- failed leaves an invalid index, which a second enable does not repair: disable and
--- enable again).
+-- failed, cancelled or a deadlock victim, leaves an invalid index, which
+-- CREATE INDEX ... IF NOT EXISTS would keep: streams.Client.EnableReadIndex finds it
+-- here, drops it and builds it again).
 CREATE OR REPLACE FUNCTION streamd.read_indexes(p_stream text)
 RETURNS TABLE (kind text, index_name text, valid boolean)
 LANGUAGE sql STABLE AS $$

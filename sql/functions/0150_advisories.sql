@@ -1,34 +1,53 @@
 -- Advisories (docs/advisories.md): operational events appended to the stream
--- streamd.advisories by the SQL function that does the fact they report, in its
--- transaction, so an advisory exists exactly when its fact committed. Applied
--- idempotently on every migrate.
+-- streamd.advisories on behalf of the SQL function that does the fact they report,
+-- when its transaction commits, so an advisory exists exactly when its fact
+-- committed. Applied idempotently on every migrate.
 --
--- Cost: an advisory takes the advisory partition's head row until the reporting
--- transaction ends, so reporting transactions (a rebalance, an expiry, a dead letter)
--- queue behind each other there; none of them is on the produce or commit path.
--- A transaction that reports an advisory and then appends to another stream locks
--- the two head rows in that order; one that does the reverse (retention of a stream
--- with a live group behind) can meet it in a deadlock, which PostgreSQL breaks by
--- aborting one of the two (40P01), to be retried like any deadlock.
+-- Lock order: advise only writes a row of streamd.advisory_outbox; a deferred
+-- constraint trigger on it (migration 0088) appends the advisory at commit. So every
+-- reporting transaction takes the advisory partition's head row last, after all its
+-- other locks, and while it holds it waits for nothing else: reporting transactions
+-- queue behind each other only for their appends at commit, and a transaction that
+-- reports a fact and then appends to a stream can no longer deadlock with retention
+-- of that stream (which reports after moving the stream's head). A caller that makes
+-- the trigger immediate (SET CONSTRAINTS ALL IMMEDIATE) appends at the end of each
+-- statement again and takes that risk back.
 
--- Appends one advisory: event type p_type (one of docs/advisories.md's), key p_key
+-- Reports one advisory: event type p_type (one of docs/advisories.md's), key p_key
 -- (the subject: a group as "<stream>/<group>", a queue, a stream, a lease), payload
--- p_data. It never fails the fact it reports for the advisory's sake: when the stream
--- streamd.advisories was deleted or made read-only, or the calling role may not
--- insert into streamd.events, it writes nothing. The row gets the caller's tenant
--- (the column default), so a tenant role's advisories are its tenant's.
+-- p_data, appended when the calling transaction commits (nothing if it rolls back).
+-- It never fails the fact it reports for the advisory's sake: when the stream
+-- streamd.advisories was deleted or made read-only by then, or the calling role may
+-- not append (insert into streamd.events, execute streamd.head_reserve), nothing is
+-- written. The row gets the caller's tenant (the column default), so a tenant role's
+-- advisories are its tenant's.
 CREATE OR REPLACE FUNCTION streamd.advise(p_type text, p_key text, p_data jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT has_table_privilege('streamd.events', 'INSERT') THEN
+    IF NOT has_table_privilege('streamd.advisory_outbox', 'INSERT') THEN
         RETURN;
+    END IF;
+    INSERT INTO streamd.advisory_outbox (event_type, key, data) VALUES (p_type, p_key, jsonb_strip_nulls(p_data));
+END;
+$$;
+
+-- The deferred trigger of streamd.advisory_outbox: appends the advisory at commit, as
+-- the committing role, and deletes its row. Rows fire in the order they were written.
+CREATE OR REPLACE FUNCTION streamd.advisory_outbox_flush() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM streamd.advisory_outbox o WHERE o.id = NEW.id;
+    IF NOT has_table_privilege('streamd.events', 'INSERT')
+       OR NOT has_function_privilege('streamd.head_reserve(text, integer, integer)', 'EXECUTE') THEN
+        RETURN NULL;
     END IF;
     PERFORM 1 FROM streamd.streams s WHERE s.stream_name = 'streamd.advisories' AND NOT s.read_only;
     IF NOT FOUND THEN
-        RETURN;
+        RETURN NULL;
     END IF;
-    PERFORM streamd.append('streamd.advisories', NULL, NULL, ARRAY[p_type], ARRAY[p_key],
-                           ARRAY[jsonb_strip_nulls(p_data)::text], NULL, NULL, NULL, NULL, NULL);
+    PERFORM streamd.append('streamd.advisories', NULL, NULL, ARRAY[NEW.event_type], ARRAY[NEW.key],
+                           ARRAY[NEW.data::text], NULL, NULL, NULL, NULL, NULL);
+    RETURN NULL;
 END;
 $$;
 

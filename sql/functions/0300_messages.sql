@@ -26,7 +26,11 @@
 -- (a queue drained when autovacuum analyzed the table, or a new queue), and kept that
 -- plan for the connection's life: 14 ms instead of 0.3 ms for a receive of 100 from
 -- 20,000. The enable_* settings only price the alternatives out; the index paths
--- they leave always exist.
+-- they leave always exist. queue_receive, queue_lock_groups and queue_groups_advance
+-- also turn hash and merge joins off: joining a batch's groups (or receipts) to
+-- message_groups, the planner hashed every group of the queue (and, locking the
+-- groups of an ack, looked up every group's head) instead of looking up the batch's
+-- own: O(groups in the queue) per receive and settlement.
 -- Storage (migration 0086): the functions read and write streamd.queue_messages;
 -- streamd.messages is seed 003's view of it. A message's max_delivery_attempts and
 -- dead_letter_stream are overrides, NULL for the queue's setting (read from the
@@ -331,6 +335,7 @@ DECLARE
     v_offs   bigint[];
     v_all    bigint[];
     v_hidden text;
+    v_stored bigint;
     v_tenant text := nullif(current_setting('streamd.tenant_id', true), '');
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(1396986164, hashtext(p_queue)); -- see queue_lock_shared
@@ -404,8 +409,15 @@ BEGIN
     END IF;
 
     -- Offsets in batch order, taken after the group locks: within a group, they
-    -- follow commit order.
-    v_all := ARRAY(SELECT nextval(v_q.offset_seq) FROM generate_series(1, v_n));
+    -- follow commit order. A message a standard queue cannot deliver yet goes to the
+    -- delayed lane: its offset is the sequence's plus 2^52 (migration 0099), after
+    -- every undelayed message's, so that receives do not read past it; they find it
+    -- through queue_messages_delayed once it is due.
+    v_all := ARRAY(SELECT nextval(v_q.offset_seq)
+                          + CASE WHEN NOT v_q.fifo
+                                      AND coalesce(p_deliver_at[i], v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) > v_now
+                                 THEN 4503599627370496 ELSE 0 END
+                   FROM generate_series(1, v_n) i);
     IF p_fresh_ids THEN
         -- Every id is new: no conflict to look for.
         INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
@@ -420,21 +432,29 @@ BEGIN
         RETURN;
     END IF;
 
-    v_ids := ARRAY(SELECT coalesce(u.id, gen_random_uuid()::text) FROM unnest(p_ids, p_data) WITH ORDINALITY u(id, d, i) ORDER BY u.i);
-    WITH ins AS (
-        INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
-                                                 visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
-                                                 dedup, tenant_id, data_bytes)
-        SELECT p_queue, u.o, v.id, u.d::jsonb, u.md::jsonb, v_now,
-               coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
-               u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b
-        FROM unnest(v_all, p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
-             WITH ORDINALITY u(o, named, d, md, dl, da, g, ma, dq, b, i)
-        JOIN unnest(v_ids) WITH ORDINALITY v(id, i) ON v.i = u.i
-        ORDER BY u.i
-        ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING
-        RETURNING m.message_id, m."offset")
-    SELECT array_agg(ins.message_id), array_agg(ins."offset") INTO v_new, v_offs FROM ins;
+    -- unnest reads its arrays in order: no ordinality, join or sort is needed to keep
+    -- the batch's order (the first of two messages with one id is the one stored).
+    v_ids := CASE WHEN p_ids IS NOT NULL AND array_position(p_ids, NULL) IS NULL THEN p_ids
+                  ELSE ARRAY(SELECT coalesce(u.id, gen_random_uuid()::text) FROM unnest(p_ids, p_data) u(id, d)) END;
+    INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
+                                             visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
+                                             dedup, tenant_id, data_bytes)
+    SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now,
+           coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
+           u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b
+    FROM unnest(v_all, p_ids, v_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
+         u(o, named, id, d, md, dl, da, g, ma, dq, b)
+    ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING;
+    GET DIAGNOSTICS v_stored = ROW_COUNT;
+    IF v_stored = v_n THEN
+        -- Every message was stored (no duplicate, within the batch or of a held
+        -- message): each has the offset taken for it.
+        RETURN QUERY SELECT u.i::integer, u.o, u.id, false FROM unnest(v_all, v_ids) WITH ORDINALITY u(o, id, i);
+        RETURN;
+    END IF;
+    -- What was stored: the rows with this batch's offsets (this statement sees them).
+    SELECT array_agg(m.message_id), array_agg(m."offset") INTO v_new, v_offs
+    FROM streamd.queue_messages m WHERE m.stream_name = p_queue AND m."offset" = ANY(v_all);
 
     -- A tenant role cannot see another tenant's messages (nor those without a tenant),
     -- but the dedup index holds every tenant's ids: a send of an id such a message
@@ -569,7 +589,7 @@ $$;
 -- queue_groups_advance).
 CREATE OR REPLACE FUNCTION streamd.queue_lock_groups(p_queue text, p_offsets bigint[], p_tokens uuid[],
                                                      OUT keys text[], OUT tenants text[])
-LANGUAGE sql SET enable_seqscan = off AS $$
+LANGUAGE sql SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
     SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key, l.tenant_id), '{}'),
            coalesce(array_agg(l.tenant_id ORDER BY l.group_key, l.tenant_id), '{}') FROM (
         SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
@@ -590,22 +610,25 @@ $$;
 -- sees every tenant's messages, a tenant role only its own.
 CREATE OR REPLACE FUNCTION streamd.queue_groups_advance(p_queue text, p_groups text[], p_tenants text[], p_now timestamptz)
 RETURNS void
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
 BEGIN
-    DELETE FROM streamd.message_groups g
-    USING unnest(p_groups, p_tenants) k(key, ten)
-    WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten
-      AND NOT EXISTS (SELECT 1 FROM streamd.queue_messages m
-                      WHERE m.stream_name = p_queue AND m.group_key = g.group_key
-                        AND coalesce(m.tenant_id, '') = g.tenant_id);
+    -- One statement, one head lookup per group: a group without a head goes, the
+    -- others get their head's time (the group rows are locked, so no send to them can
+    -- commit meanwhile).
+    WITH h AS MATERIALIZED (
+        SELECT k.key, k.ten,
+               (SELECT m.visibility_timeout FROM streamd.queue_messages m
+                WHERE m.stream_name = p_queue AND m.group_key = k.key AND coalesce(m.tenant_id, '') = k.ten
+                ORDER BY m."offset" LIMIT 1) AS vis
+        FROM unnest(p_groups, p_tenants) k(key, ten)
+    ), gone AS (
+        DELETE FROM streamd.message_groups g USING h
+        WHERE g.stream_name = p_queue AND g.group_key = h.key AND g.tenant_id = h.ten AND h.vis IS NULL
+    )
     UPDATE streamd.message_groups g SET visible_at = greatest(v_now, h.vis)
-    FROM (SELECT k.key, k.ten,
-                 (SELECT m.visibility_timeout FROM streamd.queue_messages m
-                  WHERE m.stream_name = p_queue AND m.group_key = k.key AND coalesce(m.tenant_id, '') = k.ten
-                  ORDER BY m."offset" LIMIT 1) AS vis
-          FROM unnest(p_groups, p_tenants) k(key, ten)) h
+    FROM h
     WHERE g.stream_name = p_queue AND g.group_key = h.key AND g.tenant_id = h.ten AND h.vis IS NOT NULL;
 END;
 $$;
@@ -630,7 +653,8 @@ RETURNS TABLE ("offset" bigint, message_id text, data jsonb, metadata jsonb, enq
                visibility_timeout timestamptz, delivery_attempts integer, max_delivery_attempts integer,
                lease_token uuid, group_key text, last_error text, origin_stream text, origin_offset bigint,
                origin_attempts integer, dead_lettered_at timestamptz, data_bytes bytea)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+    SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := coalesce(p_now, clock_timestamp());
@@ -657,16 +681,30 @@ BEGIN
     v_lease := v_now + make_interval(secs => coalesce(p_vt_ms, v_q.visibility_timeout_ms) / 1000.0);
 
     IF NOT v_q.fifo THEN
+        -- Due messages of the delayed lane first (through their partial index, in
+        -- due order; it is empty unless the queue has delayed sends), then the rest
+        -- in offset order, below the lane. The outer LIMIT stops pulling (and
+        -- locking) once it has p_max.
         SELECT array_agg(c.ctid) FILTER (WHERE NOT c.exhausted), array_agg(c.o) FILTER (WHERE c.exhausted)
         INTO v_ctids, v_dead
-        FROM (SELECT m.ctid, m."offset" AS o,
-                     (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
-                      AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
-              FROM streamd.queue_messages m
-              WHERE m.stream_name = p_queue AND m.visibility_timeout <= v_now
-              ORDER BY m."offset"
-              LIMIT p_max
-              FOR UPDATE SKIP LOCKED) c;
+        FROM ((SELECT * FROM (SELECT m.ctid, m."offset" AS o,
+                      (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
+                       AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
+               FROM streamd.queue_messages m
+               WHERE m.stream_name = p_queue AND m."offset" >= 4503599627370496 AND m.visibility_timeout <= v_now
+               ORDER BY m.visibility_timeout
+               LIMIT p_max
+               FOR UPDATE SKIP LOCKED) lane)
+              UNION ALL
+              (SELECT * FROM (SELECT m.ctid, m."offset" AS o,
+                      (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
+                       AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
+               FROM streamd.queue_messages m
+               WHERE m.stream_name = p_queue AND m."offset" < 4503599627370496 AND m.visibility_timeout <= v_now
+               ORDER BY m."offset"
+               LIMIT p_max
+               FOR UPDATE SKIP LOCKED) head)
+              LIMIT p_max) c;
     ELSE
         SELECT array_agg(l.group_key), array_agg(l.tenant_id) INTO v_groups, v_tens
         FROM (SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
@@ -715,7 +753,16 @@ BEGIN
                   m.data_bytes;
     END IF;
     IF v_q.fifo THEN
-        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
+        IF v_dead IS NULL AND cardinality(v_offs) = cardinality(v_groups) THEN
+            -- Each group's head was leased: the group may deliver again when that
+            -- lease ends, which is what queue_groups_advance would find (without its
+            -- head lookup per group). Keyed by the groups we hold locked.
+            UPDATE streamd.message_groups g SET visible_at = v_lease
+            FROM unnest(v_groups, v_tens) k(key, ten)
+            WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten;
+        ELSE
+            PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
+        END IF;
     END IF;
 END;
 $$;

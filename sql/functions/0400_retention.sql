@@ -343,7 +343,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_stream text;
 BEGIN
-    FOR v_stream IN SELECT rp.stream_name FROM streamd.retention_policies rp WHERE rp.enabled ORDER BY rp.stream_name LOOP
+    -- The advisory stream last: its head row is the one every transaction takes last
+    -- (its advisories, appended at commit: sql/functions/0150_advisories.sql), so this
+    -- one must not hold it while it goes on to lock other streams' head rows.
+    FOR v_stream IN SELECT rp.stream_name FROM streamd.retention_policies rp WHERE rp.enabled
+                     ORDER BY rp.stream_name = 'streamd.advisories', rp.stream_name LOOP
         stream_name := v_stream;
         SELECT coalesce(sum(x.deleted), 0), coalesce(sum(x.compacted), 0) INTO deleted_events, compacted_events
           FROM streamd.apply_policy(v_stream, p_now, false, false) x;

@@ -21,7 +21,11 @@
 --   deleteAfter          duration > 0 of no appends, default never
 -- performance_config:
 --   batchSize            integer 1 to 100000, default none (the client's)
---   enableCompression    boolean, default false
+--   enableCompression    boolean, default none: Kafka fetches of the stream return
+--                        compressed record batches (true), uncompressed ones (false),
+--                        or the Kafka listener's default (absent)
+--   compressionCodec     gzip, snappy, lz4 or zstd, only with enableCompression
+--                        true; default lz4
 
 -- Raises SD301 naming p_section.key for the first key of p_value that is not in
 -- p_keys (p_types: the JSON type each needs, parallel), or whose value has another
@@ -99,8 +103,21 @@ BEGIN
     END LOOP;
 
     PERFORM streamd.config_check_keys('performance_config', p_performance,
-        ARRAY['batchSize', 'enableCompression'], ARRAY['number', 'boolean']);
+        ARRAY['batchSize', 'compressionCodec', 'enableCompression'], ARRAY['number', 'string', 'boolean']);
     PERFORM streamd.config_check_int('performance_config.batchSize', p_performance -> 'batchSize', 1, 100000);
+    IF jsonb_typeof(p_performance -> 'compressionCodec') = 'string' THEN
+        IF NOT (p_performance ->> 'compressionCodec') = ANY (ARRAY['gzip', 'snappy', 'lz4', 'zstd']) THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD301',
+                MESSAGE = format('performance_config.compressionCodec: %s is not gzip, snappy, lz4 or zstd',
+                                 p_performance -> 'compressionCodec');
+        END IF;
+        IF jsonb_typeof(p_performance -> 'enableCompression') IS DISTINCT FROM 'boolean'
+           OR NOT (p_performance ->> 'enableCompression')::boolean THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD301',
+                MESSAGE = format('performance_config.compressionCodec: %s needs enableCompression true',
+                                 p_performance -> 'compressionCodec');
+        END IF;
+    END IF;
 END;
 $$;
 

@@ -151,9 +151,7 @@ BEGIN
 
     -- Lock the head rows in ascending partition order; from here on, no other append
     -- to these partitions (and so to these keys) runs until we commit.
-    PERFORM 1 FROM streamd.stream_partitions h
-      WHERE h.stream_name = p_stream_name AND h.partition = ANY (v_parts)
-      ORDER BY h.partition FOR NO KEY UPDATE;
+    PERFORM streamd.head_lock(p_stream_name, v_parts);
 
     -- Retries: events already stored keep their position. On a stream with key
     -- versions a stored event is a retry only if it is stored under the key asked for:
@@ -254,12 +252,8 @@ BEGIN
 
     -- Reserve offsets for the new events: one head-row update per partition.
     FOR r IN SELECT u.p, count(*) AS cnt FROM unnest(v_parts, v_dup) AS u(p, d) WHERE NOT u.d GROUP BY u.p ORDER BY u.p LOOP
-        UPDATE streamd.stream_partitions h
-           SET next_offset = h.next_offset + r.cnt,
-               last_appended_at = greatest(clock_timestamp(), h.last_appended_at)
-         WHERE h.stream_name = p_stream_name AND h.partition = r.p
-        RETURNING h.next_offset - r.cnt, h.last_appended_at INTO v_base, v_ts;
-        IF NOT FOUND THEN -- the stream was deleted while this waited: SD001
+        SELECT hr.base, hr.ts INTO v_base, v_ts FROM streamd.head_reserve(p_stream_name, r.p, r.cnt::integer) hr;
+        IF v_base IS NULL THEN -- the stream was deleted while this waited: SD001
             PERFORM streamd.raise_partition_missing(p_stream_name, r.p);
         END IF;
         v_bp := v_bp || r.p;

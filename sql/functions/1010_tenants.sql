@@ -33,8 +33,15 @@ BEGIN
     EXECUTE format('ALTER ROLE %s SET streamd.tenant_id = %L', v_role, p_tenant_id);
     EXECUTE format('GRANT USAGE ON SCHEMA streamd TO %s', v_role);
     EXECUTE format('GRANT SELECT ON streamd.streams, streamd.event_types, streamd.tenant_roles, streamd.queues TO %s', v_role);
-    -- Appends advance the head rows and, on versioned streams, the key heads.
-    EXECUTE format('GRANT SELECT, UPDATE ON streamd.stream_partitions TO %s', v_role);
+    -- Appends advance the head rows through streamd.head_reserve and its siblings
+    -- (SECURITY DEFINER, sql/functions/0105_log_heads.sql): the role reads the head
+    -- rows and may not write them (a role bound before migration 0087 loses what it
+    -- was granted then). On versioned streams appends advance the key heads, which
+    -- are the tenant's own rows.
+    EXECUTE format('GRANT SELECT ON streamd.stream_partitions TO %s', v_role);
+    EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON streamd.stream_partitions FROM %s', v_role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION streamd.head_reserve(text, integer, integer), streamd.head_give_back(text, integer, bigint),
+                    streamd.head_lock(text, integer[]) TO %s', v_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON streamd.key_heads, streamd.snapshots TO %s', v_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON streamd.events TO %s', v_role);
     -- streamd.messages is a view of queue_messages that reads as the caller

@@ -22,6 +22,7 @@ func TestConfigAPI(t *testing.T) {
 	for _, bad := range []struct{ body, names string }{
 		{`{"performance_config": {"foo": 1}}`, "performance_config"},
 		{`{"performance_config": {"batchSize": "many"}}`, "performance_config"},
+		{`{"performance_config": {"enableCompression": true, "compressionCodec": "brotli"}}`, "performance_config.compressionCodec"},
 		{`{"dead_letter_config": {"maxDeliveryAttempts": 5000}}`, "dead_letter_config.maxDeliveryAttempts"},
 		{`{"no_such_section": {}}`, "no_such_section"},
 	} {

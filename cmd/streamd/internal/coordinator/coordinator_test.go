@@ -24,10 +24,15 @@ type instance struct {
 // start runs an elector on its own pool with lead as its term function.
 func start(t *testing.T, lease string, lead func(context.Context, coordinator.Leadership)) *instance {
 	t.Helper()
+	return startWith(t, lease, 600*time.Millisecond, 100*time.Millisecond, lead)
+}
+
+func startWith(t *testing.T, lease string, ttl, renew time.Duration, lead func(context.Context, coordinator.Leadership)) *instance {
+	t.Helper()
 	pool, err := pgxpool.NewWithConfig(context.Background(), testdb.Config(t))
 	require.NoError(t, err)
 	el, err := coordinator.NewElector(pool, &coordinator.ElectorConfig{
-		LeaseName: lease, LeaseTTL: 600 * time.Millisecond, RenewInterval: 100 * time.Millisecond})
+		LeaseName: lease, LeaseTTL: ttl, RenewInterval: renew})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	in := &instance{pool: pool, cancel: cancel, done: make(chan struct{}), el: el}
@@ -134,8 +139,11 @@ func TestJobSlotsFinishOnceAcrossLeaders(t *testing.T) {
 	p2, err := pgxpool.NewWithConfig(context.Background(), testdb.Config(t))
 	require.NoError(t, err)
 	defer p2.Close()
-	a := start(t, lease, newLead(p1))
-	b := start(t, lease, newLead(p2))
+	// A lease that a loaded machine (or -race) cannot lose between two renewals, so
+	// the only change of leader is the stop below; a clean stop hands over at once
+	// whatever the TTL.
+	a := startWith(t, lease, 3*time.Second, 300*time.Millisecond, newLead(p1))
+	b := startWith(t, lease, 3*time.Second, 300*time.Millisecond, newLead(p2))
 
 	pool := testdb.Pool(t)
 	finished := func() int64 {
@@ -145,11 +153,14 @@ func TestJobSlotsFinishOnceAcrossLeaders(t *testing.T) {
 		return n
 	}
 	require.Eventually(t, func() bool { return finished() >= 4 }, 30*time.Second, 20*time.Millisecond)
-	if a.el.Current() != nil {
-		a.stop()
-	} else {
-		b.stop()
+	leaderIn, successor := a, b
+	if a.el.Current() == nil {
+		leaderIn, successor = b, a
 	}
+	stopped := time.Now()
+	leaderIn.stop()
+	require.Eventually(t, func() bool { return successor.el.Current() != nil }, 30*time.Second, time.Millisecond)
+	takeover := time.Since(stopped)
 	before := finished()
 	require.Eventually(t, func() bool { return finished() >= before+4 }, 30*time.Second, 20*time.Millisecond)
 	a.stop()
@@ -161,12 +172,15 @@ func TestJobSlotsFinishOnceAcrossLeaders(t *testing.T) {
 		Scan(&slots, &distinctHolders))
 	require.Equal(t, slots, calls.Load(), "each finished slot ran its job exactly once")
 	require.Equal(t, int64(2), distinctHolders, "both instances led in turn")
-	var gaps int64
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM (
-		SELECT slot - lag(slot) OVER (ORDER BY slot) AS d FROM streamd.coordinator_runs WHERE job = $1) s WHERE d > 7`, jobName).Scan(&gaps))
-	// At most about a second of 150 ms slots lost to the takeover (2 slots failed
-	// once under .ci/run at load 7).
-	require.Zero(t, gaps, "the successor kept the schedule going")
+	// The successor's schedule resumes with its term: the slots lost are those of the
+	// takeover itself (measured above, slow under -race or load) plus a few, never a
+	// schedule that restarts later or waits out slots it could run.
+	allowed := int64(takeover/(150*time.Millisecond)) + 4
+	var widest int64
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT coalesce(max(d), 0) FROM (
+		SELECT slot - lag(slot) OVER (ORDER BY slot) AS d FROM streamd.coordinator_runs WHERE job = $1) s`, jobName).Scan(&widest))
+	t.Logf("takeover %v, widest gap %d slots, allowed %d", takeover, widest, allowed)
+	require.LessOrEqual(t, widest, allowed, "the successor kept the schedule going")
 }
 
 // TestDeposedLeaderCannotStartOrFinish: the SQL fences a stale epoch.

@@ -1,0 +1,187 @@
+package kafka
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/streamd/streamd/streamconfig"
+	"github.com/streamd/streamd/streams"
+)
+
+// Compressed fetches (docs/kafka.md, "Compression"). streamd stores records, not the
+// producer's batches, so a Fetch builds its batches from the records; a topic whose
+// compression.type is gzip, snappy, lz4 or zstd (performance_config.enableCompression
+// and compressionCodec) gets them compressed with it, by franz-go's compressors (the
+// codecs' libraries the produce path decompresses with). A topic that sets nothing
+// follows Config.Compression, uncompressed by default.
+
+// The compression.type names, Kafka's.
+const (
+	compressionUncompressed = "uncompressed"
+	compressionProducer     = "producer"
+	compressionGzip         = "gzip"
+	compressionSnappy       = "snappy"
+	compressionLZ4          = "lz4"
+	compressionZstd         = "zstd"
+)
+
+// compressionCodecs maps the compression.type names streamd serves to their codecs.
+var compressionCodecs = map[string]int8{
+	compressionUncompressed: codecNone,
+	compressionGzip:         codecGzip,
+	compressionSnappy:       codecSnappy,
+	compressionLZ4:          codecLZ4,
+	compressionZstd:         codecZstd,
+}
+
+// compressionOf is the compression.type a stream's performance_config asks for, or
+// def when it says nothing (enableCompression absent).
+func compressionOf(p *streamconfig.Performance, def string) string {
+	switch {
+	case p == nil || p.EnableCompression == nil:
+		return def
+	case !*p.EnableCompression:
+		return compressionUncompressed
+	case p.CompressionCodec != "":
+		return p.CompressionCodec
+	}
+	return streamconfig.DefaultCompressionCodec
+}
+
+// compressionTTL is how long an instance keeps a topic's compression.type: a change
+// made through another instance (or SQL) reaches this one's fetches within it; one
+// made through this instance applies to the next fetch.
+const compressionTTL = time.Second
+
+// compressedReadFactor: a compressed partition reads up to this many times its byte
+// limit in records (the limit counts the bytes sent, as Kafka's does), then cuts the
+// batches at the limit.
+const compressedReadFactor = 4
+
+type cachedCompression struct {
+	codec   int8
+	expires time.Time
+}
+
+// topicCompression caches each topic's fetch codec (Server.compression).
+type topicCompression struct {
+	mu      sync.Mutex
+	byTopic map[string]cachedCompression
+}
+
+// fetchCodec is topic's fetch codec, from the cache or the stream's configuration.
+// A configuration that cannot be read serves uncompressed (the fetch itself reports
+// a missing stream).
+func (s *Server) fetchCodec(ctx context.Context, topic string) int8 {
+	now := time.Now()
+	s.compression.mu.Lock()
+	c, ok := s.compression.byTopic[topic]
+	s.compression.mu.Unlock()
+	if ok && now.Before(c.expires) {
+		return c.codec
+	}
+	codec := compressionCodecs[s.cfg.Compression]
+	cfg, err := streamconfig.GetTx(ctx, s.pool, topic)
+	switch {
+	case err == nil:
+		codec = compressionCodecs[compressionOf(cfg.Performance, s.cfg.Compression)]
+	case errors.Is(err, streams.ErrStreamNotFound):
+	default:
+		s.logger.Warn("kafka fetch: cannot read the topic's compression; serving uncompressed", "stream", topic, "error", err)
+		return codecNone
+	}
+	s.compression.mu.Lock()
+	if s.compression.byTopic == nil || len(s.compression.byTopic) > 10000 {
+		s.compression.byTopic = map[string]cachedCompression{}
+	}
+	s.compression.byTopic[topic] = cachedCompression{codec: codec, expires: now.Add(compressionTTL)}
+	s.compression.mu.Unlock()
+	return codec
+}
+
+// forgetCompression drops topic from the cache after this instance changed its
+// configuration (or deleted it), so its next fetch reads it again.
+func (s *Server) forgetCompression(topic string) {
+	s.compression.mu.Lock()
+	delete(s.compression.byTopic, topic)
+	s.compression.mu.Unlock()
+}
+
+// compressors are franz-go's, one per codec (safe for concurrent use: they pool
+// their writers).
+var compressors = func() map[int8]kgo.Compressor {
+	out := map[int8]kgo.Compressor{}
+	for codec, c := range map[int8]kgo.CompressionCodec{
+		codecGzip: kgo.GzipCompression(), codecSnappy: kgo.SnappyCompression(),
+		codecLZ4: kgo.Lz4Compression(), codecZstd: kgo.ZstdCompression(),
+	} {
+		comp, err := kgo.DefaultCompressor(c)
+		if err != nil || comp == nil {
+			panic(fmt.Sprintf("kafka: franz-go compressor for codec %d: %v", codec, err))
+		}
+		out[codec] = comp
+	}
+	return out
+}()
+
+// compressRecords compresses a batch's encoded records with codec into scratch and
+// returns them, or nil when the codec failed (the batch then goes uncompressed).
+func compressRecords(codec int8, records []byte, scratch *bytes.Buffer) []byte {
+	scratch.Reset()
+	out, used := compressors[codec].Compress(scratch, records)
+	if int8(used) != codec {
+		return nil
+	}
+	return out
+}
+
+// compressedReadBytes is how many record bytes a compressed partition reads for a
+// limit of maxBytes sent: compressedReadFactor times, at most 32 MiB more.
+func compressedReadBytes(maxBytes int) int {
+	return min(maxBytes*compressedReadFactor, maxBytes+32<<20)
+}
+
+// appendCompressedBatches is appendBatches with each batch's records compressed with
+// codec: the same batches (one per run of events with the same log time), until the
+// bytes appended pass limit (the first batch goes whatever its size, as in Kafka;
+// the events after the cut are fetched next time).
+func appendCompressedBatches(dst []byte, events []streams.Event, codec int8, limit int) []byte {
+	var (
+		plain   []byte
+		scratch bytes.Buffer
+	)
+	base := len(dst)
+	for start := 0; start < len(events); {
+		end := start + 1
+		for end < len(events) && events[end].Timestamp.Equal(events[start].Timestamp) {
+			end++
+		}
+		plain = appendBatch(plain[:0], events[start:end])
+		var b kmsg.RecordBatch
+		if err := b.ReadFrom(plain); err != nil {
+			panic(fmt.Sprintf("kafka: a batch appendBatch wrote does not decode: %v", err)) // a bug, not input
+		}
+		if out := compressRecords(codec, b.Records, &scratch); out != nil {
+			b.Records = out
+			b.Attributes |= int16(codec)
+			b.Length = int32(batchHeaderLen - 12 + len(out))
+		}
+		at := len(dst)
+		dst = b.AppendTo(dst)
+		binary.BigEndian.PutUint32(dst[at+17:], crc32.Checksum(dst[at+21:], crc32c))
+		if len(dst)-base > limit && at > base {
+			return dst[:at]
+		}
+		start = end
+	}
+	return dst
+}
