@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,16 +19,23 @@ import (
 )
 
 // consumeScenario measures consumer groups (issue 3) reading a pre-filled stream of 4
-// partitions from the start to the end, in CommitAuto mode (a commit after every
-// batch), against the raw primary-key range read of the same rows in the same run:
+// partitions from the start to the end, in CommitAuto mode (asynchronous commits),
+// against the raw primary-key range read of the same rows in the same run:
 //
 //   - consume-group: one consumergroup.Consumer (its own pool, default config)
-//     reading every partition; the time runs from Run to the handler having seen every
-//     record (the join and the first assignment included);
+//     reading every partition;
 //   - raw-select: 4 goroutines, one per partition, each reading its partition with
 //     rawFetchSQL in batches of 500 (the consumer's MaxBatchSize) on a pool of its own;
 //   - consume-5-groups: five groups (five consumers, five pools) reading the whole
 //     stream at once, against raw-select-5x: five sets of the 4 raw readers at once.
+//
+// Rates and CPU are the steady state (steadyWindow), for both sides alike: from the
+// moment every partition of every group was handed its first batch (every raw reader
+// had its first query back) to the last record. A group's start-up (its connections,
+// the join, the first heartbeat, the start positions and the first fetch) is its own
+// timing case, "<case> join", one sample per group and repetition; the notes give the
+// rate with the start-up as well (kafka-consumer-perf-test likewise reports the fetch
+// rate apart from the rebalance time).
 //
 // The raw read runs once unmeasured first (cache, hint bits); then the sides alternate
 // (raw, group, group, raw, ...), each measured twice (once in the tiny suite), and
@@ -76,7 +84,7 @@ func (s consumeScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 		return nil, err
 	}
 	defer rawPool.Close()
-	if _, _, err := rawRead(ctx, env, rawPool, stream, 1); err != nil { // warm-up
+	if _, err := rawRead(ctx, env, rawPool, stream, 1); err != nil { // warm-up
 		return nil, fmt.Errorf("consume warm-up: %w", err)
 	}
 
@@ -84,24 +92,26 @@ func (s consumeScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 		system   string
 		baseline bool
 		groups   int
-		run      func(ctx context.Context, rep int) (loadResult, []time.Duration, error)
+		run      func(ctx context.Context, rep int) (readRun, error)
 	}
 	sides := []side{
-		{"raw-select", true, 1, func(ctx context.Context, _ int) (loadResult, []time.Duration, error) {
+		{"raw-select", true, 1, func(ctx context.Context, _ int) (readRun, error) {
 			return rawRead(ctx, env, rawPool, stream, 1)
 		}},
-		{"consume-group", false, 1, func(ctx context.Context, rep int) (loadResult, []time.Duration, error) {
+		{"consume-group", false, 1, func(ctx context.Context, rep int) (readRun, error) {
 			return groupsRead(ctx, env, stream, fmt.Sprintf("g1-%d", rep), 1, int64(n))
 		}},
-		{"raw-select-5x", true, 5, func(ctx context.Context, _ int) (loadResult, []time.Duration, error) {
+		{"raw-select-5x", true, 5, func(ctx context.Context, _ int) (readRun, error) {
 			return rawRead(ctx, env, rawPool, stream, 5)
 		}},
-		{"consume-5-groups", false, 5, func(ctx context.Context, rep int) (loadResult, []time.Duration, error) {
+		{"consume-5-groups", false, 5, func(ctx context.Context, rep int) (readRun, error) {
 			return groupsRead(ctx, env, stream, fmt.Sprintf("g5-%d", rep), 5, int64(n))
 		}},
 	}
 	totals := make([]loadResult, len(sides))
+	wholes := make([]loadResult, len(sides))
 	samples := make([][]time.Duration, len(sides))
+	starts := make([][]time.Duration, len(sides))
 	for rep := 0; rep < reps; rep++ {
 		for pair := 0; pair < len(sides); pair += 2 {
 			order := []int{pair, pair + 1}
@@ -109,22 +119,27 @@ func (s consumeScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 				order = []int{pair + 1, pair}
 			}
 			for _, i := range order {
-				l, ls, err := sides[i].run(ctx, rep)
+				rr, err := sides[i].run(ctx, rep)
 				if err != nil {
 					return nil, fmt.Errorf("consume %s: %w", sides[i].system, err)
 				}
-				env.Logger.Info("consume rep", "system", sides[i].system, "rep", rep, "records_per_sec", int(float64(l.records)/l.elapsed.Seconds()))
+				l := rr.steady
+				env.Logger.Info("consume rep", "system", sides[i].system, "rep", rep, "records_per_sec", int(float64(l.records)/l.elapsed.Seconds()),
+					"whole_records_per_sec", int(float64(rr.whole.records)/rr.whole.elapsed.Seconds()))
 				t := &totals[i]
 				t.records += l.records
 				t.bytes += l.bytes
 				t.elapsed += l.elapsed
 				t.clientCPU += l.clientCPU
 				t.serverCPU += l.serverCPU
-				samples[i] = append(samples[i], ls...)
+				wholes[i].records += rr.whole.records
+				wholes[i].elapsed += rr.whole.elapsed
+				samples[i] = append(samples[i], rr.samples...)
+				starts[i] = append(starts[i], rr.starts...)
 			}
 		}
 	}
-	var out []Result
+	var out, joins []Result
 	for i, sd := range sides {
 		totals[i].latency = summarize(samples[i])
 		p := Params{PayloadBytes: consumePayload, BatchSize: consumeBatch, Conns: consumePartitions * sd.groups, Partitions: consumePartitions, Mode: "auto-commit"}
@@ -132,16 +147,21 @@ func (s consumeScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 			p.Mode = ""
 		}
 		r := loadToResult("consume", sd.system, sd.baseline, p, totals[i])
-		r.Note = fmt.Sprintf("%d records read %d time(s) by each of %d reader(s), %d repetition(s); latency: one fetch (raw) or the time between two batches of a partition (group: fetch, handler, commit)", n, 1, sd.groups, reps)
+		whole := float64(wholes[i].records) / wholes[i].elapsed.Seconds()
+		r.Note = fmt.Sprintf("%d records read by each of %d group(s), %d repetition(s); rate and CPU from the moment every partition of every group was handed its first batch (the start-up, Run to the first batch, is `%s join`); with the start-up %.0f records/s; latency: the time between two batches of a partition (group: fetch, handler, commit)", n, sd.groups, reps, r.Case, whole)
 		if sd.baseline {
-			r.Note = fmt.Sprintf("%d records, %d reader goroutine(s) (one per partition per group), %d repetition(s); latency: one range query of %d rows", n, consumePartitions*sd.groups, reps, consumeBatch)
+			r.Note = fmt.Sprintf("%d records, %d reader goroutine(s) (one per partition per set), %d repetition(s); rate and CPU from the moment every reader's first query returned (as for the groups' partitions); with the first queries %.0f records/s; latency: one range query of %d rows", n, consumePartitions*sd.groups, reps, whole, consumeBatch)
+		} else {
+			jr := timingResult("consume", sd.system+"-join", r.Case+" join", false, p, "one Consumer's Run to its first batch: its pool's connections, join, first heartbeat, start positions, first fetch", starts[i])
+			jr.Note = "The start-up that the consume rate above leaves out, as kafka-consumer-perf-test reports its fetch rate apart from the rebalance time."
+			joins = append(joins, jr)
 		}
 		env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
 		out = append(out, r)
 	}
 	out[1].RatioTo, out[1].Ratio = out[0].Case, ratio(out[1].RecordsPerSec, out[0].RecordsPerSec)
 	out[3].RatioTo, out[3].Ratio = out[2].Case, ratio(out[3].RecordsPerSec, out[2].RecordsPerSec)
-	return out, nil
+	return append(out, joins...), nil
 }
 
 // benchPool opens a pool on env's database with at most conns connections, for a
@@ -156,17 +176,93 @@ func benchPool(ctx context.Context, env *Env, conns int32) (*pgxpool.Pool, error
 // quietLogger discards the consumers' log lines (joins and rebalances by the dozen).
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// steadyWindow is where a read's measured part starts: once every reader of the read
+// (each partition of each group, or each raw reader goroutine) has delivered its first
+// batch, so that the start-up (for a group: its own pool's connections, the join, the
+// first heartbeat, the start positions and the first fetches; measured apart as the
+// join time) is not in the rate. A group's start-up is the time from the read's start
+// to the first batch of its last partition to start.
+// Records and CPU count from the window's start: begin is called by the reader whose
+// first batch completes the set, after adding that batch, and samples the CPU then,
+// on its own goroutine (that reader waits for it: the window pays for the sample).
+type steadyWindow struct {
+	env     *Env
+	readers int
+	start   time.Time // the read's start (Run called, first query sent)
+
+	mu       sync.Mutex
+	firsts   []time.Duration // each reader's start-up, by reader
+	started  int
+	begun    bool
+	at       time.Time // the window's start
+	records  int64     // records and bytes delivered before the window started
+	bytes    int64
+	cpu      cpuSample
+	total    atomic.Int64 // records delivered, all readers
+	totalB   atomic.Int64 // their bytes
+	startedR []bool
+}
+
+func newSteadyWindow(env *Env, readers int) *steadyWindow {
+	return &steadyWindow{env: env, readers: readers, startedR: make([]bool, readers), firsts: make([]time.Duration, readers)}
+}
+
+// delivered adds a batch of reader i (records, bytes) and starts the window when
+// this is the last reader's first batch.
+func (sw *steadyWindow) delivered(ctx context.Context, i int, records, bytes int) {
+	sw.total.Add(int64(records))
+	sw.totalB.Add(int64(bytes))
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	if sw.startedR[i] {
+		return
+	}
+	sw.startedR[i] = true
+	now := time.Now()
+	sw.firsts[i] = now.Sub(sw.start)
+	if sw.started++; sw.started < sw.readers {
+		return
+	}
+	sw.begun, sw.at = true, now
+	sw.records, sw.bytes = sw.total.Load(), sw.totalB.Load()
+	sw.cpu = sampleCPU(ctx, sw.env)
+}
+
+// result is the window's totals once every record was delivered.
+func (sw *steadyWindow) result(ctx context.Context) (loadResult, error) {
+	end := time.Now()
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	if !sw.begun {
+		return loadResult{}, fmt.Errorf("steady window: %d of %d readers delivered a batch", sw.started, sw.readers)
+	}
+	res := loadResult{elapsed: end.Sub(sw.at), records: sw.total.Load() - sw.records, bytes: sw.totalB.Load() - sw.bytes}
+	res.clientCPU, res.serverCPU = cpuSince(ctx, sw.env, sw.cpu)
+	return res, nil
+}
+
+// readRun is one measured read: its steady part, the latency samples, the readers'
+// start-up times and the whole read (start-up included), for the note.
+type readRun struct {
+	steady  loadResult
+	samples []time.Duration
+	starts  []time.Duration
+	whole   loadResult // records and elapsed only
+}
+
 // groupsRead runs one consumer in each of groups fresh groups (named prefix-i) on
-// stream until each has handled n records, and returns the totals. Latency samples
-// are the times between two batches of the same partition.
-func groupsRead(ctx context.Context, env *Env, stream, prefix string, groups int, n int64) (loadResult, []time.Duration, error) {
+// stream until each has handled n records. The rate and the CPU are those of the
+// steady part (steadyWindow: from the moment every partition of every group was handed
+// its first batch); each group's time from Run to its last partition's first batch is
+// its start-up. Latency
+// samples are the times between two batches of the same partition.
+func groupsRead(ctx context.Context, env *Env, stream, prefix string, groups int, n int64) (readRun, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type member struct {
 		pool    *pgxpool.Pool
 		c       *consumergroup.Consumer
 		handled atomic.Int64
-		bytes   atomic.Int64
 		done    chan struct{} // closed when handled reaches n
 		once    sync.Once
 		mu      sync.Mutex
@@ -174,10 +270,14 @@ func groupsRead(ctx context.Context, env *Env, stream, prefix string, groups int
 		samples []time.Duration
 	}
 	ms := make([]*member, groups)
+	sw := newSteadyWindow(env, groups*consumePartitions) // reader g*4+p: partition p of group g
+	var rr readRun
+	// The pools are made before the clock starts, but connect on first use: each
+	// consumer's connections are part of its start-up, as in a process that starts.
 	for i := range ms {
 		pool, err := benchPool(ctx, env, consumePartitions+2)
 		if err != nil {
-			return loadResult{}, nil, err
+			return rr, err
 		}
 		defer pool.Close()
 		c, err := consumergroup.New(pool, &consumergroup.Config{
@@ -185,21 +285,18 @@ func groupsRead(ctx context.Context, env *Env, stream, prefix string, groups int
 			ConsumerID: fmt.Sprintf("bench-%d", i), Logger: quietLogger,
 		})
 		if err != nil {
-			return loadResult{}, nil, err
+			return rr, err
 		}
 		ms[i] = &member{pool: pool, c: c, done: make(chan struct{}), last: map[int32]time.Time{}}
 	}
-	// The consumers' pools share the run's application_name, so their backends count
-	// as the benchmark's; they are sampled before the pools close.
-	before := sampleCPU(ctx, env)
-	start := time.Now()
+	sw.start = time.Now()
 	var wg sync.WaitGroup
 	errs := make([]error, groups)
 	for i, m := range ms {
 		wg.Add(1)
 		go func() { // owner: groupsRead; exits when ctx is cancelled (below)
 			defer wg.Done()
-			errs[i] = m.c.Run(ctx, func(ctx context.Context, b *consumergroup.Batch) error {
+			errs[i] = m.c.Run(ctx, func(hctx context.Context, b *consumergroup.Batch) error {
 				now := time.Now()
 				bytes := 0
 				for j := range b.Events {
@@ -211,7 +308,7 @@ func groupsRead(ctx context.Context, env *Env, stream, prefix string, groups int
 				}
 				m.last[b.Partition] = now
 				m.mu.Unlock()
-				m.bytes.Add(int64(bytes))
+				sw.delivered(ctx, i*consumePartitions+int(b.Partition), len(b.Events), bytes)
 				if m.handled.Add(int64(len(b.Events))) >= n {
 					m.once.Do(func() { close(m.done) })
 				}
@@ -219,51 +316,54 @@ func groupsRead(ctx context.Context, env *Env, stream, prefix string, groups int
 			})
 		}()
 	}
-	var res loadResult
 	for i, m := range ms {
 		select {
 		case <-m.done:
 		case <-ctx.Done():
 			cancel()
 			wg.Wait()
-			return res, nil, ctx.Err()
+			return rr, ctx.Err()
 		case <-time.After(5 * time.Minute):
 			cancel()
 			wg.Wait()
-			return res, nil, fmt.Errorf("group %d handled %d of %d records in 5 minutes", i, m.handled.Load(), n)
+			return rr, fmt.Errorf("group %d handled %d of %d records in 5 minutes", i, m.handled.Load(), n)
 		}
 	}
-	res.elapsed = time.Since(start)
-	res.clientCPU, res.serverCPU = cpuSince(ctx, env, before)
+	rr.whole = loadResult{elapsed: time.Since(sw.start), records: sw.total.Load()}
+	steady, err := sw.result(ctx)
 	cancel()
 	wg.Wait()
-	var samples []time.Duration
+	if err != nil {
+		return rr, err
+	}
 	for i, m := range ms {
 		if errs[i] != nil {
-			return res, nil, fmt.Errorf("consumer %d: %w", i, errs[i])
+			return rr, fmt.Errorf("consumer %d: %w", i, errs[i])
 		}
-		res.records += m.handled.Load()
-		res.bytes += m.bytes.Load()
-		samples = append(samples, m.samples...)
+		rr.samples = append(rr.samples, m.samples...)
 	}
-	return res, samples, nil
+	rr.steady = steady
+	for g := range groups { // a group's start-up ends with its last partition's first batch
+		rr.starts = append(rr.starts, slices.Max(sw.firsts[g*consumePartitions:(g+1)*consumePartitions]))
+	}
+	return rr, nil
 }
 
 // rawRead reads every partition of stream from offset 0 to its end with rawFetchSQL
 // on streamd.events, one goroutine per partition, copies times at once, and returns
-// the totals with one latency sample per query and the CPU spent.
-func rawRead(ctx context.Context, env *Env, pool *pgxpool.Pool, stream string, copies int) (loadResult, []time.Duration, error) {
-	before := sampleCPU(ctx, env)
+// the steady part (steadyWindow: from the moment every reader's first query returned)
+// with one latency sample per query and the CPU spent.
+func rawRead(ctx context.Context, env *Env, pool *pgxpool.Pool, stream string, copies int) (readRun, error) {
 	sql := fmt.Sprintf(rawFetchSQL, "streamd.events")
 	workers := copies * consumePartitions
 	type out struct {
-		records, bytes int64
-		samples        []time.Duration
-		err            error
+		samples []time.Duration
+		err     error
 	}
 	outs := make([]out, workers)
+	sw := newSteadyWindow(env, workers)
 	var wg sync.WaitGroup
-	start := time.Now()
+	sw.start = time.Now()
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() { // owner: rawRead; exits at the partition's end or on error
@@ -281,25 +381,26 @@ func rawRead(ctx context.Context, env *Env, pool *pgxpool.Pool, stream string, c
 				if k == 0 {
 					return
 				}
-				o.records += int64(k)
-				o.bytes += int64(b)
+				sw.delivered(ctx, w, k, b)
 				off = last + 1
 			}
 		}()
 	}
 	wg.Wait()
-	res := loadResult{elapsed: time.Since(start)}
-	res.clientCPU, res.serverCPU = cpuSince(ctx, env, before)
-	var samples []time.Duration
+	var rr readRun
+	rr.whole = loadResult{elapsed: time.Since(sw.start), records: sw.total.Load()}
 	for _, o := range outs {
 		if o.err != nil {
-			return res, nil, o.err
+			return rr, o.err
 		}
-		res.records += o.records
-		res.bytes += o.bytes
-		samples = append(samples, o.samples...)
+		rr.samples = append(rr.samples, o.samples...)
 	}
-	return res, samples, nil
+	steady, err := sw.result(ctx)
+	if err != nil {
+		return rr, err
+	}
+	rr.steady, rr.starts = steady, sw.firsts
+	return rr, nil
 }
 
 // rawBatch runs one raw range query and scans every column into Go values, as

@@ -20,8 +20,10 @@ func tinyEnv(t *testing.T) *Env {
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
-// TestConsumeScenario runs the consume scenario at the tiny size: every group read
-// every record, and each group case has its raw baseline's ratio.
+// TestConsumeScenario runs the consume scenario at the tiny size: each case counts
+// the records of its steady part (some, never more than were read), each group case has
+// its raw baseline's ratio, and each group case has its start-up timing, one sample
+// per group and repetition.
 func TestConsumeScenario(t *testing.T) {
 	t.Parallel()
 	env := tinyEnv(t)
@@ -29,14 +31,23 @@ func TestConsumeScenario(t *testing.T) {
 	defer cancel()
 	res, err := consumeScenario{}.Run(ctx, env)
 	require.NoError(t, err)
-	require.Len(t, res, 4)
-	for _, r := range res {
-		require.EqualValues(t, 4000*max(1, r.Params.Conns/consumePartitions), r.Records, r.Case)
+	require.Len(t, res, 6)
+	for _, r := range res[:4] {
+		read := int64(4000 * max(1, r.Params.Conns/consumePartitions))
+		require.Positive(t, r.Records, r.Case)
+		require.Less(t, r.Records, read, "%s: the steady part leaves out the first batches", r.Case)
 		require.Positive(t, r.Bytes, r.Case)
 		require.NotNil(t, r.Latency, r.Case)
 		if !r.Baseline {
 			require.Positive(t, r.Ratio, r.Case)
 		}
 		t.Logf("%-44s %8.0f rec/s  ratio %.2f  p50 %.2f ms", r.Case, r.RecordsPerSec, r.Ratio, r.Latency.P50)
+	}
+	for i, groups := range []int{1, 5} {
+		j := res[4+i]
+		require.Equal(t, res[1+2*i].Case+" join", j.Case)
+		require.NotNil(t, j.Timing, j.Case)
+		require.EqualValues(t, groups, j.Timing.Count, "%s: one start-up per group (the tiny suite runs once)", j.Case)
+		require.Positive(t, j.Timing.P50, j.Case)
 	}
 }

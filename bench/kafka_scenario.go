@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -178,32 +179,33 @@ func (s kafkaScenario) consume(ctx context.Context, env *Env, addr string) ([]Re
 		return nil, err
 	}
 	defer rawPool.Close()
-	if _, _, err := rawRead(ctx, env, rawPool, stream, 1); err != nil { // warm-up
+	if _, err := rawRead(ctx, env, rawPool, stream, 1); err != nil { // warm-up
 		return nil, err
 	}
-	raw, rawSamples, err := rawRead(ctx, env, rawPool, stream, 1)
+	raw, err := rawRead(ctx, env, rawPool, stream, 1)
 	if err != nil {
 		return nil, err
 	}
-	native, nativeSamples, err := groupsRead(ctx, env, stream, "kafka", 1, int64(n))
+	native, err := groupsRead(ctx, env, stream, "kafka", 1, int64(n))
 	if err != nil {
 		return nil, err
 	}
-	kg, kgSamples, err := s.groupRead(ctx, env, addr, stream, int64(n))
+	kg, err := s.groupRead(ctx, env, addr, stream, int64(n))
 	if err != nil {
 		return nil, fmt.Errorf("kafka consume: %w", err)
 	}
-	raw.latency, native.latency, kg.latency = summarize(rawSamples), summarize(nativeSamples), summarize(kgSamples)
+	raw.steady.latency, native.steady.latency, kg.steady.latency = summarize(raw.samples), summarize(native.samples), summarize(kg.samples)
+	wholeRate := func(r readRun) float64 { return float64(r.whole.records) / r.whole.elapsed.Seconds() }
 	base := Params{PayloadBytes: consumePayload, BatchSize: consumeBatch, Conns: consumePartitions, Partitions: consumePartitions}
-	rr := loadToResult("kafka", "raw-select", true, base, raw)
-	rr.Note = fmt.Sprintf("%d records, one reader goroutine per partition; latency: one range query of %d rows", n, consumeBatch)
+	rr := loadToResult("kafka", "raw-select", true, base, raw.steady)
+	rr.Note = fmt.Sprintf("%d records, one reader goroutine per partition; rate from the moment every reader's first query returned (with them %.0f records/s); latency: one range query of %d rows", n, wholeRate(raw), consumeBatch)
 	base.Mode = "auto-commit"
-	nr := loadToResult("kafka", "consume-group", false, base, native)
-	nr.Note = fmt.Sprintf("%d records, one consumergroup.Consumer, a commit after every batch; latency: between two batches of a partition", n)
+	nr := loadToResult("kafka", "consume-group", false, base, native.steady)
+	nr.Note = fmt.Sprintf("%d records, one consumergroup.Consumer, committing asynchronously; rate from the moment every partition had its first batch (Run to it: %s; with it %.0f records/s); latency: between two batches of a partition", n, fmtDurations(native.starts), wholeRate(native))
 	nr.RatioTo, nr.Ratio = rr.Case, ratio(nr.RecordsPerSec, rr.RecordsPerSec)
 	kp := Params{PayloadBytes: consumePayload, Conns: 1, Partitions: consumePartitions, Mode: "commit-each-poll"}
-	kr := loadToResult("kafka", "kgo-group", false, kp, kg)
-	kr.Note = fmt.Sprintf("%d records, one franz-go group consumer (classic, range), CommitUncommittedOffsets after every poll; latency: one poll and its commit", n)
+	kr := loadToResult("kafka", "kgo-group", false, kp, kg.steady)
+	kr.Note = fmt.Sprintf("%d records, one franz-go group consumer (classic, range), CommitUncommittedOffsets after every poll; rate from the moment every partition returned records (the client's creation to it: %s; with it %.0f records/s); latency: one poll and its commit", n, fmtDurations(kg.starts), wholeRate(kg))
 	kr.RatioTo, kr.Ratio, kr.Target = nr.Case, ratio(kr.RecordsPerSec, nr.RecordsPerSec), kafkaTarget
 	for _, r := range []Result{rr, nr, kr} {
 		env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
@@ -211,45 +213,65 @@ func (s kafkaScenario) consume(ctx context.Context, env *Env, addr string) ([]Re
 	return []Result{rr, nr, kr}, nil
 }
 
+// fmtDurations lists durations in milliseconds.
+func fmtDurations(ds []time.Duration) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = fmt.Sprintf("%.0f ms", float64(d)/1e6)
+	}
+	return strings.Join(parts, ", ")
+}
+
 // groupRead reads stream from the start with a franz-go group consumer of a fresh
-// group until it has n records, committing after every poll; the time runs from the
-// client's creation (the join included, as for the native group). Latency samples
+// group until it has n records, committing after every poll. As for the native group
+// (steadyWindow), the rate and the CPU count from the moment every partition had
+// returned records; the time from the client's creation to it is the start-up. Latency samples
 // are one poll and its commit each.
-func (kafkaScenario) groupRead(ctx context.Context, env *Env, addr, stream string, n int64) (loadResult, []time.Duration, error) {
+func (kafkaScenario) groupRead(ctx context.Context, env *Env, addr, stream string, n int64) (readRun, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	before := sampleCPU(ctx, env)
-	start := time.Now()
+	var rr readRun
+	sw := newSteadyWindow(env, consumePartitions) // a reader per partition
+	sw.start = time.Now()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumerGroup("bench-kafka-"+env.RunID+"-"+randomID()),
 		kgo.ConsumeTopics(stream), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DisableAutoCommit(),
 		kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
-		return loadResult{}, nil, err
+		return rr, err
 	}
 	defer cl.Close()
-	var res loadResult
-	var samples []time.Duration
-	for res.records < n {
+	var records int64
+	for records < n {
 		t0 := time.Now()
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return res, nil, fmt.Errorf("%d of %d records: %w", res.records, n, err)
+			return rr, fmt.Errorf("%d of %d records: %w", records, n, err)
 		}
 		if errs := fs.Errors(); len(errs) > 0 {
-			return res, nil, fmt.Errorf("fetch %s/%d: %w", errs[0].Topic, errs[0].Partition, errs[0].Err)
+			return rr, fmt.Errorf("fetch %s/%d: %w", errs[0].Topic, errs[0].Partition, errs[0].Err)
 		}
-		fs.EachRecord(func(r *kgo.Record) {
-			res.records++
-			res.bytes += int64(len(r.Key) + len(r.Value))
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			bytes := 0
+			for _, r := range p.Records {
+				bytes += len(r.Key) + len(r.Value)
+			}
+			if len(p.Records) > 0 {
+				sw.delivered(ctx, int(p.Partition), len(p.Records), bytes)
+				records += int64(len(p.Records))
+			}
 		})
 		if err := cl.CommitUncommittedOffsets(ctx); err != nil {
-			return res, nil, fmt.Errorf("commit: %w", err)
+			return rr, fmt.Errorf("commit: %w", err)
 		}
-		samples = append(samples, time.Since(t0))
+		rr.samples = append(rr.samples, time.Since(t0))
 	}
-	res.elapsed = time.Since(start)
-	res.clientCPU, res.serverCPU = cpuSince(ctx, env, before)
-	return res, samples, nil
+	rr.whole = loadResult{elapsed: time.Since(sw.start), records: records}
+	steady, err := sw.result(ctx)
+	if err != nil {
+		return rr, err
+	}
+	rr.steady, rr.starts = steady, []time.Duration{slices.Max(sw.firsts)}
+	return rr, nil
 }
 
 // endToEnd runs the latency scenario's group-tailer mode and its kafka-group mode

@@ -60,13 +60,13 @@ func targets() []target {
 	}
 	ts = append(ts,
 		target{
-			Goal:     "consumer group, 1 group: one `Consumer` reading 4 partitions (commit after every batch) ≥ 0.8× 4 raw range readers",
+			Goal:     "consumer group, 1 group: one `Consumer` reading 4 partitions (commits asynchronous, every 100 ms) ≥ 0.8× 4 raw range readers; both from the moment each of their partitions had its first batch (steady state; the start-up, Run to then, is the case `... join` under Timings)",
 			Case:     "consume consume-group 100B b=500 c=4 p=4 auto-commit",
 			Baseline: "consume raw-select 100B b=500 c=4 p=4",
 			Min:      consumeTarget, Scenario: "consume", System: "consume-group",
 		},
 		target{
-			Goal:     "consumer groups, 5 groups: five `Consumer`s reading the stream at once ≥ 0.8× five sets of raw readers",
+			Goal:     "consumer groups, 5 groups: five `Consumer`s reading the stream at once ≥ 0.8× five sets of raw readers; both from the moment every partition of every group (every reader) had its first batch (steady state; start-ups under Timings)",
 			Case:     "consume consume-5-groups 100B b=500 c=20 p=4 auto-commit",
 			Baseline: "consume raw-select-5x 100B b=500 c=20 p=4",
 			Min:      consumeTarget, Scenario: "consume", System: "consume-5-groups",
@@ -113,7 +113,7 @@ func targets() []target {
 	}
 	ts = append(ts,
 		target{
-			Goal:     "Kafka consume: one franz-go group consumer reading 4 partitions (a commit after every poll) ≥ 0.8× one `Consumer` (a commit after every batch)",
+			Goal:     "Kafka consume: one franz-go group consumer reading 4 partitions (a commit after every poll) ≥ 0.8× one `Consumer` (commits asynchronous); both from the moment each of their partitions had returned records (steady state; start-ups in the cases' notes)",
 			Case:     "kafka kgo-group 100B c=1 p=4 commit-each-poll",
 			Baseline: "kafka consume-group 100B b=500 c=4 p=4 auto-commit",
 			Min:      kafkaTarget, Scenario: "kafka", System: "kgo-group",

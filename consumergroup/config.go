@@ -67,6 +67,25 @@ const (
 	NoRetries    = math.MinInt
 )
 
+// A partition's fetch reads up to fetchBatches handler batches at once (at most
+// fetchMaxRecords events, and at most the fetch's MaxBytes, 1 MiB), handed to the
+// handler MaxBatchSize at a time: one statement per 500 events cost each event more
+// server CPU than one per 5,000 (issue 21; bench/RESULTS.md, session 8), and Kafka's
+// door reads up to 5,000 per partition too (kafka/01_fetch.go).
+const (
+	fetchBatches    = 10
+	fetchMaxRecords = 5000
+)
+
+// fetchRecords is how many events one fetch of a partition reads at most: MaxBatchSize
+// times fetchBatches, at most fetchMaxRecords, at least MaxBatchSize.
+func (c Config) fetchRecords() int {
+	if c.MaxBatchSize >= fetchMaxRecords/fetchBatches {
+		return max(c.MaxBatchSize, fetchMaxRecords)
+	}
+	return fetchBatches * c.MaxBatchSize
+}
+
 // retries is MaxRetries as a count: 0 for NoRetries, negative for forever.
 func (c Config) retries() int {
 	if c.MaxRetries == NoRetries {

@@ -33,7 +33,7 @@
 //
 //	member.go    the SQL calls of one membership (join, heartbeat, release, leave, commit)
 //	consumer.go  Consumer, Run, the session loop (heartbeats, reconcile, hooks)
-//	worker.go    one partition's loop: start position, fetch (one batch ahead), handler retries, commit
+//	worker.go    one partition's loop: start position, fetch (10 batches at once, one fetch ahead), handler retries, commit
 //	committer.go the membership's asynchronous, coalesced CommitAuto commits
 //	batch.go     Batch, Commit, CommitTx
 //	listener.go  the LISTEN connection that wakes the session loop

@@ -247,3 +247,55 @@ func TestCoalescedCommitFencedWritesNothing(t *testing.T) {
 		require.True(t, ok && off == 1, fmt.Sprintf("partition %d (a's): committed %v at %d", p, ok, off))
 	}
 }
+
+// TestFetchReadsTenBatchesAndHandsThemOneAtATime: a partition's fetch reads ten
+// handler batches at once (its first fetch one; the next fetch runs ahead), while
+// the handler gets them MaxBatchSize at a time, in offset order, nothing skipped or
+// repeated.
+func TestFetchReadsTenBatchesAndHandsThemOneAtATime(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	group := testdb.Name("g")
+	pos := produce(t, pool, stream, 0, 120)
+	cfg := testConfig(stream, group)
+	cfg.MaxBatchSize = 5
+	c, err := New(pool, cfg)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var next int64 // the offset the next batch must start at
+	var bad []string
+	var h handled
+	var calls atomic.Int32
+	runConsumer(t, c, func(ctx context.Context, b *Batch) error {
+		if calls.Add(1) == 1 {
+			<-release
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(b.Events) > cfg.MaxBatchSize || b.Events[0].Offset != next {
+			bad = append(bad, fmt.Sprintf("batch of %d from %d, expected at most %d from %d", len(b.Events), b.Events[0].Offset, cfg.MaxBatchSize, next))
+		}
+		next = b.NextOffset()
+		for _, e := range b.Events {
+			h.add(e.Partition, e.Offset)
+		}
+		return nil
+	})
+	worker := func() *worker {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.owned[0]
+	}
+	// While the first batch's handler waits: the first fetch (one batch, so that the
+	// handler starts at once) and the fetch ahead, of ten batches.
+	waitFor(t, 5*time.Second, "a fetch of one batch and one of ten", func() bool { w := worker(); return w != nil && w.fetched.Load() >= 11 })
+	close(release)
+	waitFor(t, 10*time.Second, "lag 0", func() bool { return groupLag(t, pool, stream, group) == 0 })
+	h.requireAll(t, pos)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, bad)
+	require.EqualValues(t, 120, next)
+}

@@ -27,6 +27,14 @@ func (w *worker) redeliverIfAsked(ctx context.Context) bool {
 	if gen == w.redeliverSeen {
 		return true
 	}
+	// Mostly there are none (every worker looks when it starts): one probe of a small
+	// partial index answers that, where taking them (a fenced function) cost each of
+	// a starting member's new connections the compilation of the fence (issue 21).
+	// Unfenced, since it only reads: a replay after it bumps redeliverGen again.
+	if pending, err := redeliveriesPending(ctx, w.c.pool, w.c.cfg.Stream, w.c.cfg.Group, w.partition); err == nil && !pending {
+		w.redeliverSeen = gen
+		return true
+	}
 	for !w.stopping() {
 		events, ids, err := w.m.redeliveries(ctx, w.c.pool, w.partition, w.c.cfg.MaxBatchSize)
 		if err != nil {
@@ -123,6 +131,19 @@ func (m *member) redeliveries(ctx context.Context, db streams.DBTX, partition in
 		return nil, nil, fmt.Errorf("read redeliveries of %s/%d for group %s: %w", m.stream, partition, m.group, fenced(err, m, partition))
 	}
 	return events, ids, nil
+}
+
+// redeliveriesPending reports whether the partition has replayed dead letters of the
+// group not yet redelivered (the partial index dead_letter_queue_redeliveries).
+func redeliveriesPending(ctx context.Context, db streams.DBTX, stream, group string, partition int32) (bool, error) {
+	var pending bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM streamd.dead_letter_queue d
+		WHERE d.stream_name = $1 AND d.group_id = $2 AND d.partition = $3
+		  AND d.status = 'replayed' AND d.redelivered_at IS NULL)`, stream, group, partition).Scan(&pending)
+	if err != nil {
+		return false, fmt.Errorf("look for redeliveries of %s/%d for group %s: %w", stream, partition, group, sqlerr.Wrap(err))
+	}
+	return pending, nil
 }
 
 // redeliveriesDone marks redeliveries handled, fenced like a commit, in db (the

@@ -38,8 +38,8 @@ type worker struct {
 	inflightSince atomic.Int64
 	// lost is set when the worker exits without a clean handover (fenced or cancelled).
 	lost atomic.Bool
-	// fetched counts the fetches that returned events, dropped the batches fetched
-	// and never handed to the handler (paused, stopped); read by tests.
+	// fetched counts the handler batches (of MaxBatchSize) fetched, dropped the times
+	// that fetched events were dropped unhandled (paused, stopped); read by tests.
 	fetched, dropped atomic.Int64
 	// redeliverSeen is the Consumer's redeliverGen when the worker last found no
 	// redeliveries (-1: not yet looked). Owned by run.
@@ -116,13 +116,16 @@ func (w *worker) labels() []string {
 }
 
 // run is the worker's loop; it returns when the worker is stopped, cancelled or fenced.
-// While the handler runs on a batch, the next batch is fetched (at most one batch
-// ahead, so at most the fetch's MaxBytes, 1 MiB, of events wait per partition): a
-// batch's next position is known before its handler returns, since a batch is either
-// done (committed past its end) or ends the worker. A fetched batch is dropped when the
-// partition is paused, stopped or lost meanwhile: it is never handed to the handler
-// after the worker was told to stop, so nothing of a revoked partition reaches the
-// handler after OnRevoked (the session calls it once run returned).
+// A fetch reads up to fetchRecords events (10 handler batches, at most 5,000 and the
+// fetch's MaxBytes, 1 MiB; the worker's first fetch one batch, so that the handler
+// starts at once), which the handler gets MaxBatchSize at a time. While the
+// handler works on them, the next fetch runs (one fetch ahead, so at most two fetches,
+// 2 MiB of events, wait per partition): the next position is known before the
+// handler returns, since each batch is either done (committed past its end) or ends
+// the worker. Events fetched are dropped when the partition is paused, stopped or lost
+// meanwhile: none is handed to the handler after the worker was told to stop, so
+// nothing of a revoked partition reaches the handler after OnRevoked (the session
+// calls it once run returned).
 func (w *worker) run() {
 	ctx := w.ctx
 	defer w.cancelFn()
@@ -173,13 +176,21 @@ func (w *worker) run() {
 	fetchBackoff := backoff.NewJittered(50*time.Millisecond, 2*time.Second)
 	// With Wakeups, each fetch subscribes to the partition before its first read, so
 	// no commit between a read that found nothing and the wait goes unnoticed.
+	// The first fetch reads one batch, so that the handler does not wait for a fetch
+	// of 5,000 events to start; the fetches after it, which run while the handler
+	// works, read fetchRecords.
 	opts := streams.FetchOpts{MaxRecords: w.c.cfg.MaxBatchSize, MaxWait: w.c.cfg.FetchMaxWait, Wakeups: w.c.cfg.Wakeups}
+	var (
+		chunk    []streams.Event // fetched, not handed to the handler yet; starts at pos
+		chunkHWM int64           // the log end when chunk was fetched
+	)
 	for !w.stopping() {
 		if w.isPaused() {
-			if ahead.drop() {
-				w.dropped.Add(1) // paused: the batch fetched ahead is fetched again on resume
+			// Paused: what was fetched and not handled is fetched again on resume.
+			if ahead.drop() || len(chunk) > 0 {
+				w.dropped.Add(1)
 			}
-			ahead = nil
+			ahead, chunk = nil, nil
 			select {
 			case <-w.pauseCh:
 			case <-w.stopCh:
@@ -187,48 +198,58 @@ func (w *worker) run() {
 			continue
 		}
 		// Redeliveries (dead letters sent back) come before the next batch; the
-		// batch fetched ahead, if any, waits for them.
+		// batches fetched, if any, wait for them.
 		if !w.redeliverIfAsked(ctx) {
 			return
 		}
-		if ahead == nil {
-			ahead = w.fetch(fetchCtx, pos, opts)
-		}
-		res, err := ahead.wait()
-		ahead = nil
-		if err != nil {
-			if w.stopping() || ctx.Err() != nil {
-				return
+		if len(chunk) == 0 {
+			if ahead == nil {
+				ahead = w.fetch(fetchCtx, pos, opts)
 			}
-			var oor *streams.OffsetOutOfRangeError
-			if errors.As(err, &oor) {
-				pos = w.clamp(oor)
+			res, err := ahead.wait()
+			ahead = nil
+			if err != nil {
+				if w.stopping() || ctx.Err() != nil {
+					return
+				}
+				var oor *streams.OffsetOutOfRangeError
+				if errors.As(err, &oor) {
+					pos = w.clamp(oor)
+					continue
+				}
+				w.c.log.Warn("fetch failed; retrying", "partition", w.partition, "offset", pos, "error", err)
+				fetchBackoff.Wait(fetchCtx)
 				continue
 			}
-			w.c.log.Warn("fetch failed; retrying", "partition", w.partition, "offset", pos, "error", err)
-			fetchBackoff.Wait(fetchCtx)
-			continue
+			fetchBackoff.Reset()
+			w.c.metrics.lag.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition))).
+				Set(float64(res.HighWatermark - pos))
+			if len(res.Events) == 0 {
+				continue
+			}
+			if w.isPaused() || w.stopping() {
+				w.dropped.Add(1)
+				continue // paused or stopped while fetching: drop the batch, refetch on resume
+			}
+			chunk, chunkHWM = res.Events, res.HighWatermark
+			// The next fetch starts where this one ends, whatever the handler does
+			// with its batches: each is done (and committed past its end) or the
+			// worker exits.
+			opts.MaxRecords = w.c.cfg.fetchRecords()
+			ahead = w.fetch(fetchCtx, res.NextOffset, opts)
 		}
-		fetchBackoff.Reset()
-		w.c.metrics.lag.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition))).
-			Set(float64(res.HighWatermark - pos))
-		if len(res.Events) == 0 {
-			continue
-		}
-		if w.isPaused() || w.stopping() {
-			w.dropped.Add(1)
-			continue // paused or stopped while fetching: drop the batch, refetch on resume
-		}
-		// The next batch starts where this one ends, whatever its handler does: it
-		// is done (and committed past its end) or the worker exits.
-		ahead = w.fetch(fetchCtx, res.NextOffset, opts)
-		next, ok := w.process(ctx, res)
+		// A fetch reads up to fetchRecords; the handler gets them MaxBatchSize at a
+		// time, checking for a pause, a stop and redeliveries between two batches.
+		n := min(len(chunk), w.c.cfg.MaxBatchSize)
+		batch := chunk[:n:n]
+		chunk = chunk[n:]
+		next, ok := w.process(ctx, batch, chunkHWM)
 		if !ok {
 			return
 		}
 		pos = next
 		w.c.metrics.lag.WithLabelValues(w.c.cfg.Stream, w.c.cfg.Group, strconv.Itoa(int(w.partition))).
-			Set(float64(max(0, res.HighWatermark-pos)))
+			Set(float64(max(0, chunkHWM-pos)))
 	}
 }
 
@@ -249,7 +270,7 @@ func (w *worker) fetch(ctx context.Context, pos int64, opts streams.FetchOpts) *
 		defer close(f.done)
 		f.res, f.err = streams.FetchTx(fctx, w.c.pool, w.c.cfg.Stream, w.partition, pos, &opts)
 		if f.err == nil && len(f.res.Events) > 0 {
-			w.fetched.Add(1)
+			w.fetched.Add(int64((len(f.res.Events) + w.c.cfg.MaxBatchSize - 1) / w.c.cfg.MaxBatchSize))
 		}
 	}()
 	return f
@@ -317,9 +338,9 @@ func (w *worker) clamp(oor *streams.OffsetOutOfRangeError) int64 {
 // process runs one fetched batch to completion: handler with retries, the error
 // policy, and the commit. It returns the next position, and false when the worker
 // must exit (stopped while blocked, lost, or fenced).
-func (w *worker) process(ctx context.Context, res *streams.FetchResult) (int64, bool) {
+func (w *worker) process(ctx context.Context, events []streams.Event, hwm int64) (int64, bool) {
 	start := time.Now()
-	b := w.newBatch(res.Events, res.HighWatermark)
+	b := w.newBatch(events, hwm)
 	err := w.attempt(ctx, b, w.c.cfg.retries())
 	if err != nil {
 		// Stopped while retrying: the batch stays uncommitted and the partition's
@@ -331,7 +352,7 @@ func (w *worker) process(ctx context.Context, res *streams.FetchResult) (int64, 
 			if !w.block(ctx, b) {
 				return 0, false
 			}
-		} else if !w.deadLetterEach(ctx, res) {
+		} else if _, ok := w.deadLetterEvents(ctx, events, hwm, nil); !ok {
 			return 0, false
 		}
 	}
@@ -431,16 +452,10 @@ func (w *worker) block(ctx context.Context, b *Batch) bool {
 	}
 }
 
-// deadLetterEach retries the batch's events one at a time; each that still fails
-// goes to the dead letter queue (fenced like a commit).
-func (w *worker) deadLetterEach(ctx context.Context, res *streams.FetchResult) bool {
-	_, ok := w.deadLetterEvents(ctx, res.Events, res.HighWatermark, nil)
-	return ok
-}
-
-// deadLetterEvents is deadLetterEach for events; ids, when set, are the events' dead
-// letters (a redelivery), each single-event batch is a redelivery too, and handled
-// lists the ids whose event succeeded alone (not dead-lettered again).
+// deadLetterEvents retries a failed batch's events one at a time; each that still
+// fails goes to the dead letter queue (fenced like a commit). ids, when set, are the
+// events' dead letters (a redelivery), each single-event batch is a redelivery too,
+// and handled lists the ids whose event succeeded alone (not dead-lettered again).
 func (w *worker) deadLetterEvents(ctx context.Context, events []streams.Event, hwm int64, ids []int64) (handled []int64, ok bool) {
 	for i := range events {
 		if w.stopping() {
