@@ -207,6 +207,9 @@ func (s kafkaScenario) consume(ctx context.Context, env *Env, addr string) ([]Re
 	kr := loadToResult("kafka", "kgo-group", false, kp, kg.steady)
 	kr.Note = fmt.Sprintf("%d records, one franz-go group consumer (classic, range), CommitUncommittedOffsets after every poll; rate from the moment every partition returned records (the client's creation to it: %s; with it %.0f records/s); latency: one poll and its commit", n, fmtDurations(kg.starts), wholeRate(kg))
 	kr.RatioTo, kr.Ratio, kr.Target = nr.Case, ratio(kr.RecordsPerSec, nr.RecordsPerSec), kafkaTarget
+	rr.Note += wholeReadNote(raw.wholeRead)
+	nr.Note += wholeReadNote(native.wholeRead)
+	kr.Note += wholeReadNote(kg.wholeRead)
 	for _, r := range []Result{rr, nr, kr} {
 		env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
 	}
@@ -270,7 +273,7 @@ func (kafkaScenario) groupRead(ctx context.Context, env *Env, addr, stream strin
 	if err != nil {
 		return rr, err
 	}
-	rr.steady, rr.starts = steady, []time.Duration{slices.Max(sw.firsts)}
+	rr.steady, rr.starts, rr.wholeRead = steady, []time.Duration{slices.Max(sw.firsts)}, sw.wholeRead
 	return rr, nil
 }
 
