@@ -269,7 +269,7 @@ func wholeReadNote(whole bool) string {
 	if !whole {
 		return ""
 	}
-	return "; a read of this case had no steady part (every record came with the first batches), so its rate is the whole read's, start-up included"
+	return "; a read of this case had no steady part (every record came with the first batches), so its rate is the whole read's, start-up included, and its CPU only what followed the last first batch"
 }
 
 // groupsRead runs one consumer in each of groups fresh groups (named prefix-i) on

@@ -29,8 +29,9 @@ import (
 //     reference at the same shape;
 //   - consume: a franz-go group consumer (classic protocol, range assignor) reading a
 //     pre-filled stream of 4 partitions from the start to the end, committing after
-//     every poll, against one consumergroup.Consumer (a commit after every batch) and
-//     the raw range read, as in the consume scenario;
+//     every poll, against one consumergroup.Consumer (asynchronous commits) and the
+//     raw range read, as in the consume scenario; each rate from the moment every
+//     partition returned records (steadyWindow), the start-up reported beside it;
 //   - end to end (with Suite.KafkaLatencyDuration and wal_level=logical): commit →
 //     franz-go group consumer at 1,000 events/s, woken through the tailer like the
 //     native consumer of the latency scenario's group-tailer mode, measured in the

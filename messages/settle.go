@@ -41,7 +41,7 @@ func (c *Client) AckTx(ctx context.Context, tx streams.DBTX, receipts ...Receipt
 		if err != nil {
 			return fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(err))
 		}
-		c.metrics.add(c.metrics.acked, queue, len(rs)-len(missed))
+		c.metrics.add(c.metrics.acked, queue, settledCount(rs, missed))
 		noteSelfSettled(ctx, queue, rs)
 		return c.lost(ctx, queue, rs, func(k receiptKey) bool { return !missed[k] })
 	})
