@@ -170,7 +170,9 @@ func TestWorkKeepsTheLeaseOfARolledBackSelfAck(t *testing.T) {
 	done := make(chan error, 1)
 	var once sync.Once
 	go func() {
-		done <- c.Work(wctx, q, &messages.WorkerConfig{Concurrency: 1, VisibilityTimeout: 300 * time.Millisecond,
+		// A lease of a second, extended every 50 ms: a loaded machine (make test runs
+		// packages side by side) delayed extensions of a 300 ms lease past its end.
+		done <- c.Work(wctx, q, &messages.WorkerConfig{Concurrency: 1, VisibilityTimeout: time.Second,
 			ExtendEvery: 50 * time.Millisecond, PollWait: 50 * time.Millisecond},
 			func(hctx context.Context, m *messages.Message) error {
 				tx, err := pool.Begin(hctx)
@@ -184,7 +186,7 @@ func TestWorkKeepsTheLeaseOfARolledBackSelfAck(t *testing.T) {
 					return err
 				}
 				// Three lease lengths: another consumer waits for the message.
-				got, err := other.Receive(hctx, q, &messages.ReceiveOpts{Wait: time.Second})
+				got, err := other.Receive(hctx, q, &messages.ReceiveOpts{Wait: 3 * time.Second})
 				if err != nil && !errors.Is(err, context.Canceled) {
 					return err
 				}
