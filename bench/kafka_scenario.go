@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/streamd/streamd/kafka"
@@ -37,7 +38,9 @@ import (
 //     native consumer of the latency scenario's group-tailer mode, measured in the
 //     same run.
 //
-// The server runs in the benchmark's process: its CPU counts as the client's.
+// The server runs in the benchmark's process: its CPU counts as the client's. It
+// reads over the benchmark's pool, except in the end-to-end mode, where it has a
+// pool of its own as the native consumer has.
 type kafkaScenario struct{}
 
 // After consume and queue, before rebalance.
@@ -49,7 +52,7 @@ func (kafkaScenario) Name() string { return "kafka" }
 const kafkaTarget = 0.8
 
 func (s kafkaScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
-	addr, stop, err := startKafkaServer(ctx, env, nil)
+	addr, stop, err := startKafkaServer(ctx, env, env.Pool, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -91,10 +94,11 @@ func (s kafkaScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 	return append(out, rs...), nil
 }
 
-// startKafkaServer serves Kafka on a loopback port of its own, under a listener name
-// of this run's (so Metadata names only this server), until stop is called.
-func startKafkaServer(ctx context.Context, env *Env, hub *wakeup.Hub) (addr string, stop func(), err error) {
-	srv, err := kafka.New(env.Pool, &kafka.Config{Listener: "bench-" + env.RunID, Logger: quietLogger, Wakeups: hub})
+// startKafkaServer serves Kafka on a loopback port of its own over pool, under a
+// listener name of this run's (so Metadata names only this server), until stop is
+// called.
+func startKafkaServer(ctx context.Context, env *Env, pool *pgxpool.Pool, hub *wakeup.Hub) (addr string, stop func(), err error) {
+	srv, err := kafka.New(pool, &kafka.Config{Listener: "bench-" + env.RunID, Logger: quietLogger, Wakeups: hub})
 	if err != nil {
 		return "", nil, err
 	}
@@ -318,10 +322,20 @@ func (kafkaScenario) endToEnd(ctx context.Context, env *Env) ([]Result, error) {
 // consumer got one untimed warm-up record per partition (the join is not delivery).
 func (latencyScenario) startKafkaGroup(ctx context.Context, env *Env, hub *wakeup.Hub, stream string, lanes []*latencyLane, n int,
 	wg *sync.WaitGroup, done chan<- error) error {
-	addr, stopServer, err := startKafkaServer(ctx, env, hub)
+	// The server gets a pool of its own, as the native consumer does (startGroup) and
+	// as `streamd serve` has: on the producers' pool its reads waited for the
+	// producers' new connections at the start of the timed part (hundreds of ms
+	// under load, at the tail of the distribution).
+	pool, err := benchPool(ctx, env, 8)
 	if err != nil {
 		return err
 	}
+	addr, stopKafka, err := startKafkaServer(ctx, env, pool, hub)
+	if err != nil {
+		pool.Close()
+		return err
+	}
+	stopServer := func() { stopKafka(); pool.Close() }
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumerGroup("bench-latency-kafka-"+env.RunID),
 		kgo.ConsumeTopics(stream), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(5*time.Second))
 	if err != nil {

@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -79,8 +80,21 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 			s.fetchesWaiting.Add(-1)
 		}
 	}()
+	first := true
 	err = wakeup.Poll(pollCtx, sub, time.Now().Add(maxWait), opts, func() (bool, error) {
-		got, failed := s.fetchOnce(ctx, req, resp, allowed)
+		// The first pass reads every partition; a pass after a wake-up that named
+		// partitions reads only those of them the request has (the others' answers
+		// stand: nothing woke them), without the head-row read before it. A pass
+		// after the safety-net poll's timeout, or a wake-up that named none, reads
+		// everything again.
+		var woken map[string][]int32
+		if !first && sub != nil {
+			if w, all := sub.Woken(); !all {
+				woken = w
+			}
+		}
+		first = false
+		got, failed := s.fetchOnce(ctx, req, resp, allowed, woken)
 		if err := ctx.Err(); err != nil {
 			return false, err // the client went away
 		}
@@ -109,10 +123,16 @@ type fetchJob struct {
 	partition kmsg.FetchRequestTopicPartition
 }
 
-// fetchOnce reads every partition of req into resp (replacing what a previous pass
-// put there) and returns the record bytes read and whether a partition failed.
-// Partitions of topics the principal may not read are TOPIC_AUTHORIZATION_FAILED.
-func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, allowed *access.Decisions) (int, bool) {
+// fetchOnce reads the partitions of req into resp and returns the record bytes resp
+// holds and whether a partition failed. With woken nil it reads every partition
+// (replacing what a previous pass put there); otherwise only the partitions woken
+// names (by topic) that a previous pass of resp read, reading each directly, the
+// others' answers left as they were. Partitions of topics the principal may not
+// read are TOPIC_AUTHORIZATION_FAILED.
+func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, allowed *access.Decisions, woken map[string][]int32) (int, bool) {
+	if len(woken) > 0 && len(resp.Topics) == len(req.Topics) {
+		return s.fetchWoken(ctx, req, resp, woken)
+	}
 	resp.Topics = resp.Topics[:0]
 	var jobs []fetchJob
 	for _, t := range req.Topics {
@@ -146,6 +166,34 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 		}
 	}
 	jobs = s.skipUnchanged(ctx, jobs)
+	return s.runFetchJobs(ctx, req, resp, jobs, 0)
+}
+
+// fetchWoken is fetchOnce's pass after a wake-up: it reads again the partitions of
+// resp that woken names and that a previous pass read without error (those it did
+// not read, internal, refused or unknown, keep their answer).
+func (s *Server) fetchWoken(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, woken map[string][]int32) (int, bool) {
+	var jobs []fetchJob
+	held := 0
+	for ti, t := range req.Topics {
+		parts := woken[t.Topic]
+		for pi, p := range t.Partitions {
+			rp := &resp.Topics[ti].Partitions[pi]
+			if t.Topic == "" || t.Topic == consumerOffsetsTopic || rp.ErrorCode != 0 || !slices.Contains(parts, p.Partition) {
+				held += len(rp.RecordBatches)
+				continue
+			}
+			rp.RecordBatches = []byte{}
+			jobs = append(jobs, fetchJob{rp: rp, topic: t.Topic, partition: p})
+		}
+	}
+	return s.runFetchJobs(ctx, req, resp, jobs, held)
+}
+
+// runFetchJobs reads jobs into their partitions of resp, at most fetchParallelism at
+// once, within the request's byte bound less held (what resp already holds), and
+// returns the record bytes resp holds and whether a partition of it failed.
+func (s *Server) runFetchJobs(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, jobs []fetchJob, held int) (int, bool) {
 	var (
 		mu    sync.Mutex
 		total int
@@ -156,6 +204,7 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 	if maxBytes <= 0 {
 		maxBytes = 50 << 20
 	}
+	total = held
 	for _, j := range jobs {
 		mu.Lock()
 		room := maxBytes - total
@@ -167,7 +216,7 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 		}
 		wg.Add(1)
 		sem <- struct{}{}
-		go func() { // owner: fetchOnce, which waits for it below
+		go func() { // owner: runFetchJobs, which waits for it below
 			defer func() { <-sem; wg.Done() }()
 			limit := min(int(j.partition.PartitionMaxBytes), room)
 			codec := s.fetchCodec(ctx, j.topic)

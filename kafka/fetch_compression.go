@@ -58,8 +58,8 @@ func compressionOf(p *streamconfig.Performance, def string) string {
 }
 
 // compressionTTL is how long an instance keeps a topic's compression.type: a change
-// made through another instance (or SQL) reaches this one's fetches within it; one
-// made through this instance applies to the next fetch.
+// made through another instance (or SQL) reaches this one's fetches within it (and
+// the refresh's read); one made through this instance applies to the next fetch.
 const compressionTTL = time.Second
 
 // compressedReadFactor: a compressed partition reads up to this many times its byte
@@ -68,27 +68,62 @@ const compressionTTL = time.Second
 const compressedReadFactor = 4
 
 type cachedCompression struct {
-	codec   int8
-	expires time.Time
+	codec      int8
+	expires    time.Time
+	refreshing bool // a refresh goroutine reads it again
 }
 
 // topicCompression caches each topic's fetch codec (Server.compression).
 type topicCompression struct {
 	mu      sync.Mutex
 	byTopic map[string]cachedCompression
+	// forgets counts forgetCompression's calls: a refresh that began before one
+	// does not store what it read (it may predate the change).
+	forgets uint64
+	// refreshes are the goroutines re-reading expired entries; Serve waits for them.
+	refreshes sync.WaitGroup
 }
 
+// compressionRefreshTimeout bounds a background refresh of a topic's codec.
+const compressionRefreshTimeout = 10 * time.Second
+
 // fetchCodec is topic's fetch codec, from the cache or the stream's configuration.
-// A configuration that cannot be read serves uncompressed (the fetch itself reports
-// a missing stream).
+// A topic's first fetch reads the configuration; once its entry expires, fetches go
+// on with the cached codec while one goroutine (owned by the Server, waited for by
+// Serve) reads it again, so that the read is never on a fetch's path (it was a round
+// trip every second inside a long poll's pass, at the tail of the end-to-end
+// latency). A configuration that cannot be read serves uncompressed for a new entry
+// and the cached codec for a refreshed one (the fetch itself reports a missing
+// stream).
 func (s *Server) fetchCodec(ctx context.Context, topic string) int8 {
 	now := time.Now()
 	s.compression.mu.Lock()
 	c, ok := s.compression.byTopic[topic]
+	if ok && now.After(c.expires) && !c.refreshing {
+		c.refreshing = true
+		s.compression.byTopic[topic] = c
+		s.compression.refreshes.Add(1)
+		forgets := s.compression.forgets
+		go func() { // owner: the Server (Serve waits for refreshes); exits after one read
+			defer s.compression.refreshes.Done()
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), compressionRefreshTimeout)
+			defer cancel()
+			s.loadCodec(rctx, topic, c.codec, forgets)
+		}()
+	}
+	forgets := s.compression.forgets
 	s.compression.mu.Unlock()
-	if ok && now.Before(c.expires) {
+	if ok {
 		return c.codec
 	}
+	return s.loadCodec(ctx, topic, codecNone, forgets)
+}
+
+// loadCodec reads topic's codec from its configuration and caches it, unless
+// forgetCompression ran since forgets was read. When the configuration cannot be
+// read it caches fallback (what the refreshed entry held; uncompressed for a new one).
+func (s *Server) loadCodec(ctx context.Context, topic string, fallback int8, forgets uint64) int8 {
+	now := time.Now()
 	codec := compressionCodecs[s.cfg.Compression]
 	cfg, err := streamconfig.GetTx(ctx, s.pool, topic)
 	switch {
@@ -96,15 +131,19 @@ func (s *Server) fetchCodec(ctx context.Context, topic string) int8 {
 		codec = compressionCodecs[compressionOf(cfg.Performance, s.cfg.Compression)]
 	case errors.Is(err, streams.ErrStreamNotFound):
 	default:
-		s.logger.Warn("kafka fetch: cannot read the topic's compression; serving uncompressed", "stream", topic, "error", err)
-		return codecNone
+		s.logger.Warn("kafka fetch: cannot read the topic's compression", "stream", topic, "error", err)
+		codec = fallback
 	}
 	s.compression.mu.Lock()
+	defer s.compression.mu.Unlock()
+	if s.compression.forgets != forgets {
+		delete(s.compression.byTopic, topic) // read again by the next fetch
+		return codec
+	}
 	if s.compression.byTopic == nil || len(s.compression.byTopic) > 10000 {
 		s.compression.byTopic = map[string]cachedCompression{}
 	}
 	s.compression.byTopic[topic] = cachedCompression{codec: codec, expires: now.Add(compressionTTL)}
-	s.compression.mu.Unlock()
 	return codec
 }
 
@@ -113,6 +152,7 @@ func (s *Server) fetchCodec(ctx context.Context, topic string) int8 {
 func (s *Server) forgetCompression(topic string) {
 	s.compression.mu.Lock()
 	delete(s.compression.byTopic, topic)
+	s.compression.forgets++
 	s.compression.mu.Unlock()
 }
 

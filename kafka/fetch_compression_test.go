@@ -158,6 +158,16 @@ func TestFetchCompressesWithTheTopicsCodec(t *testing.T) {
 	require.NoError(t, err)
 	ts.srv.forgetCompression(topic)
 	requireFetched(topic, codecLZ4)
+	// A change this instance did not make reaches its fetches once the cached entry
+	// expired (compressionTTL) and its background refresh read it again; meanwhile
+	// fetches go on with the cached codec.
+	_, err = pool.Exec(ctx, `UPDATE streamd.stream_configurations SET performance_config = '{"batchSize": 1000, "enableCompression": false}' WHERE stream_name = $1`, topic)
+	require.NoError(t, err)
+	testdb.WaitFor(t, 20*time.Second, "the refreshed codec", func() bool {
+		codecs, _ := rawFetch(t, ctx, raw, topic)
+		return len(codecs) > 0 && codecs[0] == codecNone
+	})
+	requireFetched(topic, codecNone)
 
 	// A Fetch below v10 cannot carry zstd (Kafka's rule): such a client gets the
 	// zstd topic's batches uncompressed.

@@ -1,10 +1,15 @@
 package kafka
 
 import (
+	"context"
 	"encoding/json"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -245,4 +250,111 @@ func TestFetchSeesCommitsBetweenFetchesAndIsWokenWhileWaiting(t *testing.T) {
 	require.NotEmpty(t, ps[1].RecordBatches)
 	require.Empty(t, ps[2].RecordBatches)
 	require.Equal(t, []int64{0, 1, 1}, []int64{ps[0].HighWatermark, ps[1].HighWatermark, ps[2].HighWatermark})
+}
+
+// statementLog records the statements a pool runs whose first argument is stream.
+type statementLog struct {
+	stream string
+	mu     sync.Mutex
+	sqls   []string
+	parts  []any // the second argument (a partition for the fetch read)
+}
+
+func (l *statementLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if len(d.Args) > 0 && d.Args[0] == l.stream {
+		l.mu.Lock()
+		var p any
+		if len(d.Args) > 1 {
+			p = d.Args[1]
+		}
+		l.sqls, l.parts = append(l.sqls, d.SQL), append(l.parts, p)
+		l.mu.Unlock()
+	}
+	return ctx
+}
+
+func (l *statementLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (l *statementLog) take() (sqls []string, parts []any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sqls, parts = l.sqls, l.parts
+	l.sqls, l.parts = nil, nil
+	return sqls, parts
+}
+
+// TestWokenFetchReadsOnlyTheWokenPartition: a long poll over four partitions, woken
+// for one of them, reads that partition's events directly, in one statement: no
+// head-row read before it, no read of the other partitions (whose answers stand);
+// a wake-up for a partition the commit did not touch still finds the commit at the
+// safety-net poll, which reads everything.
+func TestWokenFetchReadsOnlyTheWokenPartition(t *testing.T) {
+	t.Parallel()
+	topic := testdb.Name("woken")
+	log := &statementLog{stream: topic}
+	cfg := testdb.Config(t)
+	cfg.ConnConfig.Tracer = log
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	// The safety-net poll: long enough not to come before the first wake-up.
+	ts.srv.fetchPoll = &wakeup.PollOpts{MinInterval: 3 * time.Second, MaxInterval: 3 * time.Second}
+	ctx := testCtx(t)
+	sc := streams.NewClient(testdb.Pool(t), nil) // its statements are not logged
+	require.NoError(t, sc.CreateStream(ctx, topic, 4))
+	cl := newClient(t, []string{ts.addr})
+	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
+	for p := int32(1); p < 4; p++ {
+		rp := kmsg.NewFetchRequestTopicPartition()
+		rp.Partition, rp.PartitionMaxBytes = p, 1<<20
+		req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+	}
+	type result struct {
+		resp *kmsg.FetchResponse
+		err  error
+	}
+	wait := func() <-chan result {
+		done := make(chan result, 1)
+		waiting := ts.srv.fetchesWaiting.Load()
+		go func() {
+			resp, err := req.RequestWith(ctx, cl)
+			done <- result{resp, err}
+		}()
+		require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > waiting }, 10*time.Second, time.Millisecond)
+		return done
+	}
+
+	done := wait()
+	log.take() // the first pass
+	_, err = sc.AppendPartition(ctx, topic, 2, []streams.Record{{Bytes: []byte("woken")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 2)
+	res := <-done
+	require.NoError(t, res.err)
+	ps := res.resp.Topics[0].Partitions
+	require.NotEmpty(t, ps[2].RecordBatches)
+	require.Equal(t, []int64{0, 0, 1, 0}, []int64{ps[0].HighWatermark, ps[1].HighWatermark, ps[2].HighWatermark, ps[3].HighWatermark})
+	sqls, parts := log.take()
+	var reads []any
+	for i, q := range sqls {
+		require.NotContains(t, q, "stream_partitions WHERE stream_name = $1 ORDER BY partition", "no head-row read after the wake-up")
+		if strings.Contains(q, "FROM streamd.events") {
+			reads = append(reads, parts[i])
+		}
+	}
+	require.Equal(t, []any{int32(2)}, reads, "one read, of the woken partition (statements: %q)", sqls)
+
+	// A wake-up that names the wrong partition: the commit is found by the safety net.
+	req.Topics[0].Partitions[2].FetchOffset = 1
+	done = wait()
+	_, err = sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("unannounced")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 3)
+	res = <-done
+	require.NoError(t, res.err)
+	ps = res.resp.Topics[0].Partitions
+	require.NotEmpty(t, ps[0].RecordBatches, "found by the poll after the wake-up's pass")
+	require.Equal(t, []int64{1, 0, 1, 0}, []int64{ps[0].HighWatermark, ps[1].HighWatermark, ps[2].HighWatermark, ps[3].HighWatermark})
 }

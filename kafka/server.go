@@ -355,6 +355,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.mu.Unlock()
 		<-done
 	}
+	s.compression.refreshes.Wait() // the fetch codecs' refreshes (fetch_compression.go)
 	stopReg()
 	<-regDone
 	s.logger.Info("kafka stopped", "node_id", reg.NodeID())

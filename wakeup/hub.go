@@ -33,6 +33,7 @@ package wakeup
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -83,6 +84,10 @@ type Subscription struct {
 	keys      []key
 	partition int32
 	once      sync.Once
+	// woken and wokenAll (guarded by hub.mu) are what the wake-ups since the last
+	// Woken named: by stream, the partitions; or a wake-up that named none.
+	woken    map[string]map[int32]struct{}
+	wokenAll bool
 }
 
 // Subscribe starts receiving wake-ups for (kind, name), any partition. Subscribe
@@ -169,6 +174,54 @@ func (s *Subscription) Wait(ctx context.Context, timeout time.Duration) bool {
 	}
 }
 
+// Woken returns, and forgets, the partitions that the wake-ups since the last call
+// (or since the subscription began) named, by stream, so that a reader woken for a
+// few partitions of a stream-wide subscription can read only those. all is true when
+// one of them named no partition (Notify, NotifyAll: a reconnect may have missed
+// some): read everything then. An empty answer with all false says nothing: the wait
+// may have ended by its timeout, or for partitions an earlier call returned; a reader
+// that must not miss a commit reads everything then too, as the safety net. Wake-ups
+// stay hints: the partitions say where to look first, never that the others are
+// unchanged beyond what the reader's own reads show. Safe for concurrent use.
+func (s *Subscription) Woken() (byStream map[string][]int32, all bool) {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	all, s.wokenAll = s.wokenAll, false
+	if len(s.woken) == 0 {
+		return nil, all
+	}
+	byStream = make(map[string][]int32, len(s.woken))
+	for name, parts := range s.woken {
+		for p := range parts {
+			byStream[name] = append(byStream[name], p)
+		}
+	}
+	clear(s.woken)
+	return byStream, all
+}
+
+// note records what woke s (the hub's mu held): partitions of stream, or none
+// known (stream "" or no partitions).
+func (s *Subscription) note(stream string, partitions []int32) {
+	if stream == "" || !slices.ContainsFunc(partitions, func(p int32) bool { return p != AnyPartition }) {
+		s.wokenAll = true
+		return
+	}
+	if s.woken == nil {
+		s.woken = map[string]map[int32]struct{}{}
+	}
+	set := s.woken[stream]
+	if set == nil {
+		set = map[int32]struct{}{}
+		s.woken[stream] = set
+	}
+	for _, p := range partitions {
+		if p != AnyPartition {
+			set[p] = struct{}{}
+		}
+	}
+}
+
 func (s *Subscription) wake() {
 	select {
 	case s.c <- struct{}{}:
@@ -182,6 +235,7 @@ func (h *Hub) Notify(kind Kind, name string) {
 	h.mu.Lock()
 	for _, set := range h.subs[key{kind, name}] {
 		for s := range set {
+			s.note("", nil)
 			s.wake()
 		}
 	}
@@ -194,6 +248,7 @@ func (h *Hub) NotifyPartitions(stream string, partitions ...int32) {
 	h.mu.Lock()
 	if byPart := h.subs[key{KindStream, stream}]; byPart != nil {
 		for s := range byPart[AnyPartition] {
+			s.note(stream, partitions)
 			s.wake()
 		}
 		for _, p := range partitions {
@@ -214,6 +269,7 @@ func (h *Hub) NotifyAll() {
 	for _, byPart := range h.subs {
 		for _, set := range byPart {
 			for s := range set {
+				s.note("", nil)
 				s.wake()
 			}
 		}

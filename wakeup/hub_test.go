@@ -3,6 +3,7 @@ package wakeup
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -183,4 +184,46 @@ func TestPoll(t *testing.T) {
 	require.ErrorIs(t, Poll(cctx, s, time.Now().Add(time.Minute), hour, func() (bool, error) { return false, nil }), context.Canceled)
 
 	require.ErrorContains(t, Poll(ctx, s, time.Now(), &PollOpts{MinInterval: -1}, nil), "MinInterval")
+}
+
+// TestSubscriptionWokenNamesThePartitions: a stream-wide subscription collects the
+// partitions its wake-ups named, by stream, until Woken takes them; a wake-up that
+// names no partition (Notify, NotifyAll) says "read everything".
+func TestSubscriptionWokenNamesThePartitions(t *testing.T) {
+	t.Parallel()
+	h := NewHub()
+	s := h.SubscribeStreams("a", "b")
+	defer s.Close()
+	w, all := s.Woken()
+	require.Empty(t, w)
+	require.False(t, all)
+
+	h.NotifyPartitions("a", 2)
+	h.NotifyPartitions("a", 0, 2)
+	h.NotifyPartitions("b", 5)
+	h.NotifyPartitions("c", 1) // not subscribed
+	w, all = s.Woken()
+	require.False(t, all)
+	for _, ps := range w {
+		slices.Sort(ps)
+	}
+	require.Equal(t, map[string][]int32{"a": {0, 2}, "b": {5}}, w)
+	w, all = s.Woken()
+	require.Empty(t, w, "taken")
+	require.False(t, all)
+
+	h.NotifyPartitions("a", 1)
+	h.Notify(KindStream, "b")
+	w, all = s.Woken()
+	require.True(t, all, "a wake-up without partitions")
+	require.Equal(t, map[string][]int32{"a": {1}}, w)
+	_, all = s.Woken()
+	require.False(t, all, "taken")
+
+	h.NotifyAll()
+	_, all = s.Woken()
+	require.True(t, all)
+	h.NotifyPartitions("a", AnyPartition)
+	_, all = s.Woken()
+	require.True(t, all, "AnyPartition names no partition")
 }
