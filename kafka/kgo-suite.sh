@@ -10,8 +10,9 @@
 # the topics that set nothing with snappy (--kafka-compression).
 # A second serve with a token (SASL) on the next ports runs the suite's SCRAM tests
 # (KGO_TEST_SCRAM_SEEDS, KGO_TEST_SCRAM: the admin principal and its token) and its
-# OAUTHBEARER test (KGO_TEST_OAUTH_SEEDS; it sends an unsecured JWT, which streamd
-# refuses: docs/kafka.md, Security).
+# OAUTHBEARER test (KGO_TEST_OAUTH_SEEDS; it sends unsecured JWTs, which that serve
+# accepts with --kafka-sasl-oauthbearer-unsecured, as Kafka's default handler does:
+# docs/kafka.md, Security).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -28,7 +29,7 @@ bin/streamd serve --auth-disabled --http-addr "127.0.0.1:$http" --kafka-addr "12
 	--kafka-compression snappy --retention-streams none >"$state/kgo-suite-serve.log" 2>&1 &
 serve=$!
 bin/streamd serve --auth-token "$sasl_token" --http-addr "127.0.0.1:$sasl_http" --kafka-addr "127.0.0.1:$sasl_port" \
-	--retention-streams none >"$state/kgo-suite-serve-sasl.log" 2>&1 &
+	--kafka-sasl-oauthbearer-unsecured --retention-streams none >"$state/kgo-suite-serve-sasl.log" 2>&1 &
 sasl_serve=$!
 trap 'kill "$serve" "$sasl_serve" 2>/dev/null; wait "$serve" "$sasl_serve" 2>/dev/null || true' EXIT
 for p in "$port" "$sasl_port"; do

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/streamd/streamd/access"
 )
@@ -41,6 +42,10 @@ type saslAuth struct {
 	// fakeKey derives the salt of an unknown principal, so that a SCRAM exchange for a
 	// principal that does not exist looks like one that does.
 	fakeKey []byte
+	// unsecured, when set, makes OAUTHBEARER accept unsecured JWTs
+	// (Config.OAuthBearerUnsecured); now is their clock (tests move it).
+	unsecured *OAuthBearerUnsecured
+	now       func() time.Time
 }
 
 // scramCredentials are one SCRAM mechanism's stored credentials: a principal's, one
@@ -50,8 +55,9 @@ type scramCredentials struct {
 	byPrincipal map[string][]scramCredential
 }
 
-func newSASLAuth(tokens access.Tokens) (*saslAuth, error) {
-	a := &saslAuth{tokens: tokens, scram: map[string]*scramCredentials{}, fakeKey: make([]byte, 32)}
+func newSASLAuth(tokens access.Tokens, unsecured *OAuthBearerUnsecured) (*saslAuth, error) {
+	a := &saslAuth{tokens: tokens, scram: map[string]*scramCredentials{}, fakeKey: make([]byte, 32),
+		unsecured: unsecured, now: time.Now}
 	_, _ = rand.Read(a.fakeKey)
 	salts := map[string][]byte{}
 	for _, p := range tokens.Principals() {
@@ -84,9 +90,9 @@ type saslExchange struct {
 	steps int
 	// raw: started by SaslHandshake v0, the messages come as bare frames.
 	raw bool
-	// oauthFailed: OAUTHBEARER refused the token and sent its error; the client's
+	// oauthRefused: OAUTHBEARER refused the token and sent its error; the client's
 	// next message (%x01) ends the exchange with it.
-	oauthFailed bool
+	oauthRefused *oauthRefusal
 }
 
 func (a *saslAuth) start(mechanism string) *saslExchange {

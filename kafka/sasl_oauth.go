@@ -8,24 +8,23 @@ import (
 
 // SASL OAUTHBEARER (RFC 7628, Kafka's KIP-255) with the API tokens as bearer tokens:
 // the client's first message carries "auth=Bearer <token>", and the token's
-// principal (access.Tokens.Principal) is the connection's. streamd issues no JWTs
-// and validates none: a token is one of Config.Tokens, exactly as PLAIN's password.
-// Kafka's default validator accepts unsecured JWTs ({"alg":"none"}) whose "sub"
-// claim names the principal; streamd does not, since anyone could then claim any
-// principal. A refused token is answered, as RFC 7628 says, with an error
-// ({"status":"invalid_token"}); the client answers %x01 and the exchange fails with
-// SASL_AUTHENTICATION_FAILED naming invalid_token.
+// principal (access.Tokens.Principal) is the connection's. streamd issues no JWTs and
+// validates no signed ones: a token is one of Config.Tokens, exactly as PLAIN's
+// password. Kafka's default validator accepts unsecured JWTs ({"alg":"none"}) whose
+// "sub" claim names the principal; streamd does so only with
+// Config.OAuthBearerUnsecured (serve's --kafka-sasl-oauthbearer-unsecured), for
+// development, since anyone can then claim any principal (sasl_oauth_unsecured.go).
+// A refused token is answered, as RFC 7628 says, with an error
+// ({"status":"invalid_token"}, or "insufficient_scope" with the scope an unsecured
+// token lacked); the client answers %x01 and the exchange fails with
+// SASL_AUTHENTICATION_FAILED naming the status and why.
 
 const mechanismOAuthBearer = "OAUTHBEARER"
 
-// oauthInvalidToken is the server's error message for a refused token (RFC 7628
-// section 3.2.2).
-const oauthInvalidToken = `{"status":"invalid_token"}`
-
 func (a *saslAuth) oauthStep(x *saslExchange, msg []byte) (reply []byte, principal string, err error) {
-	if x.oauthFailed {
+	if x.oauthRefused != nil {
 		// The client acknowledged the error (%x01): the exchange fails.
-		return nil, "", fmt.Errorf("%w: invalid_token: the bearer token is not one of the server's API tokens", errSASLFailed)
+		return nil, "", fmt.Errorf("%w: %v", errSASLFailed, x.oauthRefused)
 	}
 	if x.steps != 1 {
 		return nil, "", errSASLFailed
@@ -35,9 +34,22 @@ func (a *saslAuth) oauthStep(x *saslExchange, msg []byte) (reply []byte, princip
 		return nil, "", fmt.Errorf("%w: %v", errSASLFailed, perr)
 	}
 	p, ok := a.tokens.Principal(token)
-	if !ok || (authzID != "" && authzID != p) {
-		x.oauthFailed = true
-		return []byte(oauthInvalidToken), "", nil
+	var refused *oauthRefusal
+	switch {
+	case ok:
+	case a.unsecured == nil:
+		refused = invalidToken("the bearer token is not one of the server's API tokens")
+	default:
+		if p, refused = a.unsecured.validateUnsecured(token, a.now()); refused != nil {
+			refused.reason = "the bearer token is not one of the server's API tokens, nor an acceptable unsecured JWT: " + refused.reason
+		}
+	}
+	if refused == nil && authzID != "" && authzID != p {
+		refused = invalidToken("the authorization id %q is not the token's principal", authzID)
+	}
+	if refused != nil {
+		x.oauthRefused = refused
+		return refused.reply(), "", nil
 	}
 	return []byte{}, p, nil
 }

@@ -72,6 +72,15 @@ type Config struct {
 	// MaxRequestBytes bounds one request frame; a larger one closes the connection
 	// without reading it (Kafka's socket.request.max.bytes). Defaults to 100 MiB.
 	MaxRequestBytes int32
+	// OAuthBearerUnsecured, when set, makes SASL OAUTHBEARER accept unsecured JWTs
+	// (alg "none", no signature) besides the API tokens, validated as Apache Kafka's
+	// default OAUTHBEARER handler does (OAuthBearerUnsecuredValidatorCallbackHandler:
+	// the principal claim, "exp", "iat", the required scope), the principal being the
+	// token's principal claim. For development only: nothing is signed, so a client
+	// may claim any principal, access.AdminPrincipal included. Needs Tokens (without
+	// them nothing is authenticated at all). Defaults to nil: OAUTHBEARER takes the
+	// API tokens only.
+	OAuthBearerUnsecured *OAuthBearerUnsecured
 	// Rack is the rack Metadata reports for this instance. Defaults to none.
 	Rack string
 	// Registerer receives the server's metrics. Defaults to nil: no metrics.
@@ -149,6 +158,16 @@ func (c *Config) withDefaults() (Config, error) {
 		if err := out.Tokens.Validate(); err != nil {
 			return out, fmt.Errorf("kafka: Config.Tokens: %w", err)
 		}
+	}
+	if out.OAuthBearerUnsecured != nil {
+		if out.Tokens == nil {
+			return out, errors.New("kafka: Config.OAuthBearerUnsecured needs Tokens: without them clients do not authenticate at all")
+		}
+		o, err := out.OAuthBearerUnsecured.withDefaults()
+		if err != nil {
+			return out, err
+		}
+		out.OAuthBearerUnsecured = &o
 	}
 	if out.Listener == "" {
 		switch {
@@ -241,7 +260,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Server, error) {
 	}
 	var auth *saslAuth
 	if c.Tokens != nil {
-		if auth, err = newSASLAuth(c.Tokens); err != nil {
+		if auth, err = newSASLAuth(c.Tokens, c.OAuthBearerUnsecured); err != nil {
 			return nil, err
 		}
 	}
@@ -327,6 +346,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}()
 	s.logger.Info("kafka listening", "kafka_addr", ln.Addr().String(), "advertised", adv, "node_id", reg.NodeID(),
 		"listener", s.cfg.Listener)
+	if s.cfg.OAuthBearerUnsecured != nil {
+		s.logger.Warn("kafka OAUTHBEARER accepts unsecured JWTs: any client can claim any principal (development only)",
+			"kafka_addr", ln.Addr().String())
+	}
 
 	var serveErr error
 	select {

@@ -31,6 +31,12 @@ type kafkaConfig struct {
 	// producerExpiration: the leader forgets idempotent producers idle this long
 	// (streams.Client.ExpireProducers), whether or not this instance serves Kafka.
 	producerExpiration time.Duration
+	// oauthUnsecured: OAUTHBEARER also accepts unsecured JWTs (development), with
+	// oauthRequiredScope (space or comma separated) and oauthClockSkew
+	// (kafka.OAuthBearerUnsecured).
+	oauthUnsecured     bool
+	oauthRequiredScope string
+	oauthClockSkew     time.Duration
 }
 
 func (c *serveConfig) kafkaFlags(f *pflag.FlagSet) {
@@ -38,6 +44,9 @@ func (c *serveConfig) kafkaFlags(f *pflag.FlagSet) {
 	f.StringVar(&c.kafka.advertisedAddr, "kafka-advertised-addr", envOr("STREAMD_KAFKA_ADVERTISED_ADDR", ""), "host:port Kafka clients are told to connect to (default: the listener's address) ($STREAMD_KAFKA_ADVERTISED_ADDR)")
 	f.DurationVar(&c.kafka.producerExpiration, "producer-id-expiration", c.envDuration("producer-id-expiration", "STREAMD_PRODUCER_ID_EXPIRATION", 24*time.Hour), "the leader forgets an idempotent (Kafka) producer's sequences on a partition it appended nothing to for this long, as Kafka's producer.id.expiration.ms ($STREAMD_PRODUCER_ID_EXPIRATION)")
 	f.StringVar(&c.kafka.compression, "kafka-compression", envOr("STREAMD_KAFKA_COMPRESSION", "uncompressed"), "the compression.type of topics that set none: Fetch batches compressed with uncompressed, gzip, snappy, lz4 or zstd, as Kafka's broker-level compression.type ($STREAMD_KAFKA_COMPRESSION)")
+	f.BoolVar(&c.kafka.oauthUnsecured, "kafka-sasl-oauthbearer-unsecured", c.envBool("kafka-sasl-oauthbearer-unsecured", "STREAMD_KAFKA_SASL_OAUTHBEARER_UNSECURED", false), "for development only: SASL OAUTHBEARER also accepts unsecured JWTs (alg none, unsigned) whose sub claim is the principal, as Kafka's default OAUTHBEARER handler does; anyone can then claim any principal, so it needs a loopback --kafka-addr and an --auth-token ($STREAMD_KAFKA_SASL_OAUTHBEARER_UNSECURED)")
+	f.StringVar(&c.kafka.oauthRequiredScope, "kafka-sasl-oauthbearer-unsecured-required-scope", envOr("STREAMD_KAFKA_SASL_OAUTHBEARER_UNSECURED_REQUIRED_SCOPE", ""), "the scopes (space or comma separated) an unsecured JWT's scope claim must hold, as Kafka's unsecuredValidatorRequiredScope ($STREAMD_KAFKA_SASL_OAUTHBEARER_UNSECURED_REQUIRED_SCOPE)")
+	f.DurationVar(&c.kafka.oauthClockSkew, "kafka-sasl-oauthbearer-unsecured-clock-skew", c.envDuration("kafka-sasl-oauthbearer-unsecured-clock-skew", "STREAMD_KAFKA_SASL_OAUTHBEARER_UNSECURED_CLOCK_SKEW", 0), "the clock skew allowed on an unsecured JWT's exp and iat, as Kafka's unsecuredValidatorAllowableClockSkewMs ($STREAMD_KAFKA_SASL_OAUTHBEARER_UNSECURED_CLOCK_SKEW)")
 	f.BoolVar(&c.kafka.autoCreate, "kafka-auto-create-topics", c.envBool("kafka-auto-create-topics", "STREAMD_KAFKA_AUTO_CREATE_TOPICS", false), "create a topic (one partition) when a Kafka client produces to or asks for a missing one ($STREAMD_KAFKA_AUTO_CREATE_TOPICS)")
 }
 
@@ -45,9 +54,10 @@ func (c *serveConfig) validateKafka() error {
 	if c.kafka.producerExpiration <= 0 {
 		return fmt.Errorf("--producer-id-expiration %v must be positive", c.kafka.producerExpiration)
 	}
+	unsecuredSet := c.kafka.oauthRequiredScope != "" || c.kafka.oauthClockSkew != 0
 	if c.kafka.addr == "" {
-		if c.kafka.advertisedAddr != "" || c.kafka.autoCreate {
-			return errors.New("--kafka-advertised-addr and --kafka-auto-create-topics need --kafka-addr")
+		if c.kafka.advertisedAddr != "" || c.kafka.autoCreate || c.kafka.oauthUnsecured || unsecuredSet {
+			return errors.New("--kafka-advertised-addr, --kafka-auto-create-topics and --kafka-sasl-oauthbearer-unsecured* need --kafka-addr")
 		}
 		return nil
 	}
@@ -58,7 +68,29 @@ func (c *serveConfig) validateKafka() error {
 	if c.authDisabled && !loopback(host) {
 		return fmt.Errorf("--kafka-addr %q is not a loopback address: with --auth-disabled the Kafka listener authenticates nobody, so it listens on 127.0.0.1 or ::1 only (give --auth-token or --auth-token-file to serve other hosts)", c.kafka.addr)
 	}
+	switch {
+	case unsecuredSet && !c.kafka.oauthUnsecured:
+		return errors.New("--kafka-sasl-oauthbearer-unsecured-required-scope and --kafka-sasl-oauthbearer-unsecured-clock-skew need --kafka-sasl-oauthbearer-unsecured")
+	case !c.kafka.oauthUnsecured:
+	case c.authDisabled:
+		return errors.New("--kafka-sasl-oauthbearer-unsecured needs SASL, which --auth-disabled turns off: give --auth-token or --auth-token-file")
+	case !loopback(host):
+		return fmt.Errorf("--kafka-addr %q is not a loopback address: with --kafka-sasl-oauthbearer-unsecured any client can claim any principal, so the Kafka listener listens on 127.0.0.1 or ::1 only (it is for development)", c.kafka.addr)
+	case c.kafka.oauthClockSkew < 0:
+		return fmt.Errorf("--kafka-sasl-oauthbearer-unsecured-clock-skew %v must not be negative", c.kafka.oauthClockSkew)
+	}
 	return nil
+}
+
+// oauthUnsecuredConfig is the kafka.Config.OAuthBearerUnsecured of the flags (nil: off).
+func (k *kafkaConfig) oauthUnsecuredConfig() *kafka.OAuthBearerUnsecured {
+	if !k.oauthUnsecured {
+		return nil
+	}
+	return &kafka.OAuthBearerUnsecured{
+		AllowableClockSkew: k.oauthClockSkew,
+		RequiredScope:      strings.FieldsFunc(k.oauthRequiredScope, func(r rune) bool { return r == ',' || r == ' ' }),
+	}
 }
 
 // loopback reports whether host names a loopback interface only (an empty host
@@ -99,16 +131,17 @@ func startKafka(ctx context.Context, g *globals, c *serveConfig, pool *pgxpool.P
 		return nil, err
 	}
 	srv, err := kafka.New(pool, &kafka.Config{
-		AdvertisedAddr:   c.kafka.advertisedAddr,
-		Addr:             c.kafka.addr,
-		AutoCreateTopics: c.kafka.autoCreate,
-		Compression:      c.kafka.compression,
-		Logger:           g.logger,
-		Registerer:       reg,
-		ShutdownTimeout:  c.shutdownTimeout,
-		TLS:              tlsCfg,
-		Tokens:           tokens,
-		Wakeups:          listener.Hub,
+		AdvertisedAddr:       c.kafka.advertisedAddr,
+		Addr:                 c.kafka.addr,
+		AutoCreateTopics:     c.kafka.autoCreate,
+		Compression:          c.kafka.compression,
+		Logger:               g.logger,
+		OAuthBearerUnsecured: c.kafka.oauthUnsecuredConfig(),
+		Registerer:           reg,
+		ShutdownTimeout:      c.shutdownTimeout,
+		TLS:                  tlsCfg,
+		Tokens:               tokens,
+		Wakeups:              listener.Hub,
 	})
 	if err != nil {
 		return nil, err

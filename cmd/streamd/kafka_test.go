@@ -71,6 +71,10 @@ func TestServeKafkaConfigErrors(t *testing.T) {
 		{[]string{"serve", "--auth-disabled", "--kafka-addr", ":9092"}, "loopback"},
 		{[]string{"serve", "--auth-disabled", "--kafka-addr", "nonsense"}, "--kafka-addr"},
 		{[]string{"serve", "--auth-disabled", "--kafka-auto-create-topics"}, "need --kafka-addr"},
+		{[]string{"serve", "--auth-disabled", "--kafka-sasl-oauthbearer-unsecured"}, "need --kafka-addr"},
+		{[]string{"serve", "--auth-disabled", "--kafka-addr", "127.0.0.1:9092", "--kafka-sasl-oauthbearer-unsecured"}, "--auth-disabled turns off"},
+		{[]string{"serve", "--auth-token", "tok-0123456789abcdef", "--kafka-addr", "0.0.0.0:9092", "--kafka-sasl-oauthbearer-unsecured"}, "any principal"},
+		{[]string{"serve", "--auth-token", "tok-0123456789abcdef", "--kafka-addr", "127.0.0.1:9092", "--kafka-sasl-oauthbearer-unsecured-required-scope", "x"}, "need --kafka-sasl-oauthbearer-unsecured"},
 	} {
 		_, err := run(t, ctx, "", tc.args...)
 		require.ErrorContains(t, err, tc.want, "%v", tc.args)
