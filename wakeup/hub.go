@@ -178,14 +178,20 @@ func (s *Subscription) Wait(ctx context.Context, timeout time.Duration) bool {
 // (or since the subscription began) named, by stream, so that a reader woken for a
 // few partitions of a stream-wide subscription can read only those. all is true when
 // one of them named no partition (Notify, NotifyAll: a reconnect may have missed
-// some): read everything then. An empty answer with all false says nothing: the wait
-// may have ended by its timeout, or for partitions an earlier call returned; a reader
-// that must not miss a commit reads everything then too, as the safety net. Wake-ups
-// stay hints: the partitions say where to look first, never that the others are
-// unchanged beyond what the reader's own reads show. Safe for concurrent use.
+// some): read everything then. It also takes the pending wake-up from C, since it
+// returns what that wake-up was for: so a wait that ends at a wake-up after Woken
+// finds its partitions in the next Woken, and an empty answer with all false means
+// that no wake-up came since the last call (the wait ended by its timeout): a reader
+// that must not miss a commit reads everything then, as the safety net. Wake-ups
+// stay hints: the partitions say where to look, never that the others are unchanged
+// beyond what the reader's own reads show. Safe for concurrent use.
 func (s *Subscription) Woken() (byStream map[string][]int32, all bool) {
 	s.hub.mu.Lock()
 	defer s.hub.mu.Unlock()
+	select {
+	case <-s.c:
+	default:
+	}
 	all, s.wokenAll = s.wokenAll, false
 	if len(s.woken) == 0 {
 		return nil, all

@@ -187,8 +187,9 @@ func TestPoll(t *testing.T) {
 }
 
 // TestSubscriptionWokenNamesThePartitions: a stream-wide subscription collects the
-// partitions its wake-ups named, by stream, until Woken takes them; a wake-up that
-// names no partition (Notify, NotifyAll) says "read everything".
+// partitions its wake-ups named, by stream, until Woken takes them with the pending
+// wake-up; a wake-up that names no partition (Notify, NotifyAll) says "read
+// everything".
 func TestSubscriptionWokenNamesThePartitions(t *testing.T) {
 	t.Parallel()
 	h := NewHub()
@@ -202,7 +203,9 @@ func TestSubscriptionWokenNamesThePartitions(t *testing.T) {
 	h.NotifyPartitions("a", 0, 2)
 	h.NotifyPartitions("b", 5)
 	h.NotifyPartitions("c", 1) // not subscribed
+	require.Len(t, s.C, 1)
 	w, all = s.Woken()
+	require.Len(t, s.C, 0, "Woken takes the pending wake-up it answers for")
 	require.False(t, all)
 	for _, ps := range w {
 		slices.Sort(ps)
