@@ -57,6 +57,12 @@ type ConsumerHeartbeat struct {
 	// those it returns are joined (the Kafka listener keeps the topics the principal
 	// may read).
 	Allowed func(ctx context.Context, streams []string) ([]string, error)
+	// Virtual are topics that are not streams but that a subscription may name or
+	// match (the Kafka listener's internal topic), with their partition counts. Each of
+	// their partitions goes to one of the group's live KIP-848 members whose
+	// subscription takes the topic in (partition i to the (i mod n)-th of the n, by
+	// member id), with no handover: they hold no records.
+	Virtual map[string]int32
 	// Owned is what the member owns now, when it said (OwnedKnown): partitions it
 	// was asked to revoke and no longer owns are handed over to their next owner.
 	Owned      []StreamPartition
@@ -311,7 +317,76 @@ func (c *Classic) consumerReconcile(ctx context.Context, req *ConsumerHeartbeat,
 			}
 		}
 	}
-	return assignment, nil
+	virtual, err := c.consumerVirtual(ctx, req, topics, regex)
+	if err != nil {
+		return nil, err
+	}
+	return append(assignment, virtual...), nil
+}
+
+// takesTopic reports whether a subscription names or matches a topic.
+func takesTopic(topics []string, regex *string, name string) bool {
+	if slices.Contains(topics, name) {
+		return true
+	}
+	if regex == nil || *regex == "" {
+		return false
+	}
+	rx, err := compileSubscription(*regex)
+	return err == nil && rx.MatchString(name)
+}
+
+// consumerVirtual is the member's share of the virtual topics its subscription takes
+// in (ConsumerHeartbeat.Virtual).
+func (c *Classic) consumerVirtual(ctx context.Context, req *ConsumerHeartbeat, topics []string, regex *string) ([]StreamPartition, error) {
+	var mine []string
+	for name := range req.Virtual {
+		if takesTopic(topics, regex, name) {
+			mine = append(mine, name)
+		}
+	}
+	if len(mine) == 0 {
+		return nil, nil
+	}
+	slices.Sort(mine)
+	type sub struct {
+		id     string
+		topics []string
+		regex  *string
+	}
+	rows, err := c.pool.Query(ctx, `SELECT member_id, subscribed_topics, subscribed_regex FROM streamd.kafka_consumer_members
+		WHERE group_id = $1 AND last_heartbeat + session_timeout_ms * interval '1 millisecond' >= coalesce($2, now())
+		ORDER BY member_id`, req.Group, c.now())
+	if err != nil {
+		return nil, fmt.Errorf("members of group %s: %w", req.Group, err)
+	}
+	subs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sub, error) {
+		var s sub
+		err := r.Scan(&s.id, &s.topics, &s.regex)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("members of group %s: %w", req.Group, err)
+	}
+	var out []StreamPartition
+	for _, name := range mine {
+		var takers []string
+		for _, s := range subs {
+			if takesTopic(s.topics, s.regex, name) {
+				takers = append(takers, s.id)
+			}
+		}
+		i := slices.Index(takers, req.MemberID)
+		if i < 0 {
+			continue
+		}
+		for p := int32(0); p < req.Virtual[name]; p++ {
+			if int(p)%len(takers) == i {
+				out = append(out, StreamPartition{Stream: name, Partition: p})
+			}
+		}
+	}
+	return out, nil
 }
 
 // epochAssignment is a native membership's assignment with its epoch.

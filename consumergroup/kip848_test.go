@@ -232,3 +232,36 @@ func TestKIP848MemberSubscribesToSeveralStreams(t *testing.T) {
 	require.Equal(t, int64(b.MemberEpoch), d.Members[0].MemberEpoch)
 	require.ElementsMatch(t, []string{s1, s2, later}, d.Members[0].Streams)
 }
+
+// TestKIP848VirtualTopicsGoToOneMember: a virtual topic (the Kafka listener's internal
+// topic) that subscriptions name or match is split among the members that take it in,
+// each partition to one of them; a member whose subscription does not take it gets none.
+func TestKIP848VirtualTopicsGoToOneMember(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, err := NewClassic(pool, &ClassicConfig{ConsumerSessionTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	stream, group := newStream(t, pool, 1), testdb.Name("kg")
+	virtual := map[string]int32{"__virtual": 3}
+	regex := ".*virt.*"
+	join := func(id string, topics []string, regex *string) *ConsumerHeartbeatResult {
+		res, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: id, Topics: topics, Regex: regex, Virtual: virtual})
+		require.NoError(t, err)
+		return res
+	}
+	a := join("a", []string{}, &regex)
+	require.Equal(t, map[string]int{"__virtual": 3}, partitionsOf(a.Assignment), "alone, it takes every partition")
+	epochs := map[string]int32{"a": a.MemberEpoch}
+	epochs["b"] = join("b", []string{"__virtual"}, nil).MemberEpoch
+	epochs["c"] = join("c", []string{stream}, nil).MemberEpoch
+	got := map[string][]StreamPartition{}
+	for id, epoch := range epochs {
+		res, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: id, MemberEpoch: epoch, Virtual: virtual})
+		require.NoError(t, err)
+		got[id] = res.Assignment
+	}
+	require.Equal(t, []StreamPartition{{Stream: "__virtual", Partition: 0}, {Stream: "__virtual", Partition: 2}}, got["a"])
+	require.Equal(t, []StreamPartition{{Stream: "__virtual", Partition: 1}}, got["b"])
+	require.Equal(t, []StreamPartition{{Stream: stream, Partition: 0}}, got["c"])
+}

@@ -45,23 +45,24 @@ func handleConsumerGroupHeartbeat(ctx context.Context, r *request) (kmsg.Respons
 		RebalanceTimeout: time.Duration(req.RebalanceTimeoutMillis) * time.Millisecond,
 		Topics:           req.SubscribedTopicNames,
 		Regex:            req.SubscribedTopicRegex,
+		// A regex may match the internal topic, as in Kafka: it is assigned (empty).
+		Virtual: map[string]int32{consumerOffsetsTopic: 1},
 	}
-	if !r.isAdmin() {
-		// A regex resolves to the topics the principal may read (as Kafka resolves
-		// it to those it may describe); the names it subscribed to were checked above.
-		hb.Allowed = func(ctx context.Context, names []string) ([]string, error) {
-			d, err := r.decide(ctx, names)
-			if err != nil {
-				return nil, err
-			}
-			out := names[:0:0]
-			for _, n := range names {
-				if d.Allows(n, access.Read) {
-					out = append(out, n)
-				}
-			}
-			return out, nil
+	// A regex resolves to the topics the principal may read (as Kafka resolves it to
+	// those it may describe; the names it subscribed to were checked above). A stream
+	// named as the internal topic is not served over Kafka.
+	hb.Allowed = func(ctx context.Context, names []string) ([]string, error) {
+		d, err := r.decide(ctx, names)
+		if err != nil {
+			return nil, err
 		}
+		out := names[:0:0]
+		for _, n := range names {
+			if n != consumerOffsetsTopic && (r.isAdmin() || d.Allows(n, access.Read)) {
+				out = append(out, n)
+			}
+		}
+		return out, nil
 	}
 	if req.Topics != nil {
 		names, err := r.s.topicNamesByID(ctx)
