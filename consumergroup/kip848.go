@@ -35,6 +35,10 @@ var ErrStaleMemberEpoch = errors.New("stale member epoch")
 // (Kafka's INVALID_REGULAR_EXPRESSION). Nothing was written.
 var ErrInvalidRegularExpression = errors.New("invalid regular expression")
 
+// kip848LockClass is the first key of the session advisory lock that serializes one
+// KIP-848 member's heartbeats (the second is hashtext of group/member).
+const kip848LockClass = 1396986180
+
 // ConsumerHeartbeat is a KIP-848 ConsumerGroupHeartbeat.
 type ConsumerHeartbeat struct {
 	Group string
@@ -92,6 +96,28 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 			return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 		}
 	}
+	// The member's calls are serialized across instances (a leave racing a heartbeat
+	// that joins a stream would leave a membership behind, two heartbeats joining one
+	// stream would collide), on one connection that holds a session advisory lock of
+	// the member; each statement still commits on its own.
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
+	}
+	defer conn.Release()
+	lockKey := req.Group + "/" + req.MemberID
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", kip848LockClass, lockKey); err != nil {
+		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1, hashtext($2))", kip848LockClass, lockKey); err != nil {
+			// A lock that could not be released goes with its session.
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
+	var db streams.DBTX = conn
 	res := &ConsumerHeartbeatResult{MemberID: req.MemberID}
 	var (
 		topics    []string
@@ -104,7 +130,7 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		return res, nil
 	case req.MemberEpoch == -1:
 		res.MemberEpoch = -1
-		if err := c.consumerLeave(ctx, req.Group, req.MemberID); err != nil {
+		if err := c.consumerLeave(ctx, db, req.Group, req.MemberID); err != nil {
 			return nil, err
 		}
 		return res, nil
@@ -113,13 +139,13 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 			return nil, fmt.Errorf("consumer join %s to group %s: subscribe to a topic or a regex: %w", req.MemberID, req.Group, ErrInvalidArgument)
 		}
 		// A rejoin under the same id after a fence: the old memberships go first.
-		if err := c.consumerLeave(ctx, req.Group, req.MemberID); err != nil {
+		if err := c.consumerLeave(ctx, db, req.Group, req.MemberID); err != nil {
 			return nil, err
 		}
 		if rebalance <= 0 {
 			rebalance = time.Minute
 		}
-		err := c.pool.QueryRow(ctx, "SELECT streamd.kafka_consumer_join($1, $2, $3, $4, $5, $6, $7, $8)",
+		err := db.QueryRow(ctx, "SELECT streamd.kafka_consumer_join($1, $2, $3, $4, $5, $6, $7, $8)",
 			req.Group, req.MemberID, nullable(req.InstanceID), nonNilStrings(req.Topics), req.Regex,
 			c.cfg.ConsumerSessionTimeout.Milliseconds(), rebalance.Milliseconds(), c.now()).Scan(&res.MemberEpoch)
 		if err != nil {
@@ -139,13 +165,13 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		if req.Topics != nil {
 			newTopics = req.Topics
 		}
-		err := c.pool.QueryRow(ctx, `SELECT subscribed_topics, subscribed_regex, instance_id, rebalance_timeout_ms
+		err := db.QueryRow(ctx, `SELECT subscribed_topics, subscribed_regex, instance_id, rebalance_timeout_ms
 			FROM streamd.kafka_consumer_heartbeat($1, $2, $3, $4, $5, $6)`,
 			req.Group, req.MemberID, req.MemberEpoch, newTopics, req.Regex, c.now()).Scan(&topics, &storedRe, &instance, &rebalMs)
 		switch err := sqlerr.Wrap(err); {
 		case errors.Is(err, ErrUnknownMember):
 			// Its session lapsed: what is left of its memberships goes too.
-			if lerr := c.consumerLeave(ctx, req.Group, req.MemberID); lerr != nil {
+			if lerr := c.consumerLeave(ctx, db, req.Group, req.MemberID); lerr != nil {
 				return nil, lerr
 			}
 			return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
@@ -155,7 +181,7 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		res.MemberEpoch, regex, rebalance = req.MemberEpoch, storedRe, time.Duration(rebalMs)*time.Millisecond
 		req = withInstance(req, deref(instance))
 	}
-	assigned, err := c.consumerReconcile(ctx, req, topics, regex, rebalance)
+	assigned, err := c.consumerReconcile(ctx, db, req, topics, regex, rebalance)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +206,7 @@ func compileSubscription(re string) (*regexp.Regexp, error) {
 
 // consumerStreams resolves a subscription to the existing streams it names or its
 // regex matches, ascending, filtered by allowed.
-func (c *Classic) consumerStreams(ctx context.Context, topics []string, regex *string,
+func (c *Classic) consumerStreams(ctx context.Context, db streams.DBTX, topics []string, regex *string,
 	allowed func(context.Context, []string) ([]string, error)) ([]string, error) {
 	var rx *regexp.Regexp
 	if regex != nil && *regex != "" {
@@ -189,7 +215,7 @@ func (c *Classic) consumerStreams(ctx context.Context, topics []string, regex *s
 			return nil, err
 		}
 	}
-	rows, err := c.pool.Query(ctx, `SELECT stream_name FROM streamd.streams
+	rows, err := db.Query(ctx, `SELECT stream_name FROM streamd.streams
 		WHERE stream_name = ANY ($1) OR $2 ORDER BY stream_name`, nonNilStrings(topics), rx != nil)
 	if err != nil {
 		return nil, fmt.Errorf("resolve subscription: %w", err)
@@ -214,8 +240,8 @@ func (c *Classic) consumerStreams(ctx context.Context, topics []string, regex *s
 }
 
 // consumerMemberships returns the member's native memberships: stream to epoch.
-func (c *Classic) consumerMemberships(ctx context.Context, group, memberID string) (map[string]int64, error) {
-	rows, err := c.pool.Query(ctx, `SELECT stream_name, member_epoch FROM streamd.consumer_registrations
+func (c *Classic) consumerMemberships(ctx context.Context, db streams.DBTX, group, memberID string) (map[string]int64, error) {
+	rows, err := db.Query(ctx, `SELECT stream_name, member_epoch FROM streamd.consumer_registrations
 		WHERE group_id = $1 AND consumer_id = $2`, group, memberID)
 	if err != nil {
 		return nil, fmt.Errorf("memberships of %s in group %s: %w", memberID, group, err)
@@ -242,18 +268,18 @@ func sortedStreams(ms map[string]int64) []string {
 
 // consumerLeave removes a KIP-848 member: its native memberships (their partitions
 // are handed over at once), then its row.
-func (c *Classic) consumerLeave(ctx context.Context, group, memberID string) error {
-	ms, err := c.consumerMemberships(ctx, group, memberID)
+func (c *Classic) consumerLeave(ctx context.Context, db streams.DBTX, group, memberID string) error {
+	ms, err := c.consumerMemberships(ctx, db, group, memberID)
 	if err != nil {
 		return err
 	}
 	for _, stream := range sortedStreams(ms) {
 		m := &member{stream: stream, group: group, consumerID: memberID, epoch: ms[stream]}
-		if _, err := m.leave(ctx, c.pool, c.now()); err != nil {
+		if _, err := m.leave(ctx, db, c.now()); err != nil {
 			return fmt.Errorf("consumer leave %s from group %s: %w", memberID, group, err)
 		}
 	}
-	if _, err := c.pool.Exec(ctx, "SELECT streamd.kafka_consumer_leave($1, $2)", group, memberID); err != nil {
+	if _, err := db.Exec(ctx, "SELECT streamd.kafka_consumer_leave($1, $2)", group, memberID); err != nil {
 		return fmt.Errorf("consumer leave %s from group %s: %w", memberID, group, sqlerr.Wrap(err))
 	}
 	return nil
@@ -262,13 +288,13 @@ func (c *Classic) consumerLeave(ctx context.Context, group, memberID string) err
 // consumerReconcile makes the member's native memberships those of its subscription
 // (joining the streams it resolves to now, leaving the others), heartbeats each, hands
 // over what the member reported it let go, and returns its assignment.
-func (c *Classic) consumerReconcile(ctx context.Context, req *ConsumerHeartbeat, topics []string, regex *string,
+func (c *Classic) consumerReconcile(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, topics []string, regex *string,
 	rebalance time.Duration) ([]StreamPartition, error) {
-	want, err := c.consumerStreams(ctx, topics, regex, req.Allowed)
+	want, err := c.consumerStreams(ctx, db, topics, regex, req.Allowed)
 	if err != nil {
 		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 	}
-	have, err := c.consumerMemberships(ctx, req.Group, req.MemberID)
+	have, err := c.consumerMemberships(ctx, db, req.Group, req.MemberID)
 	if err != nil {
 		return nil, err
 	}
@@ -277,7 +303,7 @@ func (c *Classic) consumerReconcile(ctx context.Context, req *ConsumerHeartbeat,
 			continue
 		}
 		m := &member{stream: stream, group: req.Group, consumerID: req.MemberID, epoch: have[stream]}
-		if _, err := m.leave(ctx, c.pool, c.now()); err != nil {
+		if _, err := m.leave(ctx, db, c.now()); err != nil {
 			return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 		}
 	}
@@ -287,7 +313,7 @@ func (c *Classic) consumerReconcile(ctx context.Context, req *ConsumerHeartbeat,
 	}
 	assignment := []StreamPartition{}
 	for _, stream := range want {
-		a, err := c.consumerStream(ctx, req, stream, have, rebalance)
+		a, err := c.consumerStream(ctx, db, req, stream, have, rebalance)
 		if errors.Is(err, streams.ErrStreamNotFound) {
 			continue // deleted since it was resolved
 		}
@@ -303,10 +329,10 @@ func (c *Classic) consumerReconcile(ctx context.Context, req *ConsumerHeartbeat,
 			}
 			if len(released) > 0 {
 				m := &member{stream: stream, group: req.Group, consumerID: req.MemberID, epoch: a.epoch}
-				if err := m.release(ctx, c.pool, released, c.now()); err != nil {
+				if err := m.release(ctx, db, released, c.now()); err != nil {
 					return nil, err
 				}
-				if a.Assignment, err = m.heartbeat(ctx, c.pool, c.now()); err != nil {
+				if a.Assignment, err = m.heartbeat(ctx, db, c.now()); err != nil {
 					return nil, err
 				}
 			}
@@ -317,7 +343,7 @@ func (c *Classic) consumerReconcile(ctx context.Context, req *ConsumerHeartbeat,
 			}
 		}
 	}
-	virtual, err := c.consumerVirtual(ctx, req, topics, regex)
+	virtual, err := c.consumerVirtual(ctx, db, req, topics, regex)
 	if err != nil {
 		return nil, err
 	}
@@ -338,7 +364,7 @@ func takesTopic(topics []string, regex *string, name string) bool {
 
 // consumerVirtual is the member's share of the virtual topics its subscription takes
 // in (ConsumerHeartbeat.Virtual).
-func (c *Classic) consumerVirtual(ctx context.Context, req *ConsumerHeartbeat, topics []string, regex *string) ([]StreamPartition, error) {
+func (c *Classic) consumerVirtual(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, topics []string, regex *string) ([]StreamPartition, error) {
 	var mine []string
 	for name := range req.Virtual {
 		if takesTopic(topics, regex, name) {
@@ -354,7 +380,7 @@ func (c *Classic) consumerVirtual(ctx context.Context, req *ConsumerHeartbeat, t
 		topics []string
 		regex  *string
 	}
-	rows, err := c.pool.Query(ctx, `SELECT member_id, subscribed_topics, subscribed_regex FROM streamd.kafka_consumer_members
+	rows, err := db.Query(ctx, `SELECT member_id, subscribed_topics, subscribed_regex FROM streamd.kafka_consumer_members
 		WHERE group_id = $1 AND last_heartbeat + session_timeout_ms * interval '1 millisecond' >= coalesce($2, now())
 		ORDER BY member_id`, req.Group, c.now())
 	if err != nil {
@@ -399,12 +425,12 @@ type epochAssignment struct {
 // first when it has none; a membership fenced there (taken over or expelled while the
 // Kafka member lived) is joined again: the partitions it lost are not in its new
 // assignment, and its commits of them are refused at the new native epoch.
-func (c *Classic) consumerStream(ctx context.Context, req *ConsumerHeartbeat, stream string, have map[string]int64,
+func (c *Classic) consumerStream(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, stream string, have map[string]int64,
 	rebalance time.Duration) (epochAssignment, error) {
 	epoch, ok := have[stream]
 	for attempt := 0; ; attempt++ {
 		if !ok {
-			m, err := memberJoin(ctx, c.pool, stream, req.Group, req.MemberID, req.InstanceID,
+			m, err := memberJoin(ctx, db, stream, req.Group, req.MemberID, req.InstanceID,
 				c.cfg.ConsumerSessionTimeout, rebalance, c.now())
 			if err != nil {
 				return epochAssignment{}, err
@@ -412,9 +438,9 @@ func (c *Classic) consumerStream(ctx context.Context, req *ConsumerHeartbeat, st
 			epoch = m.epoch
 		}
 		m := &member{stream: stream, group: req.Group, consumerID: req.MemberID, instanceID: req.InstanceID, epoch: epoch}
-		a, err := m.heartbeat(ctx, c.pool, c.now())
+		a, err := m.heartbeat(ctx, db, c.now())
 		if errors.Is(err, ErrFenced) && ok && attempt == 0 {
-			if _, err := m.leave(ctx, c.pool, c.now()); err != nil {
+			if _, err := m.leave(ctx, db, c.now()); err != nil {
 				return epochAssignment{}, err
 			}
 			ok = false

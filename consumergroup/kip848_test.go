@@ -265,3 +265,46 @@ func TestKIP848VirtualTopicsGoToOneMember(t *testing.T) {
 	require.Equal(t, []StreamPartition{{Stream: "__virtual", Partition: 1}}, got["b"])
 	require.Equal(t, []StreamPartition{{Stream: stream, Partition: 0}}, got["c"])
 }
+
+// TestKIP848MemberCallsAreSerialized: a KIP-848 member's heartbeat and leave wait for
+// each other (a session advisory lock of the member): a heartbeat that joins a new
+// stream and a leave, released together, leave no native membership behind in either
+// order.
+func TestKIP848MemberCallsAreSerialized(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, err := NewClassic(pool, &ClassicConfig{ConsumerSessionTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	s1, group := newStream(t, pool, 1), testdb.Name("kg")
+	s2 := testdb.Name("cg")
+	a, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "a", Topics: []string{s1, s2}})
+	require.NoError(t, err)
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s2, 1))
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", kip848LockClass, group+"/a")
+	require.NoError(t, err)
+	errs := make(chan error, 2)
+	go func() {
+		_, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "a", MemberEpoch: a.MemberEpoch})
+		errs <- err
+	}()
+	testdb.WaitForLockWait(t, pool, tx, "pg_advisory_lock")
+	go func() {
+		_, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "a", MemberEpoch: -1})
+		errs <- err
+	}()
+	require.NoError(t, tx.Rollback(ctx))
+	for range 2 {
+		if err := <-errs; err != nil {
+			require.ErrorIs(t, err, ErrUnknownMember, "a heartbeat after the leave")
+		}
+	}
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM streamd.consumer_registrations
+		WHERE group_id = $1 AND consumer_id = 'a'`, group).Scan(&left))
+	require.Zero(t, left, "no membership is left behind")
+}
