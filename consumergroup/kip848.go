@@ -461,7 +461,11 @@ type ConsumerGroupMember struct {
 	// MemberEpoch is a KIP-848 member's Kafka member epoch; a native member's epoch
 	// on its first stream (native members have one per stream).
 	MemberEpoch int64
-	Streams     []string
+	// Regex is a KIP-848 member's subscribed regex ("" when none).
+	Regex string
+	// Streams are the streams it consumes (for a KIP-848 member, its subscription
+	// resolved).
+	Streams []string
 	// Assigned are the partitions it owns; Target those the assignor gives it (owned
 	// ones being revoked left out, pending ones added).
 	Assigned []StreamPartition
@@ -495,28 +499,28 @@ func (c *Classic) DescribeConsumerGroup(ctx context.Context, group string) (*Con
 	}
 	d.Epoch = *epoch
 	rows, err := c.pool.Query(ctx, `SELECT cr.consumer_id, coalesce(cr.instance_id, ''),
-		coalesce((SELECT km.member_epoch FROM streamd.kafka_consumer_members km
-		           WHERE km.group_id = cr.group_id AND km.member_id = cr.consumer_id), cr.member_epoch), cr.stream_name,
+		coalesce(km.member_epoch, cr.member_epoch), coalesce(km.subscribed_regex, ''), cr.stream_name,
 		coalesce((SELECT array_agg(cp.partition ORDER BY cp.partition) FROM streamd.consumer_partitions cp
 		           WHERE cp.stream_name = cr.stream_name AND cp.group_id = cr.group_id AND cp.owner_id = cr.consumer_id), '{}'),
 		coalesce((SELECT array_agg(cp.partition ORDER BY cp.partition) FROM streamd.consumer_partitions cp
 		           WHERE cp.stream_name = cr.stream_name AND cp.group_id = cr.group_id
 		             AND coalesce(cp.target_id, cp.owner_id) = cr.consumer_id), '{}')
 		FROM streamd.consumer_registrations cr
+		LEFT JOIN streamd.kafka_consumer_members km ON km.group_id = cr.group_id AND km.member_id = cr.consumer_id
 		WHERE cr.group_id = $1 AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now()
 		ORDER BY cr.consumer_id, cr.registered_at, cr.stream_name`, group)
 	if err != nil {
 		return nil, fmt.Errorf("describe consumer group %s: %w", group, err)
 	}
 	var (
-		id, instance, stream string
-		memberEpoch          int64
-		assigned, target     []int32
+		id, instance, regex, stream string
+		memberEpoch                 int64
+		assigned, target            []int32
 	)
 	d.State = "Empty"
-	_, err = pgx.ForEachRow(rows, []any{&id, &instance, &memberEpoch, &stream, &assigned, &target}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &instance, &memberEpoch, &regex, &stream, &assigned, &target}, func() error {
 		if n := len(d.Members); n == 0 || d.Members[n-1].MemberID != id {
-			d.Members = append(d.Members, ConsumerGroupMember{MemberID: id, InstanceID: instance, MemberEpoch: memberEpoch})
+			d.Members = append(d.Members, ConsumerGroupMember{MemberID: id, InstanceID: instance, MemberEpoch: memberEpoch, Regex: regex})
 		}
 		m := &d.Members[len(d.Members)-1]
 		m.Streams = append(m.Streams, stream)

@@ -231,6 +231,7 @@ func TestKIP848MemberSubscribesToSeveralStreams(t *testing.T) {
 	require.Len(t, d.Members, 1)
 	require.Equal(t, int64(b.MemberEpoch), d.Members[0].MemberEpoch)
 	require.ElementsMatch(t, []string{s1, s2, later}, d.Members[0].Streams)
+	require.Equal(t, regex, d.Members[0].Regex)
 }
 
 // TestKIP848VirtualTopicsGoToOneMember: a virtual topic (the Kafka listener's internal
