@@ -587,19 +587,43 @@ $$;
 -- Locks the FIFO groups of the messages named by (offset, token), in (key, tenant)
 -- order, and returns their keys and tenants (parallel arrays, for
 -- queue_groups_advance).
+--
+-- plpgsql, not a SQL function: a SQL function with SET options is never inlined, and
+-- before PostgreSQL 18 it is planned again at every call (a cached plan lives only as
+-- long as the calling statement): planning was most of an ack's group lock. The
+-- messages are read by the primary key (offset = ANY): written as a join to the
+-- receipts, the generic plan probed queue_messages_group, whose offset is its fourth
+-- column, so each receipt walked the queue's part of that index.
 CREATE OR REPLACE FUNCTION streamd.queue_lock_groups(p_queue text, p_offsets bigint[], p_tokens uuid[],
                                                      OUT keys text[], OUT tenants text[])
-LANGUAGE sql SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+    SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+DECLARE
+    v_keys text[];
+    v_tens text[];
+BEGIN
+    -- (group_key IS NOT NULL is a FILTER, not in the WHERE clause: there, it let the
+    -- planner take the partial queue_messages_group index, offset = ANY as its
+    -- fourth column.)
+    SELECT array_agg(m.group_key) FILTER (WHERE m.group_key IS NOT NULL),
+           array_agg(coalesce(m.tenant_id, '')) FILTER (WHERE m.group_key IS NOT NULL)
+    INTO v_keys, v_tens
+    FROM streamd.queue_messages m
+    WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens);
+    IF v_keys IS NULL THEN
+        keys := '{}';
+        tenants := '{}';
+        RETURN;
+    END IF;
     SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key, l.tenant_id), '{}'),
-           coalesce(array_agg(l.tenant_id ORDER BY l.group_key, l.tenant_id), '{}') FROM (
-        SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
-        WHERE g.stream_name = p_queue
-          AND (g.group_key, g.tenant_id) IN (
-              SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.queue_messages m
-              JOIN unnest(p_offsets, p_tokens) r(o, t) ON m."offset" = r.o AND m.lease_token = r.t
-              WHERE m.stream_name = p_queue)
-        ORDER BY g.group_key, g.tenant_id
-        FOR UPDATE OF g) l
+           coalesce(array_agg(l.tenant_id ORDER BY l.group_key, l.tenant_id), '{}')
+    INTO keys, tenants
+    FROM (SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
+          WHERE g.stream_name = p_queue
+            AND (g.group_key, g.tenant_id) IN (SELECT DISTINCT k.key, k.ten FROM unnest(v_keys, v_tens) k(key, ten))
+          ORDER BY g.group_key, g.tenant_id
+          FOR UPDATE OF g) l;
+END;
 $$;
 
 -- Brings FIFO groups (locked by the caller; p_groups and p_tenants are parallel:
