@@ -412,7 +412,8 @@ BEGIN
     -- follow commit order. A message a standard queue cannot deliver yet goes to the
     -- delayed lane: its offset is the sequence's plus 2^52 (migration 0099), after
     -- every undelayed message's, so that receives do not read past it; they find it
-    -- through queue_messages_delayed once it is due.
+    -- through queue_messages_due once it is due (due_at, set here and never updated:
+    -- migration 0120).
     v_all := ARRAY(SELECT nextval(v_q.offset_seq)
                           + CASE WHEN NOT v_q.fifo
                                       AND coalesce(p_deliver_at[i], v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) > v_now
@@ -422,12 +423,12 @@ BEGIN
         -- Every id is new: no conflict to look for.
         INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
                                                  visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
-                                                 tenant_id, data_bytes)
-        SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now,
-               coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
-               u.ma, u.dq, u.g, v_tenant, u.b
+                                                 tenant_id, data_bytes, due_at)
+        SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now, v.t, u.ma, u.dq, u.g, v_tenant, u.b,
+               CASE WHEN u.o >= 4503599627370496 THEN v.t END
         FROM unnest(v_all, p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
-             u(o, id, d, md, dl, da, g, ma, dq, b);
+             u(o, id, d, md, dl, da, g, ma, dq, b)
+        CROSS JOIN LATERAL (SELECT coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) AS t) v;
         RETURN QUERY SELECT u.i::integer, u.o, u.id, false FROM unnest(v_all, p_ids) WITH ORDINALITY u(o, id, i);
         RETURN;
     END IF;
@@ -438,12 +439,12 @@ BEGIN
                   ELSE ARRAY(SELECT coalesce(u.id, gen_random_uuid()::text) FROM unnest(p_ids, p_data) u(id, d)) END;
     INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
                                              visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
-                                             dedup, tenant_id, data_bytes)
-    SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now,
-           coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
-           u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b
+                                             dedup, tenant_id, data_bytes, due_at)
+    SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now, v.t, u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b,
+           CASE WHEN u.o >= 4503599627370496 THEN v.t END
     FROM unnest(v_all, p_ids, v_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
          u(o, named, id, d, md, dl, da, g, ma, dq, b)
+    CROSS JOIN LATERAL (SELECT coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) AS t) v
     ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING;
     GET DIAGNOSTICS v_stored = ROW_COUNT;
     IF v_stored = v_n THEN
@@ -715,8 +716,9 @@ BEGIN
                       (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
                        AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
                FROM streamd.queue_messages m
-               WHERE m.stream_name = p_queue AND m."offset" >= 4503599627370496 AND m.visibility_timeout <= v_now
-               ORDER BY m.visibility_timeout
+               WHERE m.stream_name = p_queue AND m."offset" >= 4503599627370496 AND m.due_at <= v_now
+                 AND m.visibility_timeout <= v_now
+               ORDER BY m.due_at
                LIMIT p_max
                FOR UPDATE SKIP LOCKED) lane)
               UNION ALL
