@@ -424,11 +424,12 @@ BEGIN
         INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
                                                  visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
                                                  tenant_id, data_bytes, due_at)
-        SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now, v.t, u.ma, u.dq, u.g, v_tenant, u.b,
-               CASE WHEN u.o >= 4503599627370496 THEN v.t END
+        SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now,
+               coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
+               u.ma, u.dq, u.g, v_tenant, u.b,
+               CASE WHEN u.o >= 4503599627370496 THEN coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) END
         FROM unnest(v_all, p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
-             u(o, id, d, md, dl, da, g, ma, dq, b)
-        CROSS JOIN LATERAL (SELECT coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) AS t) v;
+             u(o, id, d, md, dl, da, g, ma, dq, b);
         RETURN QUERY SELECT u.i::integer, u.o, u.id, false FROM unnest(v_all, p_ids) WITH ORDINALITY u(o, id, i);
         RETURN;
     END IF;
@@ -440,11 +441,12 @@ BEGIN
     INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
                                              visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
                                              dedup, tenant_id, data_bytes, due_at)
-    SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now, v.t, u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b,
-           CASE WHEN u.o >= 4503599627370496 THEN v.t END
+    SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now,
+           coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
+           u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b,
+           CASE WHEN u.o >= 4503599627370496 THEN coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) END
     FROM unnest(v_all, p_ids, v_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
          u(o, named, id, d, md, dl, da, g, ma, dq, b)
-    CROSS JOIN LATERAL (SELECT coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) AS t) v
     ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING;
     GET DIAGNOSTICS v_stored = ROW_COUNT;
     IF v_stored = v_n THEN
