@@ -189,5 +189,8 @@ func TestLeaseUpdatesAreHOT(t *testing.T) {
 			WHERE relid = 'streamd.queue_messages'::regclass`).Scan(&upd, &hot)
 	}))
 	require.Equal(t, int64(11+5+6), upd)
-	require.Equal(t, upd, hot, "%d of the %d lease updates were not HOT", upd-hot, upd)
+	// A HOT update needs room on its row's page (fillfactor 50 leaves half of each
+	// page for them), which the other tests' updates of rows on the same pages use
+	// too: most, not all, is what can be asserted. An indexed column blocks them all.
+	require.GreaterOrEqual(t, 2*hot, upd, "%d of the %d lease updates were not HOT", upd-hot, upd)
 }
