@@ -593,10 +593,10 @@ $$;
 --
 -- plpgsql, not a SQL function: a SQL function with SET options is never inlined, and
 -- before PostgreSQL 18 it is planned again at every call (a cached plan lives only as
--- long as the calling statement): planning was most of an ack's group lock. The
--- messages are read by the primary key (offset = ANY): written as a join to the
--- receipts, the generic plan probed queue_messages_group, whose offset is its fourth
--- column, so each receipt walked the queue's part of that index.
+-- long as the calling statement): an ack's group lock of 100 took 15.5 ms, 0.95 ms
+-- now (bench/RESULTS.md, session 9). The messages are read by the primary key
+-- (offset = ANY): the join to the receipts it replaces, planned generically, probed
+-- queue_messages_group, whose offset is its fourth column, once per receipt.
 CREATE OR REPLACE FUNCTION streamd.queue_lock_groups(p_queue text, p_offsets bigint[], p_tokens uuid[],
                                                      OUT keys text[], OUT tenants text[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
