@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -171,13 +172,26 @@ func TestConcurrentWorkersAckOrDeadLetterExactlyOnce(t *testing.T) {
 // FIFO: a group never has two messages in flight, and each group's messages are
 // processed in send order, while several workers share the queue. A watcher checks
 // the database for two leased messages of one group at any moment.
+//
+// The workers hold their leases as a real worker does: a lease (20 s) far longer
+// than any stall of a loaded machine, extended while the handler runs. With a 2 s
+// lease, make test at load 5 twice saw a message handled twice: a lease that ran out
+// between the handler's return and its ack (Work extends only while the handler runs)
+// is redelivered, which is at-least-once, not a FIFO fault; freezing the test process
+// for 3 s (SIGSTOP) reproduced it every time. So a message handled twice here is a
+// real double delivery, and a lost lease (counted from the workers' log) is reported
+// with it.
 func TestFIFOGroupsOneInFlightInOrder(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	pool := testdb.Pool(t)
-	q := newQueue(t, pool, &messages.QueueConfig{FIFO: true, VisibilityTimeout: 2 * time.Second, MaxDeliveryAttempts: 100})
-	c := newClient(t, pool, nil)
+	const lease = 20 * time.Second
+	q := newQueue(t, pool, &messages.QueueConfig{FIFO: true, VisibilityTimeout: lease, MaxDeliveryAttempts: 100})
+	var logs lockedBuffer
+	c, err := messages.NewClient(pool, &messages.ClientConfig{
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	require.NoError(t, err)
 
 	const groups, per = 8, 15
 	for i := range per {
@@ -214,7 +228,7 @@ func TestFIFOGroupsOneInFlightInOrder(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(3, uint64(w)))
 			var rmu sync.Mutex
-			err := c.Work(wctx, q, &messages.WorkerConfig{Concurrency: 4, VisibilityTimeout: 2 * time.Second,
+			err := c.Work(wctx, q, &messages.WorkerConfig{Concurrency: 4, VisibilityTimeout: lease,
 				PollWait: 50 * time.Millisecond, Backoff: func(int) time.Duration { return 0 }},
 				func(ctx context.Context, m *messages.Message) error {
 					mu.Lock()
@@ -245,6 +259,7 @@ func TestFIFOGroupsOneInFlightInOrder(t *testing.T) {
 	stop()
 	wg.Wait()
 
+	lost := strings.Count(logs.String(), "lease lost")
 	require.Zero(t, violations.Load(), "two messages of one group were in flight at once")
 	want := make([]int, per)
 	for i := range want {
@@ -254,11 +269,29 @@ func TestFIFOGroupsOneInFlightInOrder(t *testing.T) {
 	defer mu.Unlock()
 	require.Len(t, done, groups)
 	for g, seqs := range done {
-		require.Equal(t, want, seqs, "group %s out of order", g)
+		require.Equal(t, want, seqs, "group %s out of order (leases lost: %d)", g, lost)
 	}
 	var rows int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.message_groups WHERE stream_name = $1", q).Scan(&rows))
 	require.Zero(t, rows, "empty groups leave no row")
+}
+
+// lockedBuffer is an io.Writer safe for concurrent use (a logger's output).
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // FIFO groups are served round robin: a group with a backlog does not starve a group

@@ -412,7 +412,8 @@ BEGIN
     -- follow commit order. A message a standard queue cannot deliver yet goes to the
     -- delayed lane: its offset is the sequence's plus 2^52 (migration 0099), after
     -- every undelayed message's, so that receives do not read past it; they find it
-    -- through queue_messages_delayed once it is due.
+    -- through queue_messages_due once it is due (due_at, set here and never updated:
+    -- migration 0120).
     v_all := ARRAY(SELECT nextval(v_q.offset_seq)
                           + CASE WHEN NOT v_q.fifo
                                       AND coalesce(p_deliver_at[i], v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) > v_now
@@ -422,10 +423,11 @@ BEGIN
         -- Every id is new: no conflict to look for.
         INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
                                                  visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
-                                                 tenant_id, data_bytes)
+                                                 tenant_id, data_bytes, due_at)
         SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now,
                coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
-               u.ma, u.dq, u.g, v_tenant, u.b
+               u.ma, u.dq, u.g, v_tenant, u.b,
+               CASE WHEN u.o >= 4503599627370496 THEN coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) END
         FROM unnest(v_all, p_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
              u(o, id, d, md, dl, da, g, ma, dq, b);
         RETURN QUERY SELECT u.i::integer, u.o, u.id, false FROM unnest(v_all, p_ids) WITH ORDINALITY u(o, id, i);
@@ -438,10 +440,11 @@ BEGIN
                   ELSE ARRAY(SELECT coalesce(u.id, gen_random_uuid()::text) FROM unnest(p_ids, p_data) u(id, d)) END;
     INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
                                              visibility_timeout, max_delivery_attempts, dead_letter_stream, group_key,
-                                             dedup, tenant_id, data_bytes)
+                                             dedup, tenant_id, data_bytes, due_at)
     SELECT p_queue, u.o, u.id, u.d::jsonb, u.md::jsonb, v_now,
            coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)),
-           u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b
+           u.ma, u.dq, u.g, u.named IS NOT NULL, v_tenant, u.b,
+           CASE WHEN u.o >= 4503599627370496 THEN coalesce(u.da, v_now + make_interval(secs => coalesce(u.dl, 0) / 1000.0)) END
     FROM unnest(v_all, p_ids, v_ids, p_data, p_metadata, p_delays_ms, p_deliver_at, p_groups, p_max_attempts, p_dlqs, p_data_bytes)
          u(o, named, id, d, md, dl, da, g, ma, dq, b)
     ON CONFLICT (message_id, stream_name) WHERE dedup DO NOTHING;
@@ -587,19 +590,43 @@ $$;
 -- Locks the FIFO groups of the messages named by (offset, token), in (key, tenant)
 -- order, and returns their keys and tenants (parallel arrays, for
 -- queue_groups_advance).
+--
+-- plpgsql, not a SQL function: a SQL function with SET options is never inlined, and
+-- before PostgreSQL 18 it is planned again at every call (a cached plan lives only as
+-- long as the calling statement): an ack's group lock of 100 took 15.5 ms, 0.95 ms
+-- now (bench/RESULTS.md, session 9). The messages are read by the primary key
+-- (offset = ANY): the join to the receipts it replaces, planned generically, probed
+-- queue_messages_group, whose offset is its fourth column, once per receipt.
 CREATE OR REPLACE FUNCTION streamd.queue_lock_groups(p_queue text, p_offsets bigint[], p_tokens uuid[],
                                                      OUT keys text[], OUT tenants text[])
-LANGUAGE sql SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+    SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+DECLARE
+    v_keys text[];
+    v_tens text[];
+BEGIN
+    -- (group_key IS NOT NULL is a FILTER, not in the WHERE clause: there, it let the
+    -- planner take the partial queue_messages_group index, offset = ANY as its
+    -- fourth column.)
+    SELECT array_agg(m.group_key) FILTER (WHERE m.group_key IS NOT NULL),
+           array_agg(coalesce(m.tenant_id, '')) FILTER (WHERE m.group_key IS NOT NULL)
+    INTO v_keys, v_tens
+    FROM streamd.queue_messages m
+    WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens);
+    IF v_keys IS NULL THEN
+        keys := '{}';
+        tenants := '{}';
+        RETURN;
+    END IF;
     SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key, l.tenant_id), '{}'),
-           coalesce(array_agg(l.tenant_id ORDER BY l.group_key, l.tenant_id), '{}') FROM (
-        SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
-        WHERE g.stream_name = p_queue
-          AND (g.group_key, g.tenant_id) IN (
-              SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.queue_messages m
-              JOIN unnest(p_offsets, p_tokens) r(o, t) ON m."offset" = r.o AND m.lease_token = r.t
-              WHERE m.stream_name = p_queue)
-        ORDER BY g.group_key, g.tenant_id
-        FOR UPDATE OF g) l
+           coalesce(array_agg(l.tenant_id ORDER BY l.group_key, l.tenant_id), '{}')
+    INTO keys, tenants
+    FROM (SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
+          WHERE g.stream_name = p_queue
+            AND (g.group_key, g.tenant_id) IN (SELECT DISTINCT k.key, k.ten FROM unnest(v_keys, v_tens) k(key, ten))
+          ORDER BY g.group_key, g.tenant_id
+          FOR UPDATE OF g) l;
+END;
 $$;
 
 -- Brings FIFO groups (locked by the caller; p_groups and p_tenants are parallel:
@@ -691,8 +718,9 @@ BEGIN
                       (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
                        AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
                FROM streamd.queue_messages m
-               WHERE m.stream_name = p_queue AND m."offset" >= 4503599627370496 AND m.visibility_timeout <= v_now
-               ORDER BY m.visibility_timeout
+               WHERE m.stream_name = p_queue AND m."offset" >= 4503599627370496 AND m.due_at <= v_now
+                 AND m.visibility_timeout <= v_now
+               ORDER BY m.due_at
                LIMIT p_max
                FOR UPDATE SKIP LOCKED) lane)
               UNION ALL
