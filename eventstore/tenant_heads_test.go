@@ -52,7 +52,7 @@ func TestTenantHeadRowsMoveOnlyThroughAppends(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	client := streams.NewClient(pool, nil)
-	// 3: the one-statement path (append_reserve and an INSERT); 300: over the COPY
+	// 3: the one-statement path (append_reserve_row and an INSERT); 300: over the COPY
 	// threshold, which a role under row-level security leaves for streamd.append.
 	for _, n := range []int{3, 300} {
 		recs := make([]streams.Record, n)

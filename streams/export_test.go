@@ -19,3 +19,6 @@ func FetchDecodesItself(ctx context.Context, db DBTX) (bool, error) {
 	defer rows.Close()
 	return newFetchDecoder(rows).fast, nil
 }
+
+// InsertSQL is the one-statement path's statement. Tests only.
+const InsertSQL = insertSQL

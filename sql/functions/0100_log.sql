@@ -423,3 +423,41 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
+
+-- streamd.append_reserve for the one-statement path (streams/insert.go), with the same
+-- checks and effects, but a plain function rather than a set-returning one: called in
+-- a target list, it returns its row without a tuplestore, and it calls head_reserve
+-- and set_config as expressions, not as FROM items. Each tuplestore costs a separate
+-- 16 KiB allocation; with the nine unnest()s the old statement took, they pushed every
+-- one-record append over glibc's 128 KiB trim threshold, so each transaction grew the
+-- heap with brk and gave it back at its end, with page faults and TLB flushes:
+-- measured 2-3 times the server CPU of a plain INSERT's transaction (bench/RESULTS.md,
+-- issue 21 §2). A declined batch (see append_reserve) returns base and ts NULL and
+-- reserves nothing.
+CREATE OR REPLACE FUNCTION streamd.append_reserve_row(p_stream_name text, p_partition integer, p_count integer,
+                                                      p_max_payload_bytes integer, OUT base bigint, OUT ts timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_stream streamd.streams%ROWTYPE;
+    v_head   record;
+    v_set    text;
+BEGIN
+    SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+    IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    IF p_count < 1 OR v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
+       OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
+        RETURN;
+    END IF;
+    v_head := streamd.head_reserve(p_stream_name, p_partition, p_count);
+    IF v_head.base IS NULL THEN
+        -- The stream was deleted while this waited for its head row.
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    PERFORM streamd.append_recheck_rules(p_stream_name, v_stream.key_versions, v_stream.enforce_event_types);
+    v_set := set_config('streamd.append_trusted', 'on', true);
+    base := v_head.base;
+    ts := v_head.ts;
+END;
+$$;
