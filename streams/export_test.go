@@ -22,3 +22,6 @@ func FetchDecodesItself(ctx context.Context, db DBTX) (bool, error) {
 
 // InsertSQL is the one-statement path's statement. Tests only.
 const InsertSQL = insertSQL
+
+// OneSQL is the one-statement path's statement for a single record. Tests only.
+const OneSQL = oneSQL

@@ -49,8 +49,16 @@ ins AS (
     RETURNING 1)
 SELECT (r.h).base, (r.h).ts, (SELECT count(*) FROM ins) FROM r`
 
+// oneSQL is insertSQL's form for a single record: streamd.append_one reserves and
+// inserts with scalar arguments, which costs the server less than receiving and
+// unnesting arrays in a statement with a CTE (bench/RESULTS.md, issue 21 §2). OFFSET 0
+// keeps the subquery, so the function runs once, not once per column taken from its
+// result.
+const oneSQL = `SELECT (a.h).base, (a.h).ts
+FROM (SELECT streamd.append_one($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS h OFFSET 0) a`
+
 // appendInsert appends recs, all to stream and partition and all with an event id,
-// with insertSQL. It reports ok=false, having written nothing, when the batch must
+// with insertSQL (oneSQL for a single record). It reports ok=false, having written nothing, when the batch must
 // take streamd.append() instead (the cases of appendCopy, but for row-level security:
 // an INSERT, unlike COPY, is subject to the policies).
 func appendInsert(ctx context.Context, pool *pgxpool.Pool, stream string, partition int32, recs []Record) (pos []Position, ok bool, err error) {
@@ -93,8 +101,14 @@ func appendInsert(ctx context.Context, pool *pgxpool.Pool, stream string, partit
 	var base pgtype.Int8
 	var ts pgtype.Timestamptz
 	var count int64
-	err = pool.QueryRow(ctx, insertSQL, stream, partition, n, maxPayload,
-		ids, types, keys, data, bin, meta, corr, caus, versions, ords).Scan(&base, &ts, &count)
+	if n == 1 {
+		err = pool.QueryRow(ctx, oneSQL, stream, partition, ids[0], types[0], keys[0], data[0], bin[0], meta[0],
+			corr[0], caus[0], versions[0]).Scan(&base, &ts)
+		count = 1
+	} else {
+		err = pool.QueryRow(ctx, insertSQL, stream, partition, n, maxPayload,
+			ids, types, keys, data, bin, meta, corr, caus, versions, ords).Scan(&base, &ts, &count)
+	}
 	switch {
 	case err == nil:
 	case sqlerr.Code(err) == "23505": // a duplicate event id

@@ -461,3 +461,51 @@ BEGIN
     ts := v_head.ts;
 END;
 $$;
+
+-- Appends one event to partition p_partition of p_stream_name: the one-statement
+-- path's form for a batch of one record (streams/insert.go), where the statement
+-- around a reservation and an INSERT of arrays cost more than the event itself. The
+-- same checks and effects as append_reserve_row followed by the INSERT, in one call
+-- with scalar arguments: no arrays to receive and unnest, no CTE, and plans that
+-- PL/pgSQL keeps for the session. Returns the event's offset and log time; both NULL,
+-- with nothing written or reserved, when the append must take streamd.append()
+-- instead (what append_reserve declines). A duplicate event id fails with a unique
+-- violation (the caller retries through streamd.append(), which deduplicates, L4).
+CREATE OR REPLACE FUNCTION streamd.append_one(p_stream_name text, p_partition integer, p_event_id text, p_event_type text,
+                                              p_key text, p_data text, p_data_bytes bytea, p_metadata text,
+                                              p_correlation_id text, p_causation_id text, p_version integer,
+                                              OUT base bigint, OUT ts timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_stream streamd.streams%ROWTYPE;
+    v_head   record;
+    v_set    text;
+BEGIN
+    SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+    IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    IF v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
+       OR coalesce(octet_length(p_data), 0) + coalesce(octet_length(p_data_bytes), 0) > v_stream.max_payload_bytes THEN
+        RETURN;
+    END IF;
+    v_head := streamd.head_reserve(p_stream_name, p_partition, 1);
+    IF v_head.base IS NULL THEN
+        -- The stream was deleted while this waited for its head row.
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    -- append_recheck_rules, inline.
+    IF EXISTS (SELECT 1 FROM streamd.streams s WHERE s.stream_name = p_stream_name
+                 AND (s.key_versions, s.enforce_event_types) IS DISTINCT FROM (v_stream.key_versions, v_stream.enforce_event_types)) THEN
+        RAISE EXCEPTION USING ERRCODE = '40001',
+            MESSAGE = format('stream %L changed its event sourcing settings while this append waited: retry it', p_stream_name);
+    END IF;
+    v_set := set_config('streamd.append_trusted', 'on', true);
+    INSERT INTO streamd.events (stream_name, partition, "offset", event_id, event_type, key, data, data_bytes,
+                                metadata, "timestamp", correlation_id, causation_id, version)
+    VALUES (p_stream_name, p_partition, v_head.base, p_event_id, p_event_type, p_key, p_data::jsonb, p_data_bytes,
+            p_metadata::jsonb, v_head.ts, p_correlation_id, p_causation_id, p_version);
+    base := v_head.base;
+    ts := v_head.ts;
+END;
+$$;
