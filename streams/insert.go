@@ -58,9 +58,9 @@ const oneSQL = `SELECT (a.h).base, (a.h).ts
 FROM (SELECT streamd.append_one($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS h OFFSET 0) a`
 
 // appendInsert appends recs, all to stream and partition and all with an event id,
-// with insertSQL (oneSQL for a single record). It reports ok=false, having written nothing, when the batch must
-// take streamd.append() instead (the cases of appendCopy, but for row-level security:
-// an INSERT, unlike COPY, is subject to the policies).
+// with insertSQL (oneSQL for a single record). It reports ok=false, having written
+// nothing, when the batch must take streamd.append() instead (the cases of appendCopy,
+// but for row-level security: an INSERT, unlike COPY, is subject to the policies).
 func appendInsert(ctx context.Context, pool *pgxpool.Pool, stream string, partition int32, recs []Record) (pos []Position, ok bool, err error) {
 	n := len(recs)
 	maxPayload := 0
