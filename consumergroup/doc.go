@@ -42,7 +42,8 @@
 //	config.go    Config and its validation; metrics.go the Prometheus collectors
 //	classic.go   Classic: the coordinator of Kafka classic-protocol groups (package kafka)
 //	classic_admin.go  their listing, description, deletion and offset deletion
-//	kip848.go    Kafka KIP-848 members (ConsumerGroupHeartbeat) as native members
+//	kip848.go    Kafka KIP-848 members (ConsumerGroupHeartbeat): one Kafka member epoch and a
+//	             subscription (names, regex) over one native membership per stream
 //
 // # Goroutines
 //

@@ -4,29 +4,40 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/streamd/streamd/internal/sqlerr"
+	"github.com/streamd/streamd/streams"
 )
 
 // This file serves Kafka's KIP-848 consumer protocol (ConsumerGroupHeartbeat) on the
-// native group machinery: a KIP-848 member is a member of the stream's native group
+// native group machinery. A KIP-848 member is a row of streamd.kafka_consumer_members
+// (sql/functions/0225_kafka_consumer_members.sql): its Kafka member epoch, fixed for a
+// membership (every join gets a new one from the group's counter), and its
+// subscription, topic names and/or a regex. It consumes each stream its subscription
+// resolves to through a native membership of that stream's group under the same id
 // (join_group, group_heartbeat, release_partitions, leave_group), assigned by the same
-// server-side sticky assignor and fenced by the same member epoch, so native Go
-// members and KIP-848 members may share a group. The member epoch is the native one:
-// it is fixed for a membership (every join gets a new one), and assignment changes
-// travel in the assignment, not in the epoch.
-//
-// Limitation: a KIP-848 member subscribes to one stream (a native membership is per
-// stream, with an epoch of its own); a subscription of several topics is refused with
-// ErrInvalidArgument.
+// server-side sticky assignor and fenced by that membership's native epoch, so native
+// Go members and KIP-848 members share a stream's group. The subscription is resolved
+// again on every heartbeat: a stream created later that a name or the regex matches is
+// joined then, one that left the subscription (or was deleted) is left. Assignment
+// changes travel in the assignment, not in the epoch.
 
 // ErrStaleMemberEpoch: a KIP-848 member committed a partition it does not own at its
 // epoch (Kafka's STALE_MEMBER_EPOCH): it was revoked; nothing of it was written.
 var ErrStaleMemberEpoch = errors.New("stale member epoch")
+
+// ErrInvalidRegularExpression: a KIP-848 subscription's regex does not compile as RE2
+// (Kafka's INVALID_REGULAR_EXPRESSION). Nothing was written.
+var ErrInvalidRegularExpression = errors.New("invalid regular expression")
+
+// kip848LockClass is the first key of the session advisory lock that serializes one
+// KIP-848 member's heartbeats (the second is hashtext of group/member).
+const kip848LockClass = 1396986180
 
 // ConsumerHeartbeat is a KIP-848 ConsumerGroupHeartbeat.
 type ConsumerHeartbeat struct {
@@ -39,17 +50,32 @@ type ConsumerHeartbeat struct {
 	MemberEpoch int32
 	// RebalanceTimeout for a join; 0 means 60s.
 	RebalanceTimeout time.Duration
-	// Topics is the subscription (required to join; nil afterwards means unchanged).
+	// Topics are the subscribed topic names (nil after the join means unchanged).
+	// A name of a stream that does not exist is kept: the stream is joined once it
+	// exists.
 	Topics []string
+	// Regex is the subscribed regex (RE2, matched against whole stream names, as
+	// Kafka's); nil means unchanged, "" removes it. A join needs Topics or a Regex.
+	Regex *string
+	// Allowed, when not nil, filters the streams the subscription resolves to: only
+	// those it returns are joined (the Kafka listener keeps the topics the principal
+	// may read).
+	Allowed func(ctx context.Context, streams []string) ([]string, error)
+	// Virtual are topics that are not streams but that a subscription may name or
+	// match (the Kafka listener's internal topic), with their partition counts. Each of
+	// their partitions goes to one of the group's live KIP-848 members whose
+	// subscription takes the topic in (partition i to the (i mod n)-th of the n, by
+	// member id), with no handover: they hold no records.
+	Virtual map[string]int32
 	// Owned is what the member owns now, when it said (OwnedKnown): partitions it
 	// was asked to revoke and no longer owns are handed over to their next owner.
 	Owned      []StreamPartition
 	OwnedKnown bool
 }
 
-// ConsumerHeartbeatResult is the member's epoch and its assignment: the partitions it
-// may own now (those it must revoke are left out; those waiting for their previous
-// owner to revoke them come later).
+// ConsumerHeartbeatResult is the member's epoch and its assignment across its streams:
+// the partitions it may own now (those it must revoke are left out; those waiting for
+// their previous owner to revoke them come later).
 type ConsumerHeartbeatResult struct {
 	MemberID    string
 	MemberEpoch int32
@@ -57,110 +83,374 @@ type ConsumerHeartbeatResult struct {
 }
 
 // ConsumerHeartbeat joins, heartbeats or leaves a KIP-848 member, with the session
-// timeout cfg.ConsumerSessionTimeout. Errors: ErrFenced (the member is not a live
-// member at its epoch: it rejoins with epoch 0), ErrUnknownMember,
+// timeout cfg.ConsumerSessionTimeout. Errors: ErrFenced (the member is at another
+// epoch: it rejoins with epoch 0), ErrUnknownMember (no such live member),
 // ErrInconsistentGroupProtocol (the group id is a classic group), ErrInvalidArgument,
-// streams.ErrStreamNotFound, ErrInvalidGroupID.
+// ErrInvalidRegularExpression, ErrInvalidGroupID.
 func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat) (*ConsumerHeartbeatResult, error) {
 	if req.MemberID == "" {
 		return nil, fmt.Errorf("consumer heartbeat in group %s: a member id is required: %w", req.Group, ErrInvalidArgument)
 	}
-	if req.Topics != nil && len(req.Topics) != 1 {
-		return nil, fmt.Errorf("consumer heartbeat in group %s: subscribe to exactly one topic (got %d): %w",
-			req.Group, len(req.Topics), ErrInvalidArgument)
+	if req.Regex != nil && *req.Regex != "" {
+		if _, err := compileSubscription(*req.Regex); err != nil {
+			return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
+		}
 	}
-	// The member's current membership, if any.
-	var (
-		stream string
-		epoch  int64
-	)
-	err := c.pool.QueryRow(ctx, `SELECT stream_name, member_epoch FROM streamd.consumer_registrations
-		WHERE group_id = $1 AND consumer_id = $2 ORDER BY registered_at DESC LIMIT 1`, req.Group, req.MemberID).Scan(&stream, &epoch)
-	known := err == nil
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("consumer heartbeat in group %s: %w", req.Group, err)
+	// The member's calls are serialized across instances (a leave racing a heartbeat
+	// that joins a stream would leave a membership behind, two heartbeats joining one
+	// stream would collide), on one connection that holds a session advisory lock of
+	// the member; each statement still commits on its own.
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 	}
+	defer conn.Release()
+	lockKey := req.Group + "/" + req.MemberID
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", kip848LockClass, lockKey); err != nil {
+		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1, hashtext($2))", kip848LockClass, lockKey); err != nil {
+			// A lock that could not be released goes with its session.
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
+	var db streams.DBTX = conn
 	res := &ConsumerHeartbeatResult{MemberID: req.MemberID}
+	var (
+		topics    []string
+		regex     *string
+		rebalance = req.RebalanceTimeout
+	)
 	switch {
 	case req.MemberEpoch == -2:
 		res.MemberEpoch = -2
 		return res, nil
 	case req.MemberEpoch == -1:
 		res.MemberEpoch = -1
-		if known {
-			if _, err := c.pool.Exec(ctx, "SELECT streamd.leave_group($1, $2, $3, $4, $5)", stream, req.Group, req.MemberID, epoch, c.now()); err != nil {
-				return nil, fmt.Errorf("consumer leave %s from group %s: %w", req.MemberID, req.Group, sqlerr.Wrap(err))
-			}
+		if err := c.consumerLeave(ctx, db, req.Group, req.MemberID); err != nil {
+			return nil, err
 		}
 		return res, nil
 	case req.MemberEpoch == 0:
-		if len(req.Topics) != 1 {
-			return nil, fmt.Errorf("consumer join %s to group %s: subscribe to exactly one topic: %w", req.MemberID, req.Group, ErrInvalidArgument)
+		if len(req.Topics) == 0 && (req.Regex == nil || *req.Regex == "") {
+			return nil, fmt.Errorf("consumer join %s to group %s: subscribe to a topic or a regex: %w", req.MemberID, req.Group, ErrInvalidArgument)
 		}
-		if known {
-			// A rejoin under the same id after a fence: the old membership goes first.
-			if _, err := c.pool.Exec(ctx, "SELECT streamd.leave_group($1, $2, $3, $4, $5)", stream, req.Group, req.MemberID, epoch, c.now()); err != nil {
-				return nil, fmt.Errorf("consumer join %s to group %s: %w", req.MemberID, req.Group, sqlerr.Wrap(err))
-			}
+		// A rejoin under the same id after a fence: the old memberships go first.
+		if err := c.consumerLeave(ctx, db, req.Group, req.MemberID); err != nil {
+			return nil, err
 		}
-		rebalance := req.RebalanceTimeout
 		if rebalance <= 0 {
 			rebalance = time.Minute
 		}
-		m, err := memberJoin(ctx, c.pool, req.Topics[0], req.Group, req.MemberID, req.InstanceID,
-			c.cfg.ConsumerSessionTimeout, rebalance, c.now())
+		err := db.QueryRow(ctx, "SELECT streamd.kafka_consumer_join($1, $2, $3, $4, $5, $6, $7, $8)",
+			req.Group, req.MemberID, nullable(req.InstanceID), nonNilStrings(req.Topics), req.Regex,
+			c.cfg.ConsumerSessionTimeout.Milliseconds(), rebalance.Milliseconds(), c.now()).Scan(&res.MemberEpoch)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("consumer join %s to group %s: %w", req.MemberID, req.Group, sqlerr.Wrap(err))
 		}
-		stream, epoch = m.stream, m.epoch
+		topics, regex = req.Topics, req.Regex
+		if regex != nil && *regex == "" {
+			regex = nil
+		}
 	default:
-		if !known {
-			return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, ErrUnknownMember)
+		var (
+			instance  *string
+			rebalMs   int32
+			storedRe  *string
+			newTopics []string
+		)
+		if req.Topics != nil {
+			newTopics = req.Topics
 		}
-		if int64(req.MemberEpoch) != epoch {
-			return nil, fmt.Errorf("consumer heartbeat %s in group %s: epoch %d, the member's is %d: %w",
-				req.MemberID, req.Group, req.MemberEpoch, epoch, ErrFenced)
+		err := db.QueryRow(ctx, `SELECT subscribed_topics, subscribed_regex, instance_id, rebalance_timeout_ms
+			FROM streamd.kafka_consumer_heartbeat($1, $2, $3, $4, $5, $6)`,
+			req.Group, req.MemberID, req.MemberEpoch, newTopics, req.Regex, c.now()).Scan(&topics, &storedRe, &instance, &rebalMs)
+		switch err := sqlerr.Wrap(err); {
+		case errors.Is(err, ErrUnknownMember):
+			// Its session lapsed: what is left of its memberships goes too.
+			if lerr := c.consumerLeave(ctx, db, req.Group, req.MemberID); lerr != nil {
+				return nil, lerr
+			}
+			return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
+		case err != nil:
+			return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 		}
-		if req.Topics != nil && req.Topics[0] != stream {
-			return nil, fmt.Errorf("consumer heartbeat %s in group %s: a member cannot change its topic (%s to %s); rejoin: %w",
-				req.MemberID, req.Group, stream, req.Topics[0], ErrInvalidArgument)
-		}
+		res.MemberEpoch, regex, rebalance = req.MemberEpoch, storedRe, time.Duration(rebalMs)*time.Millisecond
+		req = withInstance(req, deref(instance))
 	}
-	m := &member{stream: stream, group: req.Group, consumerID: req.MemberID, instanceID: req.InstanceID, epoch: epoch}
-	a, err := m.heartbeat(ctx, c.pool, c.now())
+	assigned, err := c.consumerReconcile(ctx, db, req, topics, regex, rebalance)
 	if err != nil {
 		return nil, err
 	}
-	if req.OwnedKnown && len(a.Revoking) > 0 {
-		owned := map[int32]bool{}
-		for _, p := range req.Owned {
-			if p.Stream == stream {
-				owned[p.Partition] = true
-			}
-		}
-		var released []int32
-		for _, p := range a.Revoking {
-			if !owned[p] {
-				released = append(released, p)
-			}
-		}
-		if len(released) > 0 {
-			if err := m.release(ctx, c.pool, released, c.now()); err != nil {
-				return nil, err
-			}
-			if a, err = m.heartbeat(ctx, c.pool, c.now()); err != nil {
-				return nil, err
-			}
-		}
-	}
-	res.MemberEpoch = int32(epoch)
-	res.Assignment = []StreamPartition{}
-	for _, p := range a.Assigned {
-		if !slices.Contains(a.Revoking, p) {
-			res.Assignment = append(res.Assignment, StreamPartition{Stream: stream, Partition: p})
-		}
-	}
+	res.Assignment = assigned
 	return res, nil
+}
+
+func withInstance(req *ConsumerHeartbeat, instance string) *ConsumerHeartbeat {
+	r := *req
+	r.InstanceID = instance
+	return &r
+}
+
+// compileSubscription compiles a KIP-848 regex as Kafka applies it: to whole names.
+func compileSubscription(re string) (*regexp.Regexp, error) {
+	rx, err := regexp.Compile("^(?:" + re + ")$")
+	if err != nil {
+		return nil, fmt.Errorf("regex %q: %v: %w", re, err, ErrInvalidRegularExpression)
+	}
+	return rx, nil
+}
+
+// consumerStreams resolves a subscription to the existing streams it names or its
+// regex matches, ascending, filtered by allowed.
+func (c *Classic) consumerStreams(ctx context.Context, db streams.DBTX, topics []string, regex *string,
+	allowed func(context.Context, []string) ([]string, error)) ([]string, error) {
+	var rx *regexp.Regexp
+	if regex != nil && *regex != "" {
+		var err error
+		if rx, err = compileSubscription(*regex); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := db.Query(ctx, `SELECT stream_name FROM streamd.streams
+		WHERE stream_name = ANY ($1) OR $2 ORDER BY stream_name`, nonNilStrings(topics), rx != nil)
+	if err != nil {
+		return nil, fmt.Errorf("resolve subscription: %w", err)
+	}
+	all, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("resolve subscription: %w", err)
+	}
+	out := make([]string, 0, len(all))
+	for _, s := range all {
+		if slices.Contains(topics, s) || (rx != nil && rx.MatchString(s)) {
+			out = append(out, s)
+		}
+	}
+	if allowed != nil && len(out) > 0 {
+		if out, err = allowed(ctx, out); err != nil {
+			return nil, fmt.Errorf("resolve subscription: %w", err)
+		}
+		slices.Sort(out)
+	}
+	return out, nil
+}
+
+// consumerMemberships returns the member's native memberships: stream to epoch.
+func (c *Classic) consumerMemberships(ctx context.Context, db streams.DBTX, group, memberID string) (map[string]int64, error) {
+	rows, err := db.Query(ctx, `SELECT stream_name, member_epoch FROM streamd.consumer_registrations
+		WHERE group_id = $1 AND consumer_id = $2`, group, memberID)
+	if err != nil {
+		return nil, fmt.Errorf("memberships of %s in group %s: %w", memberID, group, err)
+	}
+	out := map[string]int64{}
+	var (
+		stream string
+		epoch  int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&stream, &epoch}, func() error { out[stream] = epoch; return nil }); err != nil {
+		return nil, fmt.Errorf("memberships of %s in group %s: %w", memberID, group, err)
+	}
+	return out, nil
+}
+
+func sortedStreams(ms map[string]int64) []string {
+	out := make([]string, 0, len(ms))
+	for s := range ms {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// consumerLeave removes a KIP-848 member: its native memberships (their partitions
+// are handed over at once), then its row.
+func (c *Classic) consumerLeave(ctx context.Context, db streams.DBTX, group, memberID string) error {
+	ms, err := c.consumerMemberships(ctx, db, group, memberID)
+	if err != nil {
+		return err
+	}
+	for _, stream := range sortedStreams(ms) {
+		m := &member{stream: stream, group: group, consumerID: memberID, epoch: ms[stream]}
+		if _, err := m.leave(ctx, db, c.now()); err != nil {
+			return fmt.Errorf("consumer leave %s from group %s: %w", memberID, group, err)
+		}
+	}
+	if _, err := db.Exec(ctx, "SELECT streamd.kafka_consumer_leave($1, $2)", group, memberID); err != nil {
+		return fmt.Errorf("consumer leave %s from group %s: %w", memberID, group, sqlerr.Wrap(err))
+	}
+	return nil
+}
+
+// consumerReconcile makes the member's native memberships those of its subscription
+// (joining the streams it resolves to now, leaving the others), heartbeats each, hands
+// over what the member reported it let go, and returns its assignment.
+func (c *Classic) consumerReconcile(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, topics []string, regex *string,
+	rebalance time.Duration) ([]StreamPartition, error) {
+	want, err := c.consumerStreams(ctx, db, topics, regex, req.Allowed)
+	if err != nil {
+		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
+	}
+	have, err := c.consumerMemberships(ctx, db, req.Group, req.MemberID)
+	if err != nil {
+		return nil, err
+	}
+	for _, stream := range sortedStreams(have) {
+		if slices.Contains(want, stream) {
+			continue
+		}
+		m := &member{stream: stream, group: req.Group, consumerID: req.MemberID, epoch: have[stream]}
+		if _, err := m.leave(ctx, db, c.now()); err != nil {
+			return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
+		}
+	}
+	owned := map[StreamPartition]bool{}
+	for _, p := range req.Owned {
+		owned[p] = true
+	}
+	assignment := []StreamPartition{}
+	for _, stream := range want {
+		a, err := c.consumerStream(ctx, db, req, stream, have, rebalance)
+		if errors.Is(err, streams.ErrStreamNotFound) {
+			continue // deleted since it was resolved
+		}
+		if err != nil {
+			return nil, err
+		}
+		if req.OwnedKnown && len(a.Revoking) > 0 {
+			var released []int32
+			for _, p := range a.Revoking {
+				if !owned[StreamPartition{Stream: stream, Partition: p}] {
+					released = append(released, p)
+				}
+			}
+			if len(released) > 0 {
+				m := &member{stream: stream, group: req.Group, consumerID: req.MemberID, epoch: a.epoch}
+				if err := m.release(ctx, db, released, c.now()); err != nil {
+					return nil, err
+				}
+				if a.Assignment, err = m.heartbeat(ctx, db, c.now()); err != nil {
+					return nil, err
+				}
+			}
+		}
+		for _, p := range a.Assigned {
+			if !slices.Contains(a.Revoking, p) {
+				assignment = append(assignment, StreamPartition{Stream: stream, Partition: p})
+			}
+		}
+	}
+	virtual, err := c.consumerVirtual(ctx, db, req, topics, regex)
+	if err != nil {
+		return nil, err
+	}
+	return append(assignment, virtual...), nil
+}
+
+// takesTopic reports whether a subscription names or matches a topic.
+func takesTopic(topics []string, regex *string, name string) bool {
+	if slices.Contains(topics, name) {
+		return true
+	}
+	if regex == nil || *regex == "" {
+		return false
+	}
+	rx, err := compileSubscription(*regex)
+	return err == nil && rx.MatchString(name)
+}
+
+// consumerVirtual is the member's share of the virtual topics its subscription takes
+// in (ConsumerHeartbeat.Virtual).
+func (c *Classic) consumerVirtual(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, topics []string, regex *string) ([]StreamPartition, error) {
+	var mine []string
+	for name := range req.Virtual {
+		if takesTopic(topics, regex, name) {
+			mine = append(mine, name)
+		}
+	}
+	if len(mine) == 0 {
+		return nil, nil
+	}
+	slices.Sort(mine)
+	type sub struct {
+		id     string
+		topics []string
+		regex  *string
+	}
+	rows, err := db.Query(ctx, `SELECT member_id, subscribed_topics, subscribed_regex FROM streamd.kafka_consumer_members
+		WHERE group_id = $1 AND last_heartbeat + session_timeout_ms * interval '1 millisecond' >= coalesce($2, now())
+		ORDER BY member_id`, req.Group, c.now())
+	if err != nil {
+		return nil, fmt.Errorf("members of group %s: %w", req.Group, err)
+	}
+	subs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sub, error) {
+		var s sub
+		err := r.Scan(&s.id, &s.topics, &s.regex)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("members of group %s: %w", req.Group, err)
+	}
+	var out []StreamPartition
+	for _, name := range mine {
+		var takers []string
+		for _, s := range subs {
+			if takesTopic(s.topics, s.regex, name) {
+				takers = append(takers, s.id)
+			}
+		}
+		i := slices.Index(takers, req.MemberID)
+		if i < 0 {
+			continue
+		}
+		for p := int32(0); p < req.Virtual[name]; p++ {
+			if int(p)%len(takers) == i {
+				out = append(out, StreamPartition{Stream: name, Partition: p})
+			}
+		}
+	}
+	return out, nil
+}
+
+// epochAssignment is a native membership's assignment with its epoch.
+type epochAssignment struct {
+	Assignment
+	epoch int64
+}
+
+// consumerStream heartbeats the member's native membership of a stream, joining it
+// first when it has none; a membership fenced there (taken over or expelled while the
+// Kafka member lived) is joined again: the partitions it lost are not in its new
+// assignment, and its commits of them are refused at the new native epoch.
+func (c *Classic) consumerStream(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, stream string, have map[string]int64,
+	rebalance time.Duration) (epochAssignment, error) {
+	epoch, ok := have[stream]
+	for attempt := 0; ; attempt++ {
+		if !ok {
+			m, err := memberJoin(ctx, db, stream, req.Group, req.MemberID, req.InstanceID,
+				c.cfg.ConsumerSessionTimeout, rebalance, c.now())
+			if err != nil {
+				return epochAssignment{}, err
+			}
+			epoch = m.epoch
+		}
+		m := &member{stream: stream, group: req.Group, consumerID: req.MemberID, instanceID: req.InstanceID, epoch: epoch}
+		a, err := m.heartbeat(ctx, db, c.now())
+		if errors.Is(err, ErrFenced) && ok && attempt == 0 {
+			if _, err := m.leave(ctx, db, c.now()); err != nil {
+				return epochAssignment{}, err
+			}
+			ok = false
+			continue
+		}
+		if err != nil {
+			return epochAssignment{}, err
+		}
+		return epochAssignment{Assignment: a, epoch: epoch}, nil
+	}
 }
 
 // ConsumerGroupMember is a member of a streamd group (native Go or KIP-848) across the
@@ -168,9 +458,14 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 type ConsumerGroupMember struct {
 	MemberID   string
 	InstanceID string
-	// MemberEpoch is the member's epoch on its first stream (one per stream).
+	// MemberEpoch is a KIP-848 member's Kafka member epoch; a native member's epoch
+	// on its first stream (native members have one per stream).
 	MemberEpoch int64
-	Streams     []string
+	// Regex is a KIP-848 member's subscribed regex ("" when none).
+	Regex string
+	// Streams are the streams it consumes (for a KIP-848 member, its subscription
+	// resolved).
+	Streams []string
 	// Assigned are the partitions it owns; Target those the assignor gives it (owned
 	// ones being revoked left out, pending ones added).
 	Assigned []StreamPartition
@@ -203,27 +498,29 @@ func (c *Classic) DescribeConsumerGroup(ctx context.Context, group string) (*Con
 		return nil, fmt.Errorf("describe consumer group %s: %w", group, ErrGroupNotFound)
 	}
 	d.Epoch = *epoch
-	rows, err := c.pool.Query(ctx, `SELECT cr.consumer_id, coalesce(cr.instance_id, ''), cr.member_epoch, cr.stream_name,
+	rows, err := c.pool.Query(ctx, `SELECT cr.consumer_id, coalesce(cr.instance_id, ''),
+		coalesce(km.member_epoch, cr.member_epoch), coalesce(km.subscribed_regex, ''), cr.stream_name,
 		coalesce((SELECT array_agg(cp.partition ORDER BY cp.partition) FROM streamd.consumer_partitions cp
 		           WHERE cp.stream_name = cr.stream_name AND cp.group_id = cr.group_id AND cp.owner_id = cr.consumer_id), '{}'),
 		coalesce((SELECT array_agg(cp.partition ORDER BY cp.partition) FROM streamd.consumer_partitions cp
 		           WHERE cp.stream_name = cr.stream_name AND cp.group_id = cr.group_id
 		             AND coalesce(cp.target_id, cp.owner_id) = cr.consumer_id), '{}')
 		FROM streamd.consumer_registrations cr
+		LEFT JOIN streamd.kafka_consumer_members km ON km.group_id = cr.group_id AND km.member_id = cr.consumer_id
 		WHERE cr.group_id = $1 AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now()
 		ORDER BY cr.consumer_id, cr.registered_at, cr.stream_name`, group)
 	if err != nil {
 		return nil, fmt.Errorf("describe consumer group %s: %w", group, err)
 	}
 	var (
-		id, instance, stream string
-		memberEpoch          int64
-		assigned, target     []int32
+		id, instance, regex, stream string
+		memberEpoch                 int64
+		assigned, target            []int32
 	)
 	d.State = "Empty"
-	_, err = pgx.ForEachRow(rows, []any{&id, &instance, &memberEpoch, &stream, &assigned, &target}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &instance, &memberEpoch, &regex, &stream, &assigned, &target}, func() error {
 		if n := len(d.Members); n == 0 || d.Members[n-1].MemberID != id {
-			d.Members = append(d.Members, ConsumerGroupMember{MemberID: id, InstanceID: instance, MemberEpoch: memberEpoch})
+			d.Members = append(d.Members, ConsumerGroupMember{MemberID: id, InstanceID: instance, MemberEpoch: memberEpoch, Regex: regex})
 		}
 		m := &d.Members[len(d.Members)-1]
 		m.Streams = append(m.Streams, stream)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
 )
 
 func owned(res *ConsumerHeartbeatResult) []StreamPartition { return res.Assignment }
@@ -81,8 +82,8 @@ func TestKIP848MembersShareTheNativeGroup(t *testing.T) {
 	require.ErrorIs(t, err, ErrFenced)
 	_, err = c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "nobody", MemberEpoch: 3})
 	require.ErrorIs(t, err, ErrUnknownMember)
-	_, err = c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "x", Topics: []string{stream, "other"}})
-	require.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "x"})
+	require.ErrorIs(t, err, ErrInvalidArgument, "a join subscribes to something")
 
 	// A native Go member joins the same group; a classic member cannot.
 	native := join(t, pool, stream, group, "native-1")
@@ -97,4 +98,214 @@ func TestKIP848MembersShareTheNativeGroup(t *testing.T) {
 	d, err := NewAdmin(pool).DescribeGroup(ctx, stream, group)
 	require.NoError(t, err)
 	require.Len(t, d.MemberStatus, 2)
+}
+
+// partitionsOf counts an assignment's partitions per stream.
+func partitionsOf(a []StreamPartition) map[string]int {
+	out := map[string]int{}
+	for _, p := range a {
+		out[p.Stream]++
+	}
+	return out
+}
+
+// TestKIP848MemberSubscribesToSeveralStreams: a KIP-848 member subscribes to a topic
+// list (one of which does not exist yet) and another to a regex; each has one member
+// epoch across the streams; partitions of both streams are split between them, moving
+// only once their owner let them go; a stream created later that a name or the regex
+// matches is joined at the next heartbeat; commits are fenced per partition with the
+// one epoch (STALE_MEMBER_EPOCH for a partition it does not own, on any stream,
+// FENCED_MEMBER_EPOCH for another epoch) and write nothing when refused; a leave hands
+// every stream's partitions over.
+func TestKIP848MemberSubscribesToSeveralStreams(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, err := NewClassic(pool, &ClassicConfig{ConsumerSessionTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	prefix := testdb.Name("kre")
+	s1, s2, later, other := prefix+"-a", prefix+"-b", prefix+"-later", testdb.Name("kother")
+	client := streams.NewClient(pool, nil)
+	require.NoError(t, client.CreateStream(ctx, s1, 2))
+	require.NoError(t, client.CreateStream(ctx, s2, 3))
+	require.NoError(t, client.CreateStream(ctx, other, 1))
+	for p := int32(0); p < 3; p++ {
+		if p < 2 {
+			produceN(t, pool, s1, p, 3)
+		}
+		produceN(t, pool, s2, p, 3)
+	}
+	group := testdb.Name("kg")
+	hb := func(id string, epoch int32, owned []StreamPartition) *ConsumerHeartbeatResult {
+		t.Helper()
+		res, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: id, MemberEpoch: epoch,
+			Owned: owned, OwnedKnown: owned != nil})
+		require.NoError(t, err)
+		require.Equal(t, epoch, res.MemberEpoch, "the member epoch stays the same across streams and heartbeats")
+		return res
+	}
+
+	a, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "a", Topics: []string{s1, s2, later}})
+	require.NoError(t, err)
+	require.Positive(t, a.MemberEpoch)
+	require.Equal(t, map[string]int{s1: 2, s2: 3}, partitionsOf(a.Assignment), "a subscription of two streams")
+
+	regex := prefix + "-.*"
+	b, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "b", Topics: []string{}, Regex: &regex})
+	require.NoError(t, err)
+	require.Greater(t, b.MemberEpoch, a.MemberEpoch)
+	require.Empty(t, b.Assignment, "nothing moves before its owner let it go")
+
+	// A keeps its share of both streams and reports it let the rest go.
+	a2 := hb("a", a.MemberEpoch, nil)
+	require.Len(t, a2.Assignment, 3, "5 partitions over 2 members: a keeps one stream's share of each")
+	hb("a", a.MemberEpoch, a2.Assignment)
+	b2 := hb("b", b.MemberEpoch, nil)
+	require.Len(t, b2.Assignment, 2)
+	require.Len(t, partitionsOf(append(append([]StreamPartition{}, a2.Assignment...), b2.Assignment...)), 2)
+	for _, p := range b2.Assignment {
+		require.NotContains(t, a2.Assignment, p, "no partition has two owners")
+	}
+
+	// Commits: each member commits what it owns with its one epoch, on either stream.
+	commit := func(id string, epoch int32, p StreamPartition, off int64) error {
+		t.Helper()
+		res, err := c.CommitOffsets(ctx, &ClassicCommit{Group: group, MemberID: id, Generation: epoch,
+			Offsets: []StreamOffset{{Stream: p.Stream, Partition: p.Partition, Offset: off}}})
+		require.NoError(t, err)
+		return res[0].Err
+	}
+	for _, p := range a2.Assignment {
+		require.NoError(t, commit("a", a.MemberEpoch, p, 0))
+	}
+	for _, p := range b2.Assignment {
+		require.NoError(t, commit("b", b.MemberEpoch, p, 0))
+	}
+	bp := b2.Assignment[0]
+	require.ErrorIs(t, commit("a", a.MemberEpoch, bp, 1), ErrStaleMemberEpoch, "a partition it gave up")
+	require.ErrorIs(t, commit("b", b.MemberEpoch+1, bp, 1), ErrFenced, "another epoch")
+	require.ErrorIs(t, commit("b", a.MemberEpoch, bp, 1), ErrFenced, "a's epoch is not b's")
+	require.ErrorIs(t, commit("a", a.MemberEpoch, StreamPartition{Stream: other, Partition: 0}, 0), ErrStaleMemberEpoch,
+		"a stream outside its subscription")
+	require.Equal(t, int64(0), committed(t, c, group, bp.Stream)[bp.Partition], "refused commits wrote nothing")
+	require.Empty(t, committed(t, c, group, other))
+
+	// A stream created later joins the subscriptions that name or match it.
+	require.NoError(t, client.CreateStream(ctx, later, 2))
+	// Each heartbeat reports what the last one assigned (the client let the rest go).
+	a3, b3 := a2, b2
+	var total map[string]int
+	for round := 0; round < 4; round++ {
+		a3 = hb("a", a.MemberEpoch, a3.Assignment)
+		b3 = hb("b", b.MemberEpoch, b3.Assignment)
+		total = partitionsOf(append(append([]StreamPartition{}, a3.Assignment...), b3.Assignment...))
+		if total[later] == 2 && len(b3.Assignment) == 3 {
+			break
+		}
+	}
+	require.Equal(t, map[string]int{s1: 2, s2: 3, later: 2}, total, "the new stream is assigned")
+	require.Positive(t, partitionsOf(b3.Assignment)[later]+partitionsOf(a3.Assignment)[later])
+	require.Len(t, a3.Assignment, 4)
+	require.Len(t, b3.Assignment, 3)
+
+	// Bad input.
+	bad := "("
+	_, err = c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "c", Topics: []string{}, Regex: &bad})
+	require.ErrorIs(t, err, ErrInvalidRegularExpression)
+	_, err = c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "a", MemberEpoch: a.MemberEpoch + 1})
+	require.ErrorIs(t, err, ErrFenced)
+	_, err = c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "nobody", MemberEpoch: 3})
+	require.ErrorIs(t, err, ErrUnknownMember)
+
+	// A classic member cannot join; A leaves: B gets every partition of every stream.
+	_, err = c.Join(ctx, classicJoin(group, "", ""))
+	require.ErrorIs(t, err, ErrInconsistentGroupProtocol)
+	_, err = c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "a", MemberEpoch: -1})
+	require.NoError(t, err)
+	b4 := hb("b", b.MemberEpoch, b3.Assignment)
+	require.Equal(t, map[string]int{s1: 2, s2: 3, later: 2}, partitionsOf(b4.Assignment))
+	require.ErrorIs(t, commit("a", a.MemberEpoch, b4.Assignment[0], 0), ErrUnknownMember, "a left")
+
+	d, err := c.DescribeConsumerGroup(ctx, group)
+	require.NoError(t, err)
+	require.Len(t, d.Members, 1)
+	require.Equal(t, int64(b.MemberEpoch), d.Members[0].MemberEpoch)
+	require.ElementsMatch(t, []string{s1, s2, later}, d.Members[0].Streams)
+	require.Equal(t, regex, d.Members[0].Regex)
+}
+
+// TestKIP848VirtualTopicsGoToOneMember: a virtual topic (the Kafka listener's internal
+// topic) that subscriptions name or match is split among the members that take it in,
+// each partition to one of them; a member whose subscription does not take it gets none.
+func TestKIP848VirtualTopicsGoToOneMember(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, err := NewClassic(pool, &ClassicConfig{ConsumerSessionTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	stream, group := newStream(t, pool, 1), testdb.Name("kg")
+	virtual := map[string]int32{"__virtual": 3}
+	regex := ".*virt.*"
+	join := func(id string, topics []string, regex *string) *ConsumerHeartbeatResult {
+		res, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: id, Topics: topics, Regex: regex, Virtual: virtual})
+		require.NoError(t, err)
+		return res
+	}
+	a := join("a", []string{}, &regex)
+	require.Equal(t, map[string]int{"__virtual": 3}, partitionsOf(a.Assignment), "alone, it takes every partition")
+	epochs := map[string]int32{"a": a.MemberEpoch}
+	epochs["b"] = join("b", []string{"__virtual"}, nil).MemberEpoch
+	epochs["c"] = join("c", []string{stream}, nil).MemberEpoch
+	got := map[string][]StreamPartition{}
+	for id, epoch := range epochs {
+		res, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: id, MemberEpoch: epoch, Virtual: virtual})
+		require.NoError(t, err)
+		got[id] = res.Assignment
+	}
+	require.Equal(t, []StreamPartition{{Stream: "__virtual", Partition: 0}, {Stream: "__virtual", Partition: 2}}, got["a"])
+	require.Equal(t, []StreamPartition{{Stream: "__virtual", Partition: 1}}, got["b"])
+	require.Equal(t, []StreamPartition{{Stream: stream, Partition: 0}}, got["c"])
+}
+
+// TestKIP848MemberCallsAreSerialized: a KIP-848 member's heartbeat and leave wait for
+// each other (a session advisory lock of the member): a heartbeat that joins a new
+// stream and a leave, released together, leave no native membership behind in either
+// order.
+func TestKIP848MemberCallsAreSerialized(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, err := NewClassic(pool, &ClassicConfig{ConsumerSessionTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	s1, group := newStream(t, pool, 1), testdb.Name("kg")
+	s2 := testdb.Name("cg")
+	a, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "a", Topics: []string{s1, s2}})
+	require.NoError(t, err)
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, s2, 1))
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", kip848LockClass, group+"/a")
+	require.NoError(t, err)
+	errs := make(chan error, 2)
+	go func() {
+		_, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "a", MemberEpoch: a.MemberEpoch})
+		errs <- err
+	}()
+	testdb.WaitForLockWait(t, pool, tx, "pg_advisory_lock")
+	go func() {
+		_, err := c.ConsumerHeartbeat(ctx, &ConsumerHeartbeat{Group: group, MemberID: "a", MemberEpoch: -1})
+		errs <- err
+	}()
+	require.NoError(t, tx.Rollback(ctx))
+	for range 2 {
+		if err := <-errs; err != nil {
+			require.ErrorIs(t, err, ErrUnknownMember, "a heartbeat after the leave")
+		}
+	}
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM streamd.consumer_registrations
+		WHERE group_id = $1 AND consumer_id = 'a'`, group).Scan(&left))
+	require.Zero(t, left, "no membership is left behind")
 }

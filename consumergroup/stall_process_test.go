@@ -46,7 +46,14 @@ const (
 func stallChildMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	pool, err := pgxpool.New(ctx, os.Getenv("STREAMD_CG_URL"))
+	pcfg, err := pgxpool.ParseConfig(os.Getenv("STREAMD_CG_URL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	// The test finds this process's backends by it (its diagnostics on failure).
+	pcfg.ConnConfig.RuntimeParams["application_name"] = os.Getenv("STREAMD_CG_APP")
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -172,10 +179,11 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+pgx.Identifier{table}.Sanitize()) })
 
+	app := testdb.Name("stall") + "-"
 	spawn := func(id string) *stallChild {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), stallChildEnv+"=1", "STREAMD_CG_URL="+testdb.URL(t), "STREAMD_CG_TABLE="+table,
-			"STREAMD_CG_STREAM="+stream, "STREAMD_CG_GROUP="+group, "STREAMD_CG_ID="+id)
+			"STREAMD_CG_STREAM="+stream, "STREAMD_CG_GROUP="+group, "STREAMD_CG_ID="+id, "STREAMD_CG_APP="+app+id)
 		ch := &stallChild{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
 		cmd.Stderr = ch.stderr
 		stdout, err := cmd.StdoutPipe()
@@ -319,7 +327,7 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 	_, err = io.WriteString(a.stdin, "arm\n")
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "a's CommitTx transaction open", func() bool { _, ok := a.line("open "); return ok })
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
+	stopProcess(t, a.cmd.Process.Pid)
 	stoppedAt := dbNow()
 	_, err = io.WriteString(a.stdin, "go\n") // read when a wakes
 	require.NoError(t, err)
@@ -340,6 +348,9 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 	expired := false
 	waitFor(t, 4*stallSession+10*time.Second, "four session timeouts", func() bool {
 		o, _ := owners()
+		if o[frozen] != frozenOwner {
+			t.Log(stallDiagnostics(t, pool, app+"a", stream, group))
+		}
 		require.Equal(t, frozenOwner, o[frozen], "the frozen partition moved while its commit was in flight")
 		if !expired {
 			expired = !registered(t, pool, stream, group, frozenOwner)
@@ -415,4 +426,68 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 		                       WHERE x.partition = co.partition)`, stream, group).Scan(&mismatched))
 	require.Zero(t, mismatched)
 	require.Nil(t, backwards.Load(), "a committed offset went backwards")
+}
+
+// stallDiagnostics describes, for a failed G1 check, the frozen child's backends
+// (is its CommitTx transaction still open?), the group's ownership rows and
+// registrations, and the row locks on the ownership rows.
+func stallDiagnostics(t *testing.T, pool *pgxpool.Pool, app, stream, group string) string {
+	t.Helper()
+	ctx := context.Background()
+	var b strings.Builder
+	dump := func(title, query string, args ...any) {
+		fmt.Fprintf(&b, "%s:\n", title)
+		rows, err := pool.Query(ctx, query, args...)
+		if err != nil {
+			fmt.Fprintf(&b, "  %v\n", err)
+			return
+		}
+		defer rows.Close()
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				fmt.Fprintf(&b, "  %v\n", err)
+				return
+			}
+			fmt.Fprintf(&b, "  %v\n", vals)
+		}
+	}
+	dump("frozen child's backends (pid, state, xact_start, backend_xid, query)", `SELECT pid, state, xact_start,
+		backend_xid::text, left(query, 120) FROM pg_stat_activity WHERE application_name = $1`, app)
+	dump("ownership rows (partition, owner, epoch, target, xmin, xmax)", `SELECT partition, owner_id, owner_epoch,
+		target_id, xmin::text, xmax::text FROM streamd.consumer_partitions WHERE stream_name = $1 AND group_id = $2
+		ORDER BY partition`, stream, group)
+	dump("registrations (consumer, epoch, last_heartbeat)", `SELECT consumer_id, member_epoch, last_heartbeat
+		FROM streamd.consumer_registrations WHERE stream_name = $1 AND group_id = $2`, stream, group)
+	dump("offsets (partition, offset, committed_by, epoch, updated_at)", `SELECT partition, "offset", committed_by,
+		member_epoch, updated_at FROM streamd.consumer_offsets WHERE stream_name = $1 AND group_id = $2`, stream, group)
+	return b.String()
+}
+
+// stopProcess stops the process with SIGSTOP and returns once every one of its
+// threads is stopped. kill(2) only queues the stop: one thread takes it when it next
+// runs and only then asks the others to stop, so on a loaded machine another thread
+// may run on for a while (make test once saw the child read the test's next line and
+// COMMIT the transaction it was to be frozen in).
+func stopProcess(t *testing.T, pid int) {
+	t.Helper()
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	waitFor(t, 10*time.Second, fmt.Sprintf("every thread of process %d stopped", pid), func() bool {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		require.NoError(t, err)
+		for _, task := range tasks {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+			if errors.Is(err, os.ErrNotExist) {
+				continue // the thread exited
+			}
+			require.NoError(t, err)
+			// "tid (comm) state ...": comm may hold spaces and parentheses.
+			i := bytes.LastIndexByte(stat, ')')
+			require.True(t, i > 0 && i+2 < len(stat), "unexpected %s", stat)
+			if state := stat[i+2]; state != 'T' && state != 't' {
+				return false
+			}
+		}
+		return true
+	})
 }

@@ -390,7 +390,10 @@ func TestCommitTxCheckedAgainAtCommit(t *testing.T) {
 	stream := newStream(t, pool, 2)
 	group := testdb.Name("g")
 	produce(t, pool, stream, 0, 10)
-	m, err := memberJoin(ctx, pool, stream, group, "m", "", time.Second, time.Minute, nil)
+	// 3 s: the live phase heartbeats from the test's polling loop, whose gaps a loaded
+	// machine (make test at load 18) stretched past a 1 s session.
+	const session = 3 * time.Second
+	m, err := memberJoin(ctx, pool, stream, group, "m", "", session, time.Minute, nil)
 	require.NoError(t, err)
 	asg, err := m.heartbeat(ctx, pool, nil)
 	require.NoError(t, err)
@@ -401,18 +404,19 @@ func TestCommitTxCheckedAgainAtCommit(t *testing.T) {
 	live := openCommitTx(t, pool, m, 0, 0)
 	var opened time.Time
 	require.NoError(t, live.QueryRow(ctx, "SELECT now()").Scan(&opened))
-	waitFor(t, 5*time.Second, "the transaction outlived one session timeout", func() bool {
+	waitFor(t, 3*session, "the transaction outlived one session timeout", func() bool {
 		_, err := m.heartbeat(ctx, pool, nil)
 		require.NoError(t, err)
 		var past bool
-		require.NoError(t, pool.QueryRow(ctx, "SELECT clock_timestamp() > $1::timestamptz + interval '1200 milliseconds'", opened).Scan(&past))
+		require.NoError(t, pool.QueryRow(ctx, "SELECT clock_timestamp() > $1::timestamptz + $2::interval",
+			opened, session+200*time.Millisecond).Scan(&past))
 		return past
 	})
 	require.NoError(t, live.Commit(ctx), "a live member's long transaction commits")
 
 	// Silent: the session runs out while the transaction is open.
 	frozen := openCommitTx(t, pool, m, 1, 0)
-	waitFor(t, 5*time.Second, "m's session expired", func() bool { return sessionExpired(t, pool, stream, group, m.consumerID) })
+	waitFor(t, 3*session, "m's session expired", func() bool { return sessionExpired(t, pool, stream, group, m.consumerID) })
 	requireRefusedAtCommit(t, frozen)
 	_, ok, err := committedOffset(ctx, pool, stream, group, 1)
 	require.NoError(t, err)

@@ -17,8 +17,8 @@ import (
 
 // ConsumerGroupHeartbeat (KIP-848, v0-v1) on streamd's own group machinery: the
 // server-side sticky assignor and member epochs of consumergroup, shared with native
-// Go members. A member subscribes to one topic (see consumergroup/kip848.go); regex
-// subscriptions are refused.
+// Go members. A member subscribes to topic names and/or a regex (v1), resolved by the
+// server on every heartbeat (see consumergroup/kip848.go).
 var consumerGroupHeartbeatHandler = handler{key: 68, min: 0, max: 1, fn: handleConsumerGroupHeartbeat}
 
 func handleConsumerGroupHeartbeat(ctx context.Context, r *request) (kmsg.Response, error) {
@@ -27,9 +27,6 @@ func handleConsumerGroupHeartbeat(ctx context.Context, r *request) (kmsg.Respons
 	fail := func(code int16, msg string) (kmsg.Response, error) {
 		resp.ErrorCode, resp.ErrorMessage = code, &msg
 		return resp, nil
-	}
-	if req.SubscribedTopicRegex != nil && *req.SubscribedTopicRegex != "" {
-		return fail(kerr.InvalidRequest.Code, "streamd does not resolve regex subscriptions; subscribe to a topic by name")
 	}
 	if ok, err := r.groupAllowed(ctx, req.Group, req.SubscribedTopicNames, access.Read); err != nil {
 		return nil, err
@@ -47,6 +44,25 @@ func handleConsumerGroupHeartbeat(ctx context.Context, r *request) (kmsg.Respons
 		MemberEpoch:      req.MemberEpoch,
 		RebalanceTimeout: time.Duration(req.RebalanceTimeoutMillis) * time.Millisecond,
 		Topics:           req.SubscribedTopicNames,
+		Regex:            req.SubscribedTopicRegex,
+		// A regex may match the internal topic, as in Kafka: it is assigned (empty).
+		Virtual: map[string]int32{consumerOffsetsTopic: 1},
+	}
+	// A regex resolves to the topics the principal may read (as Kafka resolves it to
+	// those it may describe; the names it subscribed to were checked above). A stream
+	// named as the internal topic is not served over Kafka.
+	hb.Allowed = func(ctx context.Context, names []string) ([]string, error) {
+		d, err := r.decide(ctx, names)
+		if err != nil {
+			return nil, err
+		}
+		out := names[:0:0]
+		for _, n := range names {
+			if n != consumerOffsetsTopic && (r.isAdmin() || d.Allows(n, access.Read)) {
+				out = append(out, n)
+			}
+		}
+		return out, nil
 	}
 	if req.Topics != nil {
 		names, err := r.s.topicNamesByID(ctx)
@@ -70,6 +86,8 @@ func handleConsumerGroupHeartbeat(ctx context.Context, r *request) (kmsg.Respons
 		return fail(kerr.FencedMemberEpoch.Code, err.Error())
 	case errors.Is(err, consumergroup.ErrInconsistentGroupProtocol):
 		return fail(kerr.GroupIDNotFound.Code, err.Error())
+	case errors.Is(err, consumergroup.ErrInvalidRegularExpression):
+		return fail(kerr.InvalidRegularExpression.Code, err.Error())
 	case err != nil:
 		return fail(errorCode(err), err.Error())
 	}

@@ -40,6 +40,9 @@ func handleConsumerGroupDescribe(ctx context.Context, r *request) (kmsg.Response
 			rm := kmsg.NewConsumerGroupDescribeResponseGroupMember()
 			rm.MemberID, rm.InstanceID, rm.MemberEpoch = m.MemberID, groupNullable(m.InstanceID), int32(m.MemberEpoch)
 			rm.SubscribedTopics = m.Streams
+			if m.Regex != "" {
+				rm.SubscribedTopicRegex = &m.Regex
+			}
 			rm.Assignment = describedAssignment(m.Assigned)
 			rm.TargetAssignment = describedAssignment(m.Target)
 			rm.MemberType = -1

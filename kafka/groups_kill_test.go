@@ -28,8 +28,9 @@ import (
 // franz-go group consumer in a process of its own, for kill -9.
 const groupChildEnv = "STREAMD_KAFKA_GROUP_CHILD"
 
-// groupChildMain consumes a topic in a group with franz-go and records each record it
-// processed in a table (partition, offset, member; duplicates allowed: at-least-once),
+// groupChildMain consumes a topic (KG_TOPIC; several, comma-separated, or a regex with
+// KG_REGEX=1, for KIP-848 members) in a group with franz-go and records each record it
+// processed in a table (topic, partition, offset, member; duplicates allowed: at-least-once),
 // committing only what it recorded, until killed. Rebalances are held off while a
 // polled batch is recorded and committed (BlockRebalanceOnPoll), as an at-least-once
 // consumer that must never commit a partition it lost does.
@@ -50,7 +51,10 @@ func groupChildMain() int {
 		kgo.SeedBrokers(strings.Split(os.Getenv("KG_ADDRS"), ",")...),
 		kgo.BlockRebalanceOnPoll(), kgo.FetchMaxWait(200*time.Millisecond))
 	if os.Getenv("KG_BALANCER") == "kip848" {
-		opts = append(opts, kgo.ServerSideBalancer())
+		opts = append(opts, kgo.ServerSideBalancer(), kgo.ConsumeTopics(strings.Split(os.Getenv("KG_TOPIC"), ",")...))
+		if os.Getenv("KG_REGEX") == "1" {
+			opts = append(opts, kgo.ConsumeRegex())
+		}
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -63,12 +67,12 @@ func groupChildMain() int {
 		member, _ := cl.GroupMetadata()
 		recs := fetches.Records()
 		if len(recs) > 0 {
-			parts, offs := make([]int32, len(recs)), make([]int64, len(recs))
+			topics, parts, offs := make([]string, len(recs)), make([]int32, len(recs)), make([]int64, len(recs))
 			for i, r := range recs {
-				parts[i], offs[i] = r.Partition, r.Offset
+				topics[i], parts[i], offs[i] = r.Topic, r.Partition, r.Offset
 			}
-			if _, err := pool.Exec(ctx, "INSERT INTO "+table+` (partition, "offset", member)
-				SELECT p, o, $3 FROM unnest($1::int[], $2::bigint[]) AS u(p, o)`, parts, offs, member); err != nil {
+			if _, err := pool.Exec(ctx, "INSERT INTO "+table+` (topic, partition, "offset", member)
+				SELECT t, p, o, $4 FROM unnest($1::text[], $2::int[], $3::bigint[]) AS u(t, p, o)`, topics, parts, offs, member); err != nil {
 				fmt.Fprintln(os.Stderr, "record:", err)
 				cl.AllowRebalance()
 				continue
@@ -175,13 +179,15 @@ func logGroupState(t *testing.T, pool *pgxpool.Pool, group, table string) {
 	}
 }
 
-// requireAllProcessed checks that every record of the topic was recorded at least once.
+// requireAllProcessed checks that every record of the topic was recorded at least once
+// (rows with an empty topic are of the test's only topic).
 func requireAllProcessed(t *testing.T, pool *pgxpool.Pool, topic, table string) {
 	t.Helper()
 	var missing int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM streamd.events e
 		WHERE e.stream_name = $1 AND NOT EXISTS (SELECT 1 FROM `+pgx.Identifier{table}.Sanitize()+` x
-		                                          WHERE x.partition = e.partition AND x."offset" = e."offset")`,
+		                                          WHERE x.topic IN ('', e.stream_name)
+		                                            AND x.partition = e.partition AND x."offset" = e."offset")`,
 		topic).Scan(&missing))
 	require.Zero(t, missing, "records never processed")
 }
@@ -190,7 +196,7 @@ func processedTable(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
 	table := strings.ReplaceAll(testdb.Name("kg_processed"), "-", "_")
 	_, err := pool.Exec(context.Background(), "CREATE TABLE "+pgx.Identifier{table}.Sanitize()+
-		` (partition int NOT NULL, "offset" bigint NOT NULL, member text NOT NULL)`)
+		` (topic text NOT NULL DEFAULT '', partition int NOT NULL, "offset" bigint NOT NULL, member text NOT NULL)`)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+pgx.Identifier{table}.Sanitize()) })
 	return table

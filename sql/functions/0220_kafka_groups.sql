@@ -247,7 +247,8 @@ BEGIN
     v_group := streamd.kg_lock(p_group_id, true);
     IF EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
                 WHERE cr.group_id = p_group_id
-                  AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_now) THEN
+                  AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_now)
+       OR streamd.kc_has_live_members(p_group_id, v_now) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD151',
             MESSAGE = format('group %L is a streamd (KIP-848) consumer group with live members; a classic member cannot join it',
                              p_group_id);
@@ -608,7 +609,10 @@ $$;
 -- group has no members.
 -- A member id with a generation but no classic group is a streamd (KIP-848) member,
 -- p_generation its member epoch: each partition is fenced as commit_offsets fences
--- (the ownership row FOR KEY SHARE where the member owns it at that epoch, G1).
+-- (the ownership row FOR KEY SHARE where the member owns it at that epoch, G1). For a
+-- KIP-848 member of kafka_consumer_members (0225), p_generation is its Kafka epoch,
+-- checked against that row, and the partition is fenced at the native epoch of the
+-- member's membership of the stream.
 -- The offsets are the rows of streamd.consumer_offsets (per stream, group, partition),
 -- the ones native groups use. Returns one outcome per entry (by its position in the
 -- arrays, from 1): 'ok', 'unknown_partition', 'offset_out_of_range' (outside [0, log
@@ -635,6 +639,8 @@ DECLARE
     v_found     boolean;
     v_native    boolean;
     v_epoch     bigint;
+    v_kmember   streamd.kafka_consumer_members%ROWTYPE;
+    v_k848      boolean := false;
     r           record;
 BEGIN
     IF NOT streamd.cg_valid_group_id(p_group_id) THEN
@@ -666,6 +672,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD153',
             MESSAGE = format('group %L has no generation %s (it has no classic members)', p_group_id, p_generation);
     END IF;
+    IF v_native THEN
+        -- A KIP-848 member (0225_kafka_consumer_members.sql): p_generation is its Kafka
+        -- member epoch, checked here; each partition is then fenced at the native
+        -- epoch of the member's membership of that stream. FOR SHARE: a join that
+        -- gives the member a new epoch waits for this commit, and later commits with
+        -- the old epoch find the new one.
+        SELECT * INTO v_kmember FROM streamd.kafka_consumer_members m
+         WHERE m.group_id = p_group_id AND m.member_id = v_member_id FOR SHARE;
+        v_k848 := FOUND;
+    END IF;
 
     FOR r IN SELECT u.s, u.p, u.o, u.m, u.i, h.next_offset
                FROM unnest(p_streams, p_partitions, p_offsets, p_metadata) WITH ORDINALITY AS u(s, p, o, m, i)
@@ -676,6 +692,26 @@ BEGIN
             outcome := 'unknown_partition';
         ELSIF r.o IS NULL OR r.o < 0 OR r.o > r.next_offset THEN
             outcome := 'offset_out_of_range';
+        ELSIF v_k848 AND v_kmember.last_heartbeat + v_kmember.session_timeout_ms * interval '1 millisecond' < v_now THEN
+            outcome := 'unknown_member';
+        ELSIF v_k848 AND v_kmember.member_epoch <> p_generation THEN
+            outcome := 'fenced_epoch';
+        ELSIF v_k848 THEN
+            SELECT cr.member_epoch INTO v_epoch FROM streamd.consumer_registrations cr
+             WHERE cr.stream_name = r.s AND cr.group_id = p_group_id AND cr.consumer_id = v_member_id
+               AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_now;
+            -- The same fence as below, at the native epoch; a stream the member does
+            -- not consume (now) is a partition it does not own at its epoch.
+            PERFORM 1 FROM streamd.consumer_partitions cp
+             WHERE cp.stream_name = r.s AND cp.group_id = p_group_id AND cp.partition = r.p
+               AND cp.owner_id = v_member_id AND cp.owner_epoch = v_epoch
+               FOR KEY SHARE OF cp;
+            IF v_epoch IS NULL OR NOT FOUND THEN
+                outcome := 'stale_epoch';
+            ELSE
+                PERFORM streamd.kg_write_offset(r.s, p_group_id, r.p, r.o, v_member_id, v_epoch, r.m, v_now);
+                outcome := 'ok';
+            END IF;
         ELSIF v_native THEN
             SELECT cr.member_epoch INTO v_epoch FROM streamd.consumer_registrations cr
              WHERE cr.stream_name = r.s AND cr.group_id = p_group_id AND cr.consumer_id = v_member_id
@@ -732,11 +768,16 @@ BEGIN
                 MESSAGE = format('group %L has live members; stop them first', p_group_id);
         END IF;
     END IF;
+    IF streamd.kc_has_live_members(p_group_id, v_now) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SD104',
+            MESSAGE = format('group %L has live KIP-848 members; stop them first', p_group_id);
+    END IF;
     FOR r IN SELECT g.stream_name FROM streamd.consumer_groups g WHERE g.group_id = p_group_id ORDER BY 1 LOOP
         -- Raises SD104 when that stream's group has live members.
         v_found := streamd.delete_group(r.stream_name, p_group_id, false, v_now) OR v_found;
     END LOOP;
     DELETE FROM streamd.kafka_groups g WHERE g.group_id = p_group_id;
+    DELETE FROM streamd.kafka_consumer_groups g WHERE g.group_id = p_group_id;
     RETURN v_found;
 END;
 $$;

@@ -21,10 +21,12 @@ type instance struct {
 	el     *coordinator.Elector
 }
 
-// start runs an elector on its own pool with lead as its term function.
+// start runs an elector on its own pool with lead as its term function. Its attempts
+// time out after the renew interval: 300 ms and a 2 s lease, because make test at
+// load 18 kept a 100 ms attempt from ever taking a 600 ms lease.
 func start(t *testing.T, lease string, lead func(context.Context, coordinator.Leadership)) *instance {
 	t.Helper()
-	return startWith(t, lease, 600*time.Millisecond, 100*time.Millisecond, lead)
+	return startWith(t, lease, 2*time.Second, 300*time.Millisecond, lead)
 }
 
 func startWith(t *testing.T, lease string, ttl, renew time.Duration, lead func(context.Context, coordinator.Leadership)) *instance {
@@ -86,7 +88,7 @@ func TestOneLeaderAtATime(t *testing.T) {
 		}
 		return nil
 	}
-	require.Eventually(t, func() bool { return leader() != nil }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return leader() != nil }, 20*time.Second, 10*time.Millisecond)
 
 	// Clean stop: the lease is released and another instance leads well before the TTL.
 	first := leader()
@@ -99,18 +101,18 @@ func TestOneLeaderAtATime(t *testing.T) {
 	require.NoError(t, testdb.Pool(t).QueryRow(context.Background(),
 		"SELECT holder, expires_at <= clock_timestamp() FROM streamd.leader_leases WHERE name = $1", lease).Scan(&holder, &released))
 	require.True(t, holder != firstHolder || released, "the stopped leader released its lease")
-	require.Eventually(t, func() bool { l := leader(); return l != nil && l != first }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { l := leader(); return l != nil && l != first }, 20*time.Second, 5*time.Millisecond)
 
 	// Crash: no release; the last instance takes over after the lease expires.
 	second := leader()
 	crashed := time.Now()
 	second.crash()
-	require.Eventually(t, func() bool { l := leader(); return l != nil && l != first && l != second }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { l := leader(); return l != nil && l != first && l != second }, 20*time.Second, 5*time.Millisecond)
 	t.Logf("takeover after crash: %v", time.Since(crashed))
 
 	require.Zero(t, overlaps.Load(), "two instances led at the same time")
 	// Current() is set just before the term function starts.
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(epochs) == 3 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(epochs) == 3 }, 20*time.Second, 5*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Less(t, epochs[0], epochs[1])
