@@ -52,9 +52,10 @@ func TestTenantHeadRowsMoveOnlyThroughAppends(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	client := streams.NewClient(pool, nil)
-	// 3: the one-statement path (append_reserve and an INSERT); 300: over the COPY
+	// 1: the one-statement path's form for one record (append_one); 3: the
+	// one-statement path (append_reserve_row and an INSERT); 300: over the COPY
 	// threshold, which a role under row-level security leaves for streamd.append.
-	for _, n := range []int{3, 300} {
+	for _, n := range []int{1, 3, 300} {
 		recs := make([]streams.Record, n)
 		for i := range recs {
 			recs[i] = streams.Record{Stream: stream, Partition: streams.PartitionOf(0), Data: []byte(`{}`)}
@@ -68,7 +69,7 @@ func TestTenantHeadRowsMoveOnlyThroughAppends(t *testing.T) {
 	require.NoError(t, err)
 
 	offs, next := logOffsets(t, admin, stream)
-	require.Len(t, offs, 2+2+1+3+300)
+	require.Len(t, offs, 2+2+1+1+3+300)
 	for i, o := range offs {
 		require.Equal(t, int64(i), o)
 	}

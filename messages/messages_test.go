@@ -696,10 +696,12 @@ func TestTimesCountFromTheCallNotTheTransaction(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	// The transaction has been running for a while (its other work) when it sends.
 	var begun, t0 time.Time
-	require.NoError(t, tx.QueryRow(ctx, "SELECT now(), clock_timestamp() FROM pg_sleep(0.3)").Scan(&begun, &t0))
-	require.True(t, t0.Sub(begun) >= 300*time.Millisecond)
+	require.NoError(t, tx.QueryRow(ctx, "SELECT now(), clock_timestamp() FROM pg_sleep(1.5)").Scan(&begun, &t0))
+	require.True(t, t0.Sub(begun) >= 1500*time.Millisecond)
 
-	const delay = 250 * time.Millisecond // shorter than the transaction so far
+	// Shorter than the transaction so far, and long enough that the statements
+	// between the send and the receive below cannot take it (250 ms did at load 17).
+	const delay = 1200 * time.Millisecond
 	res, err := c.SendTx(ctx, tx, q, messages.OutgoingMessage{Data: data("delayed"), Delay: delay}, messages.OutgoingMessage{Data: data("now")})
 	require.NoError(t, err)
 	_, err = c.SendTx(ctx, tx, fifo, messages.OutgoingMessage{Data: data(1), GroupKey: "g", Delay: time.Hour})

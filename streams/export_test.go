@@ -19,3 +19,9 @@ func FetchDecodesItself(ctx context.Context, db DBTX) (bool, error) {
 	defer rows.Close()
 	return newFetchDecoder(rows).fast, nil
 }
+
+// InsertSQL is the one-statement path's statement. Tests only.
+const InsertSQL = insertSQL
+
+// OneSQL is the one-statement path's statement for a single record. Tests only.
+const OneSQL = oneSQL

@@ -63,7 +63,10 @@ func TestTwoInstancesOneLeaderTakeoverOncePerCycle(t *testing.T) {
 	pool := testdb.Pool(t)
 	name := testdb.Name("ha")
 	job := name + "/retention"
-	args := []string{"--lease-ttl", "1s", "--reaper-interval", "1500ms", "--retention-interval", "1500ms"}
+	// Slots of 3 s: the takeover (about the 1 s TTL, longer on a loaded machine) must
+	// land inside the slot the killed leader last ran, or the next slot is skipped;
+	// 1.5 s slots failed at load 13–22.
+	args := []string{"--lease-ttl", "1s", "--reaper-interval", "3s", "--retention-interval", "3s"}
 	// A stream with a count policy: the retention job must enforce it.
 	s := testdb.Name("ha-retained")
 	sc := streams.NewClient(pool, nil)

@@ -423,3 +423,89 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
+
+-- streamd.append_reserve for the one-statement path (streams/insert.go), with the same
+-- checks and effects, but a plain function rather than a set-returning one: called in
+-- a target list, it returns its row without a tuplestore, and it calls head_reserve
+-- and set_config as expressions, not as FROM items. Each tuplestore costs a separate
+-- 16 KiB allocation; with the nine unnest()s the old statement took, they pushed every
+-- one-record append over glibc's 128 KiB trim threshold, so each transaction grew the
+-- heap with brk and gave it back at its end, with page faults and TLB flushes:
+-- measured 2-3 times the server CPU of a plain INSERT's transaction (bench/RESULTS.md,
+-- issue 21 §2). A declined batch (see append_reserve) returns base and ts NULL and
+-- reserves nothing.
+CREATE OR REPLACE FUNCTION streamd.append_reserve_row(p_stream_name text, p_partition integer, p_count integer,
+                                                      p_max_payload_bytes integer, OUT base bigint, OUT ts timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_stream streamd.streams%ROWTYPE;
+    v_head   record;
+    v_set    text;
+BEGIN
+    SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+    IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    IF p_count < 1 OR v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
+       OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
+        RETURN;
+    END IF;
+    v_head := streamd.head_reserve(p_stream_name, p_partition, p_count);
+    IF v_head.base IS NULL THEN
+        -- The stream was deleted while this waited for its head row.
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    PERFORM streamd.append_recheck_rules(p_stream_name, v_stream.key_versions, v_stream.enforce_event_types);
+    v_set := set_config('streamd.append_trusted', 'on', true);
+    base := v_head.base;
+    ts := v_head.ts;
+END;
+$$;
+
+-- Appends one event to partition p_partition of p_stream_name: the one-statement
+-- path's form for a batch of one record (streams/insert.go), where the statement
+-- around a reservation and an INSERT of arrays cost more than the event itself. The
+-- same checks and effects as append_reserve_row followed by the INSERT, in one call
+-- with scalar arguments: no arrays to receive and unnest, no CTE, and plans that
+-- PL/pgSQL keeps for the session. Returns the event's offset and log time; both NULL,
+-- with nothing written or reserved, when the append must take streamd.append()
+-- instead (what append_reserve declines). A duplicate event id fails with a unique
+-- violation (the caller retries through streamd.append(), which deduplicates, L4).
+CREATE OR REPLACE FUNCTION streamd.append_one(p_stream_name text, p_partition integer, p_event_id text, p_event_type text,
+                                              p_key text, p_data text, p_data_bytes bytea, p_metadata text,
+                                              p_correlation_id text, p_causation_id text, p_version integer,
+                                              OUT base bigint, OUT ts timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_stream streamd.streams%ROWTYPE;
+    v_head   record;
+    v_set    text;
+BEGIN
+    SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+    IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    IF v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
+       OR coalesce(octet_length(p_data), 0) + coalesce(octet_length(p_data_bytes), 0) > v_stream.max_payload_bytes THEN
+        RETURN;
+    END IF;
+    v_head := streamd.head_reserve(p_stream_name, p_partition, 1);
+    IF v_head.base IS NULL THEN
+        -- The stream was deleted while this waited for its head row.
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    -- append_recheck_rules, inline.
+    IF EXISTS (SELECT 1 FROM streamd.streams s WHERE s.stream_name = p_stream_name
+                 AND (s.key_versions, s.enforce_event_types) IS DISTINCT FROM (v_stream.key_versions, v_stream.enforce_event_types)) THEN
+        RAISE EXCEPTION USING ERRCODE = '40001',
+            MESSAGE = format('stream %L changed its event sourcing settings while this append waited: retry it', p_stream_name);
+    END IF;
+    v_set := set_config('streamd.append_trusted', 'on', true);
+    INSERT INTO streamd.events (stream_name, partition, "offset", event_id, event_type, key, data, data_bytes,
+                                metadata, "timestamp", correlation_id, causation_id, version)
+    VALUES (p_stream_name, p_partition, v_head.base, p_event_id, p_event_type, p_key, p_data::jsonb, p_data_bytes,
+            p_metadata::jsonb, v_head.ts, p_correlation_id, p_causation_id, p_version);
+    base := v_head.base;
+    ts := v_head.ts;
+END;
+$$;

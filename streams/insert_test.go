@@ -1,0 +1,117 @@
+package streams_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// TestOneStatementAppendKeepsAGenericPlan: on one connection, the one-statement path's
+// statements (oneSQL for one record, insertSQL for two and for a hundred) settle on
+// PostgreSQL's generic plan after the five custom plans a prepared statement starts
+// with, instead of being planned again on every call: planning was a fifth of the
+// server's CPU for a one-record append (issue 21 §2; bench/RESULTS.md). Their row
+// estimates must not depend on the parameters (no generate_series($n)).
+func TestOneStatementAppendKeepsAGenericPlan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := testdb.Config(t)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	c := streams.NewClient(pool, nil)
+	s := testdb.Name("generic")
+	require.NoError(t, c.CreateStream(ctx, s, 2))
+
+	before := streams.InsertAppends()
+	for _, n := range []int{1, 2, 100} {
+		for i := 0; i < 12; i++ {
+			recs := make([]streams.Record, n)
+			for j := range recs {
+				recs[j] = streams.Record{Stream: s, Partition: streams.PartitionOf(int32(i % 2)), Data: json.RawMessage(`{"a":1}`)}
+			}
+			_, err := c.Produce(ctx, recs...)
+			require.NoError(t, err)
+		}
+	}
+	require.GreaterOrEqual(t, streams.InsertAppends()-before, int64(36), "every batch took the one-statement path")
+	for _, q := range []struct {
+		sql   string
+		calls int64
+	}{{streams.OneSQL, 12}, {streams.InsertSQL, 24}} {
+		var generic, custom int64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`,
+			q.sql).Scan(&generic, &custom))
+		require.LessOrEqual(t, custom, int64(5), "custom plans (generic %d) of %s", generic, q.sql)
+		require.GreaterOrEqual(t, generic, q.calls-5, "generic plans (custom %d) of %s", custom, q.sql)
+	}
+}
+
+// TestOneRecordAppend: a one-record Produce with an explicit partition takes the
+// one-statement path (streamd.append_one), gets the next offset, and every field
+// reads back as written; a retry of it (the same event id) falls back to
+// streamd.append and is a duplicate at the original position; a payload over the
+// limit and a partition the stream lacks fail with their typed errors and write
+// nothing; a stream with per-key versions is declined and appended by streamd.append.
+func TestOneRecordAppend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, s := setup(t, 2)
+	before := streams.InsertAppends()
+	rec := streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "one", EventType: "T", Key: "k",
+		Data: json.RawMessage(`{"a":1}`), Headers: map[string]string{"h": "v"}, CorrelationID: "corr", CausationID: "cause", Version: 7}
+	pos, err := c.Produce(ctx, rec)
+	require.NoError(t, err)
+	require.Greater(t, streams.InsertAppends(), before, "the record took the one-statement path")
+	require.Equal(t, streams.Position{Partition: 1, Offset: 0, Timestamp: pos[0].Timestamp}, pos[0])
+	bin := streams.Record{Stream: s, Partition: streams.PartitionOf(1), Bytes: []byte{9, 8, 7}}
+	pos2, err := c.Produce(ctx, bin)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), pos2[0].Offset)
+	tomb := streams.Record{Stream: s, Partition: streams.PartitionOf(1), Key: "k"}
+	_, err = c.Produce(ctx, tomb)
+	require.NoError(t, err)
+
+	res, err := c.Fetch(ctx, s, 1, 0, nil)
+	require.NoError(t, err)
+	require.Len(t, res.Events, 3)
+	e := res.Events[0]
+	require.Equal(t, "one", e.EventID)
+	require.Equal(t, "T", e.EventType)
+	require.Equal(t, "k", e.Key)
+	require.JSONEq(t, `{"a":1}`, string(e.Data))
+	require.Equal(t, map[string]string{"h": "v"}, e.Headers)
+	require.Equal(t, "corr", e.CorrelationID)
+	require.Equal(t, "cause", e.CausationID)
+	require.Equal(t, int32(7), e.Version)
+	require.True(t, e.Timestamp.Equal(pos[0].Timestamp))
+	require.Equal(t, []byte{9, 8, 7}, res.Events[1].Bytes)
+	require.Nil(t, res.Events[1].Data)
+	require.Equal(t, int32(1), res.Events[1].Version)
+	require.Nil(t, res.Events[2].Data)
+	require.Nil(t, res.Events[2].Bytes)
+
+	again, err := c.Produce(ctx, rec)
+	require.NoError(t, err)
+	require.True(t, again[0].Duplicate)
+	require.Equal(t, int64(0), again[0].Offset)
+
+	_, err = c.Pool().Exec(ctx, "UPDATE streamd.streams SET max_payload_bytes = 16 WHERE stream_name = $1", s)
+	require.NoError(t, err)
+	_, err = c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "big", Data: json.RawMessage(`{"b":"` + strings.Repeat("x", 32) + `"}`)})
+	require.ErrorIs(t, err, streams.ErrPayloadTooLarge)
+	_, err = c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(2), EventID: "nowhere", Data: json.RawMessage(`{}`)})
+	require.ErrorIs(t, err, streams.ErrPartitionNotFound)
+	info, err := c.DescribeStream(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), info.PartitionInfo[1].NextOffset, "nothing more was written, no offset taken")
+	requireCount(t, c, s, 3)
+}
