@@ -2,11 +2,7 @@ package schema_test
 
 import (
 	"context"
-	"io/fs"
-	"strconv"
-	"strings"
 	"testing"
-	"testing/fstest"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -27,21 +23,7 @@ func TestMigration0120KeepsTheDelayedLane(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 
-	old := fstest.MapFS{"functions/none": {}, "views/none": {}}
-	require.NoError(t, fs.WalkDir(schema.Files, "migrations", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		v, err := strconv.Atoi(strings.SplitN(d.Name(), "_", 2)[0])
-		if err != nil || v >= 120 {
-			return err
-		}
-		b, err := fs.ReadFile(schema.Files, p)
-		old[p] = &fstest.MapFile{Data: b}
-		return err
-	}))
-	_, err = schema.MigrateFS(ctx, conn, old)
-	require.NoError(t, err)
+	migrateBefore(ctx, t, conn, 120)
 
 	const lane = 4503599627370496
 	_, err = conn.Exec(ctx, `

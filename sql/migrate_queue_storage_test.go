@@ -31,23 +31,7 @@ func TestMigration0086MovesEveryMessage(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 
-	// The schema before 0086: its migrations, none of the re-applied layer (its
-	// functions are today's, written for the new storage).
-	old := fstest.MapFS{"functions/none": {}, "views/none": {}}
-	require.NoError(t, fs.WalkDir(schema.Files, "migrations", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		v, err := strconv.Atoi(strings.SplitN(d.Name(), "_", 2)[0])
-		if err != nil || v >= 86 {
-			return err
-		}
-		b, err := fs.ReadFile(schema.Files, p)
-		old[p] = &fstest.MapFile{Data: b}
-		return err
-	}))
-	_, err = schema.MigrateFS(ctx, conn, old)
-	require.NoError(t, err)
+	migrateBefore(ctx, t, conn, 86)
 
 	_, err = conn.Exec(ctx, `
 		INSERT INTO streamd.queues (queue_name, fifo, max_delivery_attempts, dead_letter_queue) VALUES
@@ -154,4 +138,26 @@ func TestMigration0086MovesEveryMessage(t *testing.T) {
 	require.Equal(t, sent{8, true}, res[0])
 	require.Greater(t, res[1].Offset, back)
 	require.False(t, res[1].Duplicate)
+}
+
+// migrateBefore brings conn's database to the schema before migration version: the
+// migrations below it and none of the re-applied layer (its functions and views are
+// today's, written for the schema after it).
+func migrateBefore(ctx context.Context, t *testing.T, conn *pgx.Conn, version int) {
+	t.Helper()
+	old := fstest.MapFS{"functions/none": {}, "views/none": {}}
+	require.NoError(t, fs.WalkDir(schema.Files, "migrations", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		v, err := strconv.Atoi(strings.SplitN(d.Name(), "_", 2)[0])
+		if err != nil || v >= version {
+			return err
+		}
+		b, err := fs.ReadFile(schema.Files, p)
+		old[p] = &fstest.MapFile{Data: b}
+		return err
+	}))
+	_, err := schema.MigrateFS(ctx, conn, old)
+	require.NoError(t, err)
 }
