@@ -229,27 +229,9 @@ func TestKill9ChildGroupConsumers(t *testing.T) {
 			table := processedTable(t, pool)
 			watch := watchOffsets(t, pool, topic, group)
 
-			type child struct {
-				cmd    *exec.Cmd
-				stderr *bytes.Buffer
-				done   chan struct{}
-			}
-			spawn := func() *child {
-				cmd := exec.Command(os.Args[0], "-test.run=^$")
-				cmd.Env = append(os.Environ(), groupChildEnv+"=1", "KG_URL="+testdb.URL(t), "KG_TABLE="+table,
+			spawn := func() *groupChild {
+				return spawnGroupChild(t, "KG_URL="+testdb.URL(t), "KG_TABLE="+table,
 					"KG_TOPIC="+topic, "KG_GROUP="+group, "KG_ADDRS="+ts.addr, "KG_BALANCER="+balancer)
-				ch := &child{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
-				cmd.Stderr = ch.stderr
-				require.NoError(t, cmd.Start())
-				go func() { _ = cmd.Wait(); close(ch.done) }()
-				t.Cleanup(func() {
-					_ = cmd.Process.Kill()
-					<-ch.done
-					if t.Failed() {
-						t.Logf("child %d stderr:\n%s", cmd.Process.Pid, ch.stderr.String())
-					}
-				})
-				return ch
 			}
 			waitFor := func(what string, cond func() bool) {
 				t.Helper()
@@ -361,4 +343,31 @@ func TestGroupCarriesOnAcrossInstances(t *testing.T) {
 	requireAllProcessed(t, pool, topic, table)
 	watch.check(t)
 	_ = second
+}
+
+// groupChild is a consumer child process (groupChildEnv) of the kill tests.
+type groupChild struct {
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer
+	done   chan struct{}
+}
+
+// spawnGroupChild starts this test binary as a group consumer with env added to the
+// environment; the test's cleanup kills it, and logs its stderr when the test failed.
+func spawnGroupChild(t *testing.T, env ...string) *groupChild {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), groupChildEnv+"=1"), env...)
+	ch := &groupChild{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	cmd.Stderr = ch.stderr
+	require.NoError(t, cmd.Start())
+	go func() { _ = cmd.Wait(); close(ch.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-ch.done
+		if t.Failed() {
+			t.Logf("child %d stderr:\n%s", cmd.Process.Pid, ch.stderr.String())
+		}
+	})
+	return ch
 }

@@ -1,10 +1,7 @@
 package kafka
 
 import (
-	"bytes"
 	"context"
-	"os"
-	"os/exec"
 	"sync"
 	"syscall"
 	"testing"
@@ -223,31 +220,13 @@ func TestKill9ChildKIP848MultiTopicConsumers(t *testing.T) {
 		}
 	}
 
-	type child struct {
-		cmd    *exec.Cmd
-		stderr *bytes.Buffer
-		done   chan struct{}
-	}
-	spawn := func(regex bool) *child {
+	spawn := func(regex bool) *groupChild {
 		topics, re := t1+","+t2, "0"
 		if regex {
 			topics, re = "^"+prefix+"-.*$", "1"
 		}
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), groupChildEnv+"=1", "KG_URL="+testdb.URL(t), "KG_TABLE="+table,
+		return spawnGroupChild(t, "KG_URL="+testdb.URL(t), "KG_TABLE="+table,
 			"KG_TOPIC="+topics, "KG_REGEX="+re, "KG_GROUP="+group, "KG_ADDRS="+ts.addr, "KG_BALANCER=kip848")
-		ch := &child{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
-		cmd.Stderr = ch.stderr
-		require.NoError(t, cmd.Start())
-		go func() { _ = cmd.Wait(); close(ch.done) }()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			<-ch.done
-			if t.Failed() {
-				t.Logf("child %d stderr:\n%s", cmd.Process.Pid, ch.stderr.String())
-			}
-		})
-		return ch
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
