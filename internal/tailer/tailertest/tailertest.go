@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -111,16 +110,14 @@ func start(dir string, extra map[string]string) (*started, string, error) {
 		cfg *localpg.Config
 		c   *localpg.Cluster
 	)
-	// The free port is free when asked, not necessarily when the server binds it: a
-	// client's ephemeral port (other packages' tests connect over TCP) may take it in
-	// between. Take another then.
+	// The free port is free when asked, not necessarily when the server binds it
+	// (FreePort chooses outside the ephemeral range, but another test's cluster may
+	// choose the same one). Take another then.
 	for attempt := 1; ; attempt++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := localpg.FreePort()
 		if err != nil {
 			return nil, "", err
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		_ = ln.Close()
 		cfg = &localpg.Config{StateDir: filepath.Join(dir, "state"), Port: port, Settings: all}
 		c, err = localpg.Ensure(ctx, cfg)
 		if err == nil {
