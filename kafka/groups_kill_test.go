@@ -146,6 +146,20 @@ func groupLagZero(t *testing.T, pool *pgxpool.Pool, topic, group string) bool {
 
 // produceTopic appends n records to each partition of a topic with the native
 // producer (Kafka consumers read what any door wrote).
+// keepProducingUntil reports whether members members have processed records into
+// table, and when not yet, produces two more records to every partition: a member
+// that joins after the others have read all there was would otherwise process
+// nothing (make test failed TestGroupCarriesOnAcrossInstances so, the first consumer
+// reading the whole backlog before the second had joined).
+func keepProducingUntil(t *testing.T, pool *pgxpool.Pool, topic string, partitions int32, table string, members int) bool {
+	t.Helper()
+	if membersRecorded(t, pool, table) >= members {
+		return true
+	}
+	produceTopic(t, pool, topic, partitions, 2)
+	return false
+}
+
 func produceTopic(t *testing.T, pool *pgxpool.Pool, topic string, partitions int32, n int) {
 	t.Helper()
 	var recs []streams.Record
@@ -243,7 +257,7 @@ func TestKill9ChildGroupConsumers(t *testing.T) {
 
 			produceTopic(t, pool, topic, partitions, 100)
 			a, b := spawn(), spawn()
-			waitFor("two members processing", func() bool { return membersRecorded(t, pool, table) == 2 })
+			waitFor("two members processing", func() bool { return keepProducingUntil(t, pool, topic, partitions, table, 2) })
 			require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
 			<-a.done
 			produceTopic(t, pool, topic, partitions, 100)
@@ -335,7 +349,7 @@ func TestGroupCarriesOnAcrossInstances(t *testing.T) {
 	consume("c2")
 
 	produceTopic(t, pool, topic, partitions, 100)
-	require.Eventually(t, func() bool { return membersRecorded(t, pool, table) == 2 }, 60*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return keepProducingUntil(t, pool, topic, partitions, table, 2) }, 60*time.Second, 20*time.Millisecond)
 	first.stop()
 	produceTopic(t, pool, topic, partitions, 100)
 	require.Eventually(t, func() bool { return groupLagZero(t, pool, topic, group) }, 60*time.Second, 20*time.Millisecond,
