@@ -175,11 +175,16 @@ func produceTopic(t *testing.T, pool *pgxpool.Pool, topic string, partitions int
 // logGroupState logs a classic group's members and who processed how much, for a
 // test that timed out waiting.
 func logGroupState(t *testing.T, pool *pgxpool.Pool, group, table string) {
-	for _, q := range []string{
+	logQueries(t, pool, group,
 		`SELECT g.state, g.generation, m.member_id, m.joined, m.generation, m.last_heartbeat, now()
 		   FROM streamd.kafka_groups g LEFT JOIN streamd.kafka_group_members m USING (group_id) WHERE g.group_id = $1`,
-		`SELECT member, count(*) FROM ` + pgx.Identifier{table}.Sanitize() + ` WHERE $1::text IS NOT NULL GROUP BY 1`,
-	} {
+		`SELECT member, count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE $1::text IS NOT NULL GROUP BY 1`)
+}
+
+// logQueries logs the rows of each query, run with group as its $1 (a failed
+// test's diagnostics: errors are logged, not fatal).
+func logQueries(t *testing.T, pool *pgxpool.Pool, group string, queries ...string) {
+	for _, q := range queries {
 		rows, err := pool.Query(context.Background(), q, group)
 		if err != nil {
 			t.Log(err)

@@ -304,21 +304,9 @@ func membersOfBothTopics(t *testing.T, pool *pgxpool.Pool, table string) int {
 // logKIP848State logs a group's KIP-848 members and who owns what, for a test that
 // timed out waiting.
 func logKIP848State(t *testing.T, pool *pgxpool.Pool, group string) {
-	for _, q := range []string{
+	logQueries(t, pool, group,
 		`SELECT member_id, member_epoch, subscribed_topics, subscribed_regex, last_heartbeat, now()
 		   FROM streamd.kafka_consumer_members WHERE group_id = $1`,
 		`SELECT stream_name, partition, owner_id, owner_epoch, target_id FROM streamd.consumer_partitions
-		  WHERE group_id = $1 ORDER BY 1, 2`,
-	} {
-		rows, err := pool.Query(context.Background(), q, group)
-		if err != nil {
-			t.Log(err)
-			continue
-		}
-		for rows.Next() {
-			v, _ := rows.Values()
-			t.Log(v...)
-		}
-		rows.Close()
-	}
+		  WHERE group_id = $1 ORDER BY 1, 2`)
 }
