@@ -115,3 +115,36 @@ func TestOneRecordAppend(t *testing.T) {
 	require.Equal(t, int64(3), info.PartitionInfo[1].NextOffset, "nothing more was written, no offset taken")
 	requireCount(t, c, s, 3)
 }
+
+// TestAppendOneLeavesTheTransactionUntrusted: streamd.append_one, called by SQL in a
+// transaction that goes on (the outbox use, L2), leaves the trusted mark off as
+// streamd.append() does: a later plain INSERT in that transaction still gets its
+// offset from the trigger (L3), not the one it names. It used to leave the mark on,
+// and the row was stored at the offset given, past the head.
+func TestAppendOneLeavesTheTransactionUntrusted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, s := setup(t, 1)
+	pool := testdb.Pool(t)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var base int64
+	require.NoError(t, tx.QueryRow(ctx, `SELECT (streamd.append_one($1, 0, 'a', '', NULL, '{}', NULL, NULL, NULL, NULL, 1)).base`,
+		s).Scan(&base))
+	require.Equal(t, int64(0), base)
+	_, err = tx.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, "offset", event_id, data)
+		VALUES ($1, 0, 500, 'b', '{}')`, s)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	var offsets []int64
+	rows, err := pool.Query(ctx, `SELECT "offset" FROM streamd.events WHERE stream_name = $1 ORDER BY "offset"`, s)
+	require.NoError(t, err)
+	for rows.Next() {
+		var o int64
+		require.NoError(t, rows.Scan(&o))
+		offsets = append(offsets, o)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []int64{0, 1}, offsets, "the plain INSERT after append_one took the next offset")
+}

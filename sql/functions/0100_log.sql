@@ -409,7 +409,7 @@ BEGIN
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
     IF p_count < 1 OR v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
-       OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
+       OR p_max_payload_bytes IS NULL OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
         RETURN;
     END IF;
     SELECT hr.base, hr.ts INTO base, ts FROM streamd.head_reserve(p_stream_name, p_partition, p_count) hr;
@@ -433,7 +433,9 @@ $$;
 -- heap with brk and gave it back at its end, with page faults and TLB flushes:
 -- measured 2-3 times the server CPU of a plain INSERT's transaction (bench/RESULTS.md,
 -- issue 21 §2). A declined batch (see append_reserve) returns base and ts NULL and
--- reserves nothing.
+-- reserves nothing. Like append_reserve, not for use in a transaction that goes on
+-- after its INSERT: the trusted mark stays set until the transaction ends (the
+-- one-statement path runs in its own implicit transaction).
 CREATE OR REPLACE FUNCTION streamd.append_reserve_row(p_stream_name text, p_partition integer, p_count integer,
                                                       p_max_payload_bytes integer, OUT base bigint, OUT ts timestamptz)
 LANGUAGE plpgsql AS $$
@@ -447,7 +449,7 @@ BEGIN
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
     IF p_count < 1 OR v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
-       OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
+       OR p_max_payload_bytes IS NULL OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
         RETURN;
     END IF;
     v_head := streamd.head_reserve(p_stream_name, p_partition, p_count);
@@ -505,6 +507,9 @@ BEGIN
                                 metadata, "timestamp", correlation_id, causation_id, version)
     VALUES (p_stream_name, p_partition, v_head.base, p_event_id, p_event_type, p_key, p_data::jsonb, p_data_bytes,
             p_metadata::jsonb, v_head.ts, p_correlation_id, p_causation_id, p_version);
+    -- Off again, as append() leaves it: a caller's transaction that goes on (SQL's
+    -- outbox use, L2) must not write or update events trusted afterwards.
+    v_set := set_config('streamd.append_trusted', 'off', true);
     base := v_head.base;
     ts := v_head.ts;
 END;
