@@ -309,3 +309,41 @@ func TestKIP848MemberCallsAreSerialized(t *testing.T) {
 		WHERE group_id = $1 AND consumer_id = 'a'`, group).Scan(&left))
 	require.Zero(t, left, "no membership is left behind")
 }
+
+// TestReplacedKIP848MemberCannotCommitThroughItsLeftoverMembership (G4): a static
+// KIP-848 member replaced by a restart with its instance id loses its member row at
+// once, while its native membership of a stream the new member does not take in
+// lives on until its session ends. A commit from the replaced member is refused as an
+// unknown member and writes nothing, even with a generation equal to that
+// membership's native epoch (both counters start at 1): it used to be compared with
+// it, and committed.
+func TestReplacedKIP848MemberCannotCommitThroughItsLeftoverMembership(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	stream := newStream(t, pool, 1)
+	produce(t, pool, stream, 0, 5)
+	group := testdb.Name("g")
+	var kafkaEpoch, nativeEpoch int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT streamd.kafka_consumer_join($1, 'x', 'inst', ARRAY[$2], NULL, 60000, 60000, NULL)`,
+		group, stream).Scan(&kafkaEpoch))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT streamd.join_group($1, $2, 'x', 'inst', 60000, 60000, NULL)`,
+		stream, group).Scan(&nativeEpoch))
+	var owner string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT owner_id FROM streamd.consumer_partitions
+		WHERE stream_name = $1 AND group_id = $2 AND partition = 0`, stream, group).Scan(&owner))
+	require.Equal(t, "x", owner)
+
+	// y restarts the instance and subscribes to nothing: x's row goes, its membership stays.
+	_, err := pool.Exec(ctx, `SELECT streamd.kafka_consumer_join($1, 'y', 'inst', '{}', NULL, 60000, 60000, NULL)`, group)
+	require.NoError(t, err)
+	require.True(t, registered(t, pool, stream, group, "x"), "the native membership outlives the member row")
+
+	var outcome string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT outcome FROM streamd.kafka_group_commit($1, 'x', NULL, $2::integer,
+		ARRAY[$3], ARRAY[0], ARRAY[3::bigint], ARRAY[NULL::text], NULL)`, group, nativeEpoch, stream).Scan(&outcome))
+	require.Equal(t, "unknown_member", outcome)
+	_, ok, err := committedOffset(ctx, pool, stream, group, 0)
+	require.NoError(t, err)
+	require.False(t, ok, "nothing committed")
+}

@@ -713,26 +713,13 @@ BEGIN
                 outcome := 'ok';
             END IF;
         ELSIF v_native THEN
-            SELECT cr.member_epoch INTO v_epoch FROM streamd.consumer_registrations cr
-             WHERE cr.stream_name = r.s AND cr.group_id = p_group_id AND cr.consumer_id = v_member_id
-               AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= v_now;
-            IF NOT FOUND THEN
-                outcome := 'unknown_member';
-            ELSIF v_epoch <> p_generation THEN
-                outcome := 'fenced_epoch';
-            ELSE
-                -- The fence of commit_offsets (cg_fence): a handover waits for this.
-                PERFORM 1 FROM streamd.consumer_partitions cp
-                 WHERE cp.stream_name = r.s AND cp.group_id = p_group_id AND cp.partition = r.p
-                   AND cp.owner_id = v_member_id AND cp.owner_epoch = p_generation
-                   FOR KEY SHARE OF cp;
-                IF NOT FOUND THEN
-                    outcome := 'stale_epoch';
-                ELSE
-                    PERFORM streamd.kg_write_offset(r.s, p_group_id, r.p, r.o, v_member_id, p_generation, r.m, v_now);
-                    outcome := 'ok';
-                END IF;
-            END IF;
+            -- No KIP-848 member row: the member left, lapsed or was replaced (a static
+            -- member's restart deletes the old row at once, while its native
+            -- memberships of streams the new member does not take over live on until
+            -- their sessions end). Its Kafka epoch is no native epoch, so it is not
+            -- compared with one (both counters start at 1): unknown member, and the
+            -- client joins again.
+            outcome := 'unknown_member';
         ELSIF streamd.cg_has_live_members(r.s, p_group_id, v_now) THEN
             outcome := 'unknown_member';
         ELSE
