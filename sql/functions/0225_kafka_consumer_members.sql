@@ -18,9 +18,16 @@ $$;
 -- Joins (or joins again) a KIP-848 member: a new member epoch, the next of the group's
 -- counter, and the subscription. A member holding the same instance id is replaced
 -- (its row goes; its native memberships are taken over stream by stream by join_group).
--- Members of the group whose session lapsed are removed. Raises SD103 for an invalid
--- group id, SD105 for an invalid member id or timeouts, SD151 when the group id has
--- live Kafka classic members. Returns the member epoch.
+-- Members of the group whose session lapsed are removed. A Kafka classic group of the
+-- id whose members all left or expired (Empty) becomes a consumer group, as Kafka
+-- converts it at the first ConsumerGroupHeartbeat: its row goes in this transaction
+-- (its committed offsets are consumer_offsets rows and stay), so the member's commits
+-- are not taken for classic ones. Raises SD103 for an invalid group id, SD105 for an
+-- invalid member id or timeouts, SD151 when the group id has live Kafka classic
+-- members. Returns the member epoch.
+--
+-- Lock order: the kafka_groups row (as kafka_group_delete and kafka_group_commit take
+-- it first), then the kafka_consumer_groups counter row, then member rows.
 CREATE OR REPLACE FUNCTION streamd.kafka_consumer_join(
     p_group_id             text,
     p_member_id            text,
@@ -33,8 +40,9 @@ CREATE OR REPLACE FUNCTION streamd.kafka_consumer_join(
 ) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now   timestamptz;
-    v_epoch integer;
+    v_now     timestamptz;
+    v_epoch   integer;
+    v_classic streamd.kafka_groups%ROWTYPE;
 BEGIN
     IF NOT streamd.cg_valid_group_id(p_group_id) THEN
         RAISE EXCEPTION USING ERRCODE = 'SD103',
@@ -47,18 +55,23 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SD105',
             MESSAGE = format('session timeout %s ms and rebalance timeout %s ms must be positive', p_session_timeout_ms, p_rebalance_timeout_ms);
     END IF;
+    v_classic := streamd.kg_lock(p_group_id, false);
     -- The group's counter row serializes the joins of the group.
     INSERT INTO streamd.kafka_consumer_groups AS g (group_id, group_epoch, updated_at)
     VALUES (p_group_id, 1, coalesce(p_now, clock_timestamp()))
     ON CONFLICT (group_id) DO UPDATE SET group_epoch = g.group_epoch + 1, updated_at = EXCLUDED.updated_at
     RETURNING g.group_epoch INTO v_epoch;
-    -- After the lock (the clock rule, as join_group).
+    -- After the locks (the clock rule, as join_group).
     v_now := coalesce(p_now, clock_timestamp());
-    IF EXISTS (SELECT 1 FROM streamd.kafka_group_members km
-                WHERE km.group_id = p_group_id
-                  AND km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' >= v_now) THEN
-        RAISE EXCEPTION USING ERRCODE = 'SD151',
-            MESSAGE = format('group %L is a Kafka classic group with live members; a KIP-848 member cannot join it', p_group_id);
+    IF v_classic.group_id IS NOT NULL THEN
+        PERFORM streamd.kg_expire(p_group_id, v_now);
+        PERFORM streamd.kg_complete(p_group_id, v_now);
+        IF EXISTS (SELECT 1 FROM streamd.kafka_group_members km WHERE km.group_id = p_group_id) THEN
+            RAISE EXCEPTION USING ERRCODE = 'SD151',
+                MESSAGE = format('group %L is a Kafka classic group with live members; a KIP-848 member cannot join it', p_group_id);
+        END IF;
+        DELETE FROM streamd.kafka_group_assignments a WHERE a.group_id = p_group_id;
+        DELETE FROM streamd.kafka_groups g WHERE g.group_id = p_group_id;
     END IF;
     DELETE FROM streamd.kafka_consumer_members m
      WHERE m.group_id = p_group_id AND m.member_id <> p_member_id
