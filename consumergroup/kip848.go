@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/streams"
@@ -36,8 +37,13 @@ var ErrStaleMemberEpoch = errors.New("stale member epoch")
 var ErrInvalidRegularExpression = errors.New("invalid regular expression")
 
 // kip848LockClass is the first key of the session advisory lock that serializes one
-// KIP-848 member's heartbeats (the second is hashtext of group/member).
-const kip848LockClass = 1396986180
+// KIP-848 member's heartbeats (the second is hashtext of group/member);
+// kip848InstanceLockClass that of the lock that serializes the calls of the members
+// holding one static instance id (hashtext of group/instance id), taken second.
+const (
+	kip848LockClass         = 1396986180
+	kip848InstanceLockClass = 1396986181
+)
 
 // ConsumerHeartbeat is a KIP-848 ConsumerGroupHeartbeat.
 type ConsumerHeartbeat struct {
@@ -105,18 +111,11 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 	}
 	defer conn.Release()
-	lockKey := req.Group + "/" + req.MemberID
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", kip848LockClass, lockKey); err != nil {
+	unlock, err := lockConsumerMember(ctx, conn, req)
+	if err != nil {
 		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1, hashtext($2))", kip848LockClass, lockKey); err != nil {
-			// A lock that could not be released goes with its session.
-			_ = conn.Conn().Close(uctx)
-		}
-	}()
+	defer unlock()
 	var db streams.DBTX = conn
 	res := &ConsumerHeartbeatResult{MemberID: req.MemberID}
 	var (
@@ -187,6 +186,61 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 	}
 	res.Assignment = assigned
 	return res, nil
+}
+
+// lockConsumerMember takes, on conn, the session advisory lock of the member, then,
+// for a static member, that of its instance id: the join's (req.InstanceID) or, for
+// any other call, the one its row holds. The second lock serializes a replaced static
+// member with the member that replaces it: without it, the old member's heartbeat,
+// validated just before the new member's join deleted its row, went on to find its
+// native memberships taken over by instance id and joined those streams again, taking
+// them back. With it the join waits for that heartbeat to end, and the old member's
+// next call finds its row gone (UNKNOWN_MEMBER_ID) and leaves what it still holds. Both
+// locks are always taken in this order (member, then instance), so no two calls wait
+// for each other. The returned func releases them (a lock that cannot be released goes
+// with its session: the connection is closed).
+func lockConsumerMember(ctx context.Context, conn *pgxpool.Conn, req *ConsumerHeartbeat) (func(), error) {
+	memberKey := req.Group + "/" + req.MemberID
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", kip848LockClass, memberKey); err != nil {
+		return nil, err
+	}
+	instanceKey := ""
+	release := func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, err := conn.Exec(uctx, `SELECT pg_advisory_unlock($1, hashtext($2)),
+			CASE WHEN $3 <> '' THEN pg_advisory_unlock($4, hashtext($3)) END`,
+			kip848LockClass, memberKey, instanceKey, kip848InstanceLockClass)
+		if err != nil {
+			_ = conn.Conn().Close(uctx)
+		}
+	}
+	var err error
+	if req.MemberEpoch == 0 {
+		if req.InstanceID != "" {
+			instanceKey = req.Group + "/" + req.InstanceID
+			_, err = conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", kip848InstanceLockClass, instanceKey)
+		}
+	} else {
+		// The row's instance id is read after the member lock: a join of this member id
+		// (which may set it) has ended.
+		var instance *string
+		err = conn.QueryRow(ctx, `SELECT m.instance_id, pg_advisory_lock($3, hashtext($1 || '/' || m.instance_id))
+			FROM streamd.kafka_consumer_members m
+			WHERE m.group_id = $1 AND m.member_id = $2 AND m.instance_id IS NOT NULL`,
+			req.Group, req.MemberID, kip848InstanceLockClass).Scan(&instance, nil)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			err = nil
+		case err == nil:
+			instanceKey = req.Group + "/" + *instance
+		}
+	}
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return release, nil
 }
 
 func withInstance(req *ConsumerHeartbeat, instance string) *ConsumerHeartbeat {

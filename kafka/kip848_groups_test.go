@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -79,4 +80,112 @@ func TestKIP848MemberTakesOverAnEmptyClassicGroup(t *testing.T) {
 	kg, err = ts.srv.groups.DescribeKafkaGroup(ctx, group)
 	require.NoError(t, err)
 	require.Equal(t, consumergroup.GroupTypeConsumer, kg.Type, "the group id is a consumer group now")
+}
+
+// consumerCall sends one ConsumerGroupHeartbeat with kmsg.
+func consumerCall(ctx context.Context, cl *kgo.Client, group, memberID, instanceID string, epoch int32, topics ...string) (*kmsg.ConsumerGroupHeartbeatResponse, error) {
+	req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+	req.Group, req.MemberID, req.MemberEpoch, req.RebalanceTimeoutMillis = group, memberID, epoch, 10000
+	if instanceID != "" {
+		req.InstanceID = &instanceID
+	}
+	if topics != nil {
+		req.SubscribedTopicNames = topics
+	}
+	return req.RequestWith(ctx, cl)
+}
+
+// TestReplacedStaticKIP848MemberDoesNotRejoin: a static KIP-848 member x (two
+// topics) heartbeats while a restart of its instance, y, joins with the same instance
+// id and one of the topics. x's heartbeat was validated before y's join deleted x's
+// row; held at its first topic (the test locks x's membership row there), it used to
+// go on to its second topic, find its membership taken over by y through the instance
+// id, join it again and take it back. The calls of one instance id are serialized now:
+// y's join waits for x's heartbeat, takes the topic over after it, and x's next
+// heartbeat is UNKNOWN_MEMBER_ID and leaves what it still held; y keeps the topic.
+func TestReplacedStaticKIP848MemberDoesNotRejoin(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, &Config{ConsumerGroupSessionTimeout: 30 * time.Second,
+		ConsumerGroupHeartbeatInterval: 200 * time.Millisecond})
+	ctx := testCtx(t)
+	prefix, group := testdb.Name("k848"), testdb.Name("kg")
+	first, second := prefix+"-a", prefix+"-b" // x's reconciliation goes through them in this order
+	client := streams.NewClient(pool, nil)
+	require.NoError(t, client.CreateStream(ctx, first, 1))
+	require.NoError(t, client.CreateStream(ctx, second, 1))
+	xcl, ycl := newClient(t, []string{ts.addr}), newClient(t, []string{ts.addr})
+
+	x, err := consumerCall(ctx, xcl, group, "x", "inst", 0, first, second)
+	require.NoError(t, err)
+	require.Zero(t, x.ErrorCode)
+	registrations := func(stream string) []string {
+		rows, err := pool.Query(ctx, `SELECT consumer_id FROM streamd.consumer_registrations
+			WHERE stream_name = $1 AND group_id = $2 ORDER BY 1`, stream, group)
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return ids
+	}
+	require.Equal(t, []string{"x"}, registrations(second))
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM streamd.consumer_registrations
+		WHERE stream_name = $1 AND group_id = $2 AND consumer_id = 'x' FOR UPDATE`, first, group)
+	require.NoError(t, err)
+	type answer struct {
+		resp *kmsg.ConsumerGroupHeartbeatResponse
+		err  error
+	}
+	xdone, ydone := make(chan answer, 1), make(chan answer, 1)
+	go func() {
+		resp, err := consumerCall(ctx, xcl, group, "x", "", x.MemberEpoch)
+		xdone <- answer{resp, err}
+	}()
+	testdb.WaitForLockWait(t, pool, tx, "group_heartbeat")
+	var xpid uint32
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))`,
+		tx.Conn().PgConn().PID()).Scan(&xpid))
+	go func() {
+		resp, err := consumerCall(ctx, ycl, group, "y", "inst", 0, second)
+		ydone <- answer{resp, err}
+	}()
+	// y's join either waits for x's call (serialized) or ends without waiting.
+	var early *answer
+	testdb.WaitFor(t, 20*time.Second, "y's join done or waiting for x", func() bool {
+		select {
+		case a := <-ydone:
+			early = &a
+			return true
+		default:
+		}
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))`,
+			xpid).Scan(&n))
+		return n > 0
+	})
+	require.NoError(t, tx.Rollback(ctx))
+	xa := <-xdone
+	require.NoError(t, xa.err)
+	ya := early
+	if ya == nil {
+		a := <-ydone
+		ya = &a
+	}
+	require.NoError(t, ya.err)
+	require.Zero(t, ya.resp.ErrorCode, "y joins")
+
+	require.Equal(t, []string{"y"}, registrations(second), "the replaced member did not take the topic back")
+	again, err := consumerCall(ctx, xcl, group, "x", "", x.MemberEpoch)
+	require.NoError(t, err)
+	require.Contains(t, []int16{kerr.UnknownMemberID.Code, kerr.FencedMemberEpoch.Code}, again.ErrorCode, "x was replaced")
+	require.Empty(t, registrations(first), "x left what it still held")
+	require.Equal(t, []string{"y"}, registrations(second))
+	y2, err := consumerCall(ctx, ycl, group, "y", "", ya.resp.MemberEpoch)
+	require.NoError(t, err)
+	require.Zero(t, y2.ErrorCode)
+	require.NotNil(t, y2.Assignment)
+	require.Len(t, y2.Assignment.Topics, 1, "y owns its topic")
 }
