@@ -543,7 +543,10 @@ func (c *Classic) DescribeConsumerGroup(ctx context.Context, group string) (*Con
 	d := ConsumerGroupDescription{Group: group}
 	var epoch *int64
 	var classic bool
-	err := c.pool.QueryRow(ctx, `SELECT max(group_epoch), EXISTS (SELECT 1 FROM streamd.kafka_groups WHERE group_id = $1)
+	// A KIP-848 group is a group from its first join, before it consumes a stream.
+	err := c.pool.QueryRow(ctx, `SELECT CASE WHEN EXISTS (SELECT 1 FROM streamd.kafka_consumer_groups kc WHERE kc.group_id = $1)
+		       THEN coalesce(max(group_epoch), 0) ELSE max(group_epoch) END,
+		       EXISTS (SELECT 1 FROM streamd.kafka_groups WHERE group_id = $1)
 		FROM streamd.consumer_groups WHERE group_id = $1`, group).Scan(&epoch, &classic)
 	if err != nil {
 		return nil, fmt.Errorf("describe consumer group %s: %w", group, err)
@@ -562,14 +565,24 @@ func (c *Classic) DescribeConsumerGroup(ctx context.Context, group string) (*Con
 		FROM streamd.consumer_registrations cr
 		LEFT JOIN streamd.kafka_consumer_members km ON km.group_id = cr.group_id AND km.member_id = cr.consumer_id
 		WHERE cr.group_id = $1 AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now()
-		ORDER BY cr.consumer_id, cr.registered_at, cr.stream_name`, group)
+		UNION ALL
+		-- KIP-848 members whose subscription resolves to no stream: members all the same.
+		SELECT km.member_id, coalesce(km.instance_id, ''), km.member_epoch, coalesce(km.subscribed_regex, ''), NULL,
+		       '{}', '{}'
+		FROM streamd.kafka_consumer_members km
+		WHERE km.group_id = $1 AND km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' >= now()
+		  AND NOT EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
+		                   WHERE cr.group_id = km.group_id AND cr.consumer_id = km.member_id
+		                     AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now())
+		ORDER BY 1, 5 NULLS FIRST`, group)
 	if err != nil {
 		return nil, fmt.Errorf("describe consumer group %s: %w", group, err)
 	}
 	var (
-		id, instance, regex, stream string
-		memberEpoch                 int64
-		assigned, target            []int32
+		id, instance, regex string
+		stream              *string
+		memberEpoch         int64
+		assigned, target    []int32
 	)
 	d.State = "Empty"
 	_, err = pgx.ForEachRow(rows, []any{&id, &instance, &memberEpoch, &regex, &stream, &assigned, &target}, func() error {
@@ -577,12 +590,18 @@ func (c *Classic) DescribeConsumerGroup(ctx context.Context, group string) (*Con
 			d.Members = append(d.Members, ConsumerGroupMember{MemberID: id, InstanceID: instance, MemberEpoch: memberEpoch, Regex: regex})
 		}
 		m := &d.Members[len(d.Members)-1]
-		m.Streams = append(m.Streams, stream)
+		if stream == nil {
+			if d.State == "Empty" {
+				d.State = "Stable"
+			}
+			return nil
+		}
+		m.Streams = append(m.Streams, *stream)
 		for _, p := range assigned {
-			m.Assigned = append(m.Assigned, StreamPartition{Stream: stream, Partition: p})
+			m.Assigned = append(m.Assigned, StreamPartition{Stream: *stream, Partition: p})
 		}
 		for _, p := range target {
-			m.Target = append(m.Target, StreamPartition{Stream: stream, Partition: p})
+			m.Target = append(m.Target, StreamPartition{Stream: *stream, Partition: p})
 		}
 		if !slices.Equal(assigned, target) {
 			d.State = "Reconciling"

@@ -189,3 +189,64 @@ func TestReplacedStaticKIP848MemberDoesNotRejoin(t *testing.T) {
 	require.NotNil(t, y2.Assignment)
 	require.Len(t, y2.Assignment.Topics, 1, "y owns its topic")
 }
+
+// TestKIP848GroupIsListedFromItsFirstHeartbeat: a KIP-848 group whose subscription
+// resolves to no stream yet (a regex that matches nothing: Java's consumer sends it at
+// once; franz-go joins only once its own metadata matched a topic) is a consumer group
+// from its member's first heartbeat: ListGroups lists it (type "consumer", Stable),
+// DescribeGroups and ConsumerGroupDescribe show it with its member, and DeleteGroups
+// finds it once the member left. It was unknown (not listed, Dead, GROUP_ID_NOT_FOUND)
+// until it consumed a stream.
+func TestKIP848GroupIsListedFromItsFirstHeartbeat(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, &Config{ConsumerGroupSessionTimeout: 30 * time.Second,
+		ConsumerGroupHeartbeatInterval: 200 * time.Millisecond})
+	ctx := testCtx(t)
+	group, prefix := testdb.Name("kg"), testdb.Name("none")
+	cl := newClient(t, []string{ts.addr})
+	req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+	req.Group, req.MemberID, req.RebalanceTimeoutMillis = group, "m1", 10000
+	regex := "^" + prefix + "-.*$"
+	req.SubscribedTopicRegex = &regex
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Zero(t, resp.ErrorCode)
+	require.NotNil(t, resp.Assignment)
+	require.Empty(t, resp.Assignment.Topics, "nothing to consume yet")
+
+	adm := newAdmin(t, ts.addr)
+	listed, err := adm.ListGroups(ctx)
+	require.NoError(t, err)
+	require.Contains(t, listed, group)
+	require.Equal(t, consumergroup.GroupTypeConsumer, listed[group].GroupType)
+	require.Equal(t, "Stable", listed[group].State)
+	require.Equal(t, "consumer", listed[group].ProtocolType)
+
+	described, err := adm.DescribeGroups(ctx, group)
+	require.NoError(t, err)
+	d := described[group]
+	require.NoError(t, d.Err)
+	require.Equal(t, "Stable", d.State)
+	require.Equal(t, "consumer", d.ProtocolType)
+	require.Len(t, d.Members, 1)
+	require.Equal(t, "m1", d.Members[0].MemberID)
+
+	cd, err := adm.DescribeConsumerGroups(ctx, group)
+	require.NoError(t, err)
+	require.NoError(t, cd[group].Err)
+	require.Len(t, cd[group].Members, 1)
+	require.Equal(t, "m1", cd[group].Members[0].MemberID)
+
+	_, err = consumerCall(ctx, cl, group, "m1", "", -1)
+	require.NoError(t, err)
+	listed, err = adm.ListGroups(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "Empty", listed[group].State, "its member left")
+	deleted, err := adm.DeleteGroups(ctx, group)
+	require.NoError(t, err)
+	require.NoError(t, deleted[group].Err)
+	listed, err = adm.ListGroups(ctx)
+	require.NoError(t, err)
+	require.NotContains(t, listed, group)
+}
