@@ -98,7 +98,7 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		return nil, fmt.Errorf("consumer heartbeat in group %s: a member id is required: %w", req.Group, ErrInvalidArgument)
 	}
 	if req.Regex != nil && *req.Regex != "" {
-		if _, err := compileSubscription(*req.Regex); err != nil {
+		if _, err := c.subs.compile(*req.Regex); err != nil {
 			return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 		}
 	}
@@ -122,6 +122,7 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		topics    []string
 		regex     *string
 		rebalance = req.RebalanceTimeout
+		sub       subscriptionState
 	)
 	switch {
 	case req.MemberEpoch == -2:
@@ -144,9 +145,12 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		if rebalance <= 0 {
 			rebalance = time.Minute
 		}
-		err := db.QueryRow(ctx, "SELECT streamd.kafka_consumer_join($1, $2, $3, $4, $5, $6, $7, $8)",
+		// The stream set's version is read in the same statement (at its start: a
+		// version no later than the stream names resolved after it).
+		err := db.QueryRow(ctx, `SELECT streamd.kafka_consumer_join($1, $2, $3, $4, $5, $6, $7, $8),
+			(SELECT v.version FROM streamd.stream_set_version v)`,
 			req.Group, req.MemberID, nullable(req.InstanceID), nonNilStrings(req.Topics), req.Regex,
-			c.cfg.ConsumerSessionTimeout.Milliseconds(), rebalance.Milliseconds(), c.now()).Scan(&res.MemberEpoch)
+			c.cfg.ConsumerSessionTimeout.Milliseconds(), rebalance.Milliseconds(), c.now()).Scan(&res.MemberEpoch, &sub.version)
 		if err != nil {
 			return nil, fmt.Errorf("consumer join %s to group %s: %w", req.MemberID, req.Group, sqlerr.Wrap(err))
 		}
@@ -164,9 +168,11 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		if req.Topics != nil {
 			newTopics = req.Topics
 		}
-		err := db.QueryRow(ctx, `SELECT subscribed_topics, subscribed_regex, instance_id, rebalance_timeout_ms
+		err := db.QueryRow(ctx, `SELECT subscribed_topics, subscribed_regex, instance_id, rebalance_timeout_ms, virtual_topics,
+			(SELECT v.version FROM streamd.stream_set_version v)
 			FROM streamd.kafka_consumer_heartbeat($1, $2, $3, $4, $5, $6)`,
-			req.Group, req.MemberID, req.MemberEpoch, newTopics, req.Regex, c.now()).Scan(&topics, &storedRe, &instance, &rebalMs)
+			req.Group, req.MemberID, req.MemberEpoch, newTopics, req.Regex, c.now()).Scan(&topics, &storedRe, &instance, &rebalMs,
+			&sub.virtual, &sub.version)
 		switch err := sqlerr.Wrap(err); {
 		case errors.Is(err, ErrUnknownMember):
 			// Its session lapsed: what is left of its memberships goes too.
@@ -180,7 +186,8 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		res.MemberEpoch, regex, rebalance = req.MemberEpoch, storedRe, time.Duration(rebalMs)*time.Millisecond
 		req = withInstance(req, deref(instance))
 	}
-	assigned, err := c.consumerReconcile(ctx, db, req, topics, regex, rebalance)
+	sub.epoch = res.MemberEpoch
+	assigned, err := c.consumerReconcile(ctx, db, req, topics, regex, rebalance, sub)
 	if err != nil {
 		return nil, err
 	}
@@ -243,6 +250,14 @@ func lockConsumerMember(ctx context.Context, conn *pgxpool.Conn, req *ConsumerHe
 	return release, nil
 }
 
+// subscriptionState is what a call read with the member's row: its Kafka epoch, the
+// stream set's version and the virtual topics recorded for it.
+type subscriptionState struct {
+	epoch   int32
+	version int64
+	virtual []string
+}
+
 func withInstance(req *ConsumerHeartbeat, instance string) *ConsumerHeartbeat {
 	r := *req
 	r.InstanceID = instance
@@ -259,32 +274,44 @@ func compileSubscription(re string) (*regexp.Regexp, error) {
 }
 
 // consumerStreams resolves a subscription to the existing streams it names or its
-// regex matches, ascending, filtered by allowed.
-func (c *Classic) consumerStreams(ctx context.Context, db streams.DBTX, topics []string, regex *string,
+// regex matches, ascending, filtered by allowed. The resolution before allowed is
+// cached for the stream set's version: it reads streamd.streams only when the
+// subscription or the set of streams changed since this process last resolved it.
+func (c *Classic) consumerStreams(ctx context.Context, db streams.DBTX, topics []string, regex *string, version int64,
 	allowed func(context.Context, []string) ([]string, error)) ([]string, error) {
 	var rx *regexp.Regexp
 	if regex != nil && *regex != "" {
 		var err error
-		if rx, err = compileSubscription(*regex); err != nil {
+		if rx, err = c.subs.compile(*regex); err != nil {
 			return nil, err
 		}
+	} else {
+		regex = nil
 	}
-	rows, err := db.Query(ctx, `SELECT stream_name FROM streamd.streams
-		WHERE stream_name = ANY ($1) OR $2 ORDER BY stream_name`, nonNilStrings(topics), rx != nil)
-	if err != nil {
-		return nil, fmt.Errorf("resolve subscription: %w", err)
-	}
-	all, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("resolve subscription: %w", err)
-	}
-	out := make([]string, 0, len(all))
-	for _, s := range all {
-		if slices.Contains(topics, s) || (rx != nil && rx.MatchString(s)) {
-			out = append(out, s)
+	key := subscriptionKey(topics, regex)
+	cached, ok := c.subs.resolved.get(key)
+	if !ok || cached.version != version {
+		c.subs.resolves.Add(1)
+		rows, err := db.Query(ctx, `SELECT stream_name FROM streamd.streams
+			WHERE stream_name = ANY ($1) OR $2 ORDER BY stream_name`, nonNilStrings(topics), rx != nil)
+		if err != nil {
+			return nil, fmt.Errorf("resolve subscription: %w", err)
 		}
+		all, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("resolve subscription: %w", err)
+		}
+		cached = resolvedSubscription{version: version, streams: make([]string, 0, len(all))}
+		for _, s := range all {
+			if slices.Contains(topics, s) || (rx != nil && rx.MatchString(s)) {
+				cached.streams = append(cached.streams, s)
+			}
+		}
+		c.subs.resolved.put(key, cached)
 	}
+	out := slices.Clone(cached.streams)
 	if allowed != nil && len(out) > 0 {
+		var err error
 		if out, err = allowed(ctx, out); err != nil {
 			return nil, fmt.Errorf("resolve subscription: %w", err)
 		}
@@ -343,8 +370,8 @@ func (c *Classic) consumerLeave(ctx context.Context, db streams.DBTX, group, mem
 // (joining the streams it resolves to now, leaving the others), heartbeats each, hands
 // over what the member reported it let go, and returns its assignment.
 func (c *Classic) consumerReconcile(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, topics []string, regex *string,
-	rebalance time.Duration) ([]StreamPartition, error) {
-	want, err := c.consumerStreams(ctx, db, topics, regex, req.Allowed)
+	rebalance time.Duration, sub subscriptionState) ([]StreamPartition, error) {
+	want, err := c.consumerStreams(ctx, db, topics, regex, sub.version, req.Allowed)
 	if err != nil {
 		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 	}
@@ -397,7 +424,7 @@ func (c *Classic) consumerReconcile(ctx context.Context, db streams.DBTX, req *C
 			}
 		}
 	}
-	virtual, err := c.consumerVirtual(ctx, db, req, topics, regex)
+	virtual, err := c.consumerVirtual(ctx, db, req, topics, regex, sub)
 	if err != nil {
 		return nil, err
 	}
@@ -405,66 +432,65 @@ func (c *Classic) consumerReconcile(ctx context.Context, db streams.DBTX, req *C
 }
 
 // takesTopic reports whether a subscription names or matches a topic.
-func takesTopic(topics []string, regex *string, name string) bool {
+func (c *Classic) takesTopic(topics []string, regex *string, name string) bool {
 	if slices.Contains(topics, name) {
 		return true
 	}
 	if regex == nil || *regex == "" {
 		return false
 	}
-	rx, err := compileSubscription(*regex)
+	rx, err := c.subs.compile(*regex)
 	return err == nil && rx.MatchString(name)
 }
 
 // consumerVirtual is the member's share of the virtual topics its subscription takes
-// in (ConsumerHeartbeat.Virtual).
-func (c *Classic) consumerVirtual(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, topics []string, regex *string) ([]StreamPartition, error) {
-	var mine []string
+// in (ConsumerHeartbeat.Virtual). The member records which ones those are in its row
+// when they changed (sub.virtual is what the row held), and its rank among the live
+// members whose rows name a topic is counted in SQL: the other members'
+// subscriptions are neither read nor compiled.
+func (c *Classic) consumerVirtual(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, topics []string, regex *string,
+	sub subscriptionState) ([]StreamPartition, error) {
+	mine := []string{}
 	for name := range req.Virtual {
-		if takesTopic(topics, regex, name) {
+		if c.takesTopic(topics, regex, name) {
 			mine = append(mine, name)
+		}
+	}
+	slices.Sort(mine)
+	if !slices.Equal(mine, nonNilStrings(sub.virtual)) {
+		var ok bool
+		if err := db.QueryRow(ctx, "SELECT streamd.kafka_consumer_set_virtual($1, $2, $3, $4)",
+			req.Group, req.MemberID, sub.epoch, mine).Scan(&ok); err != nil {
+			return nil, fmt.Errorf("virtual topics of %s in group %s: %w", req.MemberID, req.Group, err)
 		}
 	}
 	if len(mine) == 0 {
 		return nil, nil
 	}
-	slices.Sort(mine)
-	type sub struct {
-		id     string
-		topics []string
-		regex  *string
-	}
-	rows, err := db.Query(ctx, `SELECT member_id, subscribed_topics, subscribed_regex FROM streamd.kafka_consumer_members
-		WHERE group_id = $1 AND last_heartbeat + session_timeout_ms * interval '1 millisecond' >= coalesce($2, now())
-		ORDER BY member_id`, req.Group, c.now())
+	rows, err := db.Query(ctx, "SELECT topic, taker, rank, takers FROM streamd.kafka_consumer_virtual_ranks($1, $2, $3, $4)",
+		req.Group, req.MemberID, mine, c.now())
 	if err != nil {
 		return nil, fmt.Errorf("members of group %s: %w", req.Group, err)
 	}
-	subs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sub, error) {
-		var s sub
-		err := r.Scan(&s.id, &s.topics, &s.regex)
-		return s, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("members of group %s: %w", req.Group, err)
-	}
-	var out []StreamPartition
-	for _, name := range mine {
-		var takers []string
-		for _, s := range subs {
-			if takesTopic(s.topics, s.regex, name) {
-				takers = append(takers, s.id)
-			}
-		}
-		i := slices.Index(takers, req.MemberID)
-		if i < 0 {
-			continue
+	var (
+		out          []StreamPartition
+		name         string
+		taker        bool
+		rank, takers int32
+	)
+	_, err = pgx.ForEachRow(rows, []any{&name, &taker, &rank, &takers}, func() error {
+		if !taker { // its row changed meanwhile
+			return nil
 		}
 		for p := int32(0); p < req.Virtual[name]; p++ {
-			if int(p)%len(takers) == i {
+			if p%takers == rank {
 				out = append(out, StreamPartition{Stream: name, Partition: p})
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("members of group %s: %w", req.Group, err)
 	}
 	return out, nil
 }

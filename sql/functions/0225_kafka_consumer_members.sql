@@ -86,7 +86,7 @@ BEGIN
        SET member_epoch = EXCLUDED.member_epoch, instance_id = EXCLUDED.instance_id,
            subscribed_topics = EXCLUDED.subscribed_topics, subscribed_regex = EXCLUDED.subscribed_regex,
            session_timeout_ms = EXCLUDED.session_timeout_ms, rebalance_timeout_ms = EXCLUDED.rebalance_timeout_ms,
-           joined_at = EXCLUDED.joined_at, last_heartbeat = EXCLUDED.last_heartbeat;
+           joined_at = EXCLUDED.joined_at, last_heartbeat = EXCLUDED.last_heartbeat, virtual_topics = '{}';
     RETURN v_epoch;
 END;
 $$;
@@ -94,7 +94,8 @@ $$;
 -- A KIP-848 member's heartbeat: renews its session and, when p_topics or p_regex is
 -- not NULL, changes its subscription (an empty regex removes it). Raises SD150 when
 -- the member is unknown or its session lapsed (it joins again), SD110 when its epoch is
--- another one. Returns the subscription, the member's instance id and rebalance timeout.
+-- another one. Returns the subscription, the member's instance id, rebalance timeout
+-- and virtual topics (kafka_consumer_set_virtual).
 CREATE OR REPLACE FUNCTION streamd.kafka_consumer_heartbeat(
     p_group_id     text,
     p_member_id    text,
@@ -102,7 +103,8 @@ CREATE OR REPLACE FUNCTION streamd.kafka_consumer_heartbeat(
     p_topics       text[],
     p_regex        text,
     p_now          timestamptz
-) RETURNS TABLE (subscribed_topics text[], subscribed_regex text, instance_id text, rebalance_timeout_ms integer)
+) RETURNS TABLE (subscribed_topics text[], subscribed_regex text, instance_id text, rebalance_timeout_ms integer,
+                 virtual_topics text[])
 LANGUAGE plpgsql AS $$
 DECLARE
     v_member streamd.kafka_consumer_members%ROWTYPE;
@@ -125,8 +127,8 @@ BEGIN
            subscribed_topics = coalesce(p_topics, m.subscribed_topics),
            subscribed_regex = CASE WHEN p_regex IS NULL THEN m.subscribed_regex ELSE nullif(p_regex, '') END
      WHERE m.group_id = p_group_id AND m.member_id = p_member_id
-    RETURNING m.subscribed_topics, m.subscribed_regex, m.instance_id, m.rebalance_timeout_ms
-         INTO subscribed_topics, subscribed_regex, instance_id, rebalance_timeout_ms;
+    RETURNING m.subscribed_topics, m.subscribed_regex, m.instance_id, m.rebalance_timeout_ms, m.virtual_topics
+         INTO subscribed_topics, subscribed_regex, instance_id, rebalance_timeout_ms, virtual_topics;
     RETURN NEXT;
 END;
 $$;
@@ -139,4 +141,47 @@ LANGUAGE sql AS $$
     WITH d AS (DELETE FROM streamd.kafka_consumer_members m
                 WHERE m.group_id = p_group_id AND m.member_id = p_member_id RETURNING 1)
     SELECT EXISTS (SELECT 1 FROM d)
+$$;
+
+-- Records the virtual topics a member's subscription takes in (the caller resolves
+-- them: its regex is RE2, which SQL does not speak). Returns false when the member is
+-- not at that epoch (nothing written).
+CREATE OR REPLACE FUNCTION streamd.kafka_consumer_set_virtual(p_group_id text, p_member_id text, p_member_epoch integer,
+                                                              p_topics text[])
+RETURNS boolean
+LANGUAGE sql AS $$
+    WITH u AS (UPDATE streamd.kafka_consumer_members m SET virtual_topics = coalesce(p_topics, '{}')
+                WHERE m.group_id = p_group_id AND m.member_id = p_member_id AND m.member_epoch = p_member_epoch
+               RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM u)
+$$;
+
+-- A member's share of virtual topics: for each topic, whether the member is among the
+-- live members whose virtual_topics hold it, how many of those sort before p_member_id
+-- (byte order, as Go sorts) and how many there are. The member takes partition i of a
+-- topic when i mod n is its rank.
+CREATE OR REPLACE FUNCTION streamd.kafka_consumer_virtual_ranks(p_group_id text, p_member_id text, p_topics text[],
+                                                                p_now timestamptz)
+RETURNS TABLE (topic text, taker boolean, rank integer, takers integer)
+LANGUAGE sql STABLE AS $$
+    SELECT v.t, coalesce(bool_or(m.member_id = p_member_id), false),
+           (count(m.member_id) FILTER (WHERE m.member_id COLLATE "C" < p_member_id COLLATE "C"))::integer,
+           count(m.member_id)::integer
+      FROM unnest(p_topics) AS v(t)
+      LEFT JOIN streamd.kafka_consumer_members m
+        ON m.group_id = p_group_id AND v.t = ANY (m.virtual_topics)
+       AND m.last_heartbeat + m.session_timeout_ms * interval '1 millisecond' >= coalesce(p_now, now())
+     GROUP BY v.t
+     ORDER BY v.t
+$$;
+
+-- Bumps stream_set_version in the transaction that creates or deletes a stream (the
+-- deferred trigger of migration 0135, which created it first).
+CREATE OR REPLACE FUNCTION streamd.stream_set_changed()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE streamd.stream_set_version SET version = version + 1;
+    RETURN NULL;
+END;
 $$;
