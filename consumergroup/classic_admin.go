@@ -68,15 +68,15 @@ func (c *Classic) ListKafkaGroups(ctx context.Context) ([]KafkaGroup, error) {
 		  FROM streamd.kafka_groups g
 		UNION ALL
 		SELECT n.group_id, 'consumer',
-		       CASE WHEN EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
-		                          WHERE cr.group_id = n.group_id
-		                            AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now())
-		                 OR streamd.kc_has_live_members(n.group_id, now())
-		            THEN 'Stable' ELSE 'Empty' END,
+		       CASE WHEN bool_or(n.live) OR streamd.kc_has_live_members(n.group_id, now()) THEN 'Stable' ELSE 'Empty' END,
 		       'consumer', '', coalesce(max(n.group_epoch), 0)::integer
-		  FROM (SELECT cg.group_id, cg.group_epoch FROM streamd.consumer_groups cg
+		  FROM (SELECT cg.group_id, cg.group_epoch,
+		               EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
+		                        WHERE cr.stream_name = cg.stream_name AND cr.group_id = cg.group_id
+		                          AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now()) AS live
+		          FROM streamd.consumer_groups cg
 		        UNION ALL
-		        SELECT kc.group_id, NULL FROM streamd.kafka_consumer_groups kc) n
+		        SELECT kc.group_id, NULL, false FROM streamd.kafka_consumer_groups kc) n
 		 WHERE NOT EXISTS (SELECT 1 FROM streamd.kafka_groups g WHERE g.group_id = n.group_id)
 		 GROUP BY n.group_id
 		 ORDER BY 1`)
