@@ -378,25 +378,41 @@ func TestKIP848SubscriptionResolvedOnlyOnChange(t *testing.T) {
 		return res
 	}
 	counts := func() (compiles, resolves int64) { return c.subs.compiles.Load(), c.subs.resolves.Load() }
+	// Other tests create streams in the same database meanwhile, and each one changes
+	// the stream set's version: a run of heartbeats may resolve again at most once per
+	// change it saw (a and b share one subscription), never once per heartbeat.
+	version := func() int64 {
+		var v int64
+		require.NoError(t, pool.QueryRow(ctx, "SELECT version FROM streamd.stream_set_version").Scan(&v))
+		return v
+	}
+	steady := func(what string, beats func()) {
+		t.Helper()
+		_, r0 := counts()
+		v0 := version()
+		beats()
+		_, r1 := counts()
+		require.LessOrEqual(t, r1-r0, version()-v0, what)
+	}
 
 	beat("a", &regex)
-	beat("b", &regex)
-	compiles, resolves := counts()
+	steady("b shares a's resolution", func() { beat("b", &regex) })
+	compiles, _ := counts()
 	require.Equal(t, int64(1), compiles, "one regex, compiled once")
-	require.Equal(t, int64(1), resolves, "b shares a's resolution")
-	for range 3 {
-		beat("a", nil)
-		beat("b", nil)
-	}
-	compiles, resolves = counts()
-	require.Equal(t, []int64{1, 1}, []int64{compiles, resolves}, "heartbeats resolve nothing again")
+	steady("heartbeats resolve nothing again", func() {
+		for range 5 {
+			beat("a", nil)
+			beat("b", nil)
+		}
+	})
 
-	// A stream created later: resolved again once, and joined.
+	// A stream created later: resolved again, and joined.
+	_, before := counts()
 	require.NoError(t, client.CreateStream(ctx, prefix+"-b", 2))
 	beat("a", nil)
 	res := beat("b", nil)
-	_, resolves = counts()
-	require.Equal(t, int64(2), resolves, "the stream set changed: resolved once more")
+	_, after := counts()
+	require.Greater(t, after, before, "the stream set changed: resolved again")
 	require.Contains(t, partitionsOf(res.Assignment), "__virtual")
 	a := beat("a", nil)
 	require.Equal(t, 1, partitionsOf(a.Assignment)["__virtual"], "a and b split the virtual topic")
@@ -424,10 +440,10 @@ func TestKIP848SubscriptionResolvedOnlyOnChange(t *testing.T) {
 	require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 0}, got, "partition i to the (i mod 3)-th taker by id")
 
 	// A subscription changed by a heartbeat is resolved again.
-	_, before := counts()
+	_, before = counts()
 	beat("a", nil, prefix+"-a")
-	_, after := counts()
-	require.Equal(t, before+1, after)
+	_, after = counts()
+	require.Greater(t, after, before)
 }
 
 // TestLRUForgetsTheLeastRecentlyUsed: the subscription caches are bounded.
