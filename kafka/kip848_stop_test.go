@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -152,32 +151,6 @@ func (c *controlledChild) line(t *testing.T, prefix string) string {
 	}
 }
 
-// freezeProcess stops a process with SIGSTOP and returns once every one of its threads
-// is stopped (as consumergroup's stopProcess: kill(2) only queues the stop, and on a
-// loaded machine another thread of the process may run on for a while).
-func freezeProcess(t *testing.T, pid int) {
-	t.Helper()
-	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
-	testdb.WaitFor(t, 10*time.Second, fmt.Sprintf("every thread of process %d stopped", pid), func() bool {
-		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-		require.NoError(t, err)
-		for _, task := range tasks {
-			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
-			if errors.Is(err, os.ErrNotExist) {
-				continue // the thread exited
-			}
-			require.NoError(t, err)
-			// "tid (comm) state ...": comm may hold spaces and parentheses.
-			i := bytes.LastIndexByte(stat, ')')
-			require.True(t, i > 0 && i+2 < len(stat), "unexpected %s", stat)
-			if state := stat[i+2]; state != 'T' && state != 't' {
-				return false
-			}
-		}
-		return true
-	})
-}
-
 // multiTopicGroup is a KIP-848 group over two topics for the process tests: the topics,
 // the table the children record into, and watches on the committed offsets.
 type multiTopicGroup struct {
@@ -300,7 +273,7 @@ func TestFrozenChildKIP848MultiTopicConsumers(t *testing.T) {
 	member := held[1]
 	epoch, err := strconv.Atoi(held[2])
 	require.NoError(t, err)
-	freezeProcess(t, a.cmd.Process.Pid)
+	testdb.StopProcess(t, a.cmd.Process.Pid)
 
 	// The group carries on without it: its partitions of both topics move to the
 	// other member, which processes and commits everything produced meanwhile.
