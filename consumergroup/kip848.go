@@ -23,10 +23,12 @@ import (
 // resolves to through a native membership of that stream's group under the same id
 // (join_group, group_heartbeat, release_partitions, leave_group), assigned by the same
 // server-side sticky assignor and fenced by that membership's native epoch, so native
-// Go members and KIP-848 members share a stream's group. The subscription is resolved
-// again on every heartbeat: a stream created later that a name or the regex matches is
-// joined then, one that left the subscription (or was deleted) is left. Assignment
-// changes travel in the assignment, not in the epoch.
+// Go members and KIP-848 members share a stream's group. Every heartbeat reconciles the
+// member's memberships with its subscription: a stream created later that a name or
+// the regex matches is joined then, one that left the subscription (or was deleted) is
+// left. The resolution itself is cached until the subscription or the stream set
+// changes (kip848_cache.go). Assignment changes travel in the assignment, not in the
+// epoch.
 
 // ErrStaleMemberEpoch: a KIP-848 member committed a partition it does not own at its
 // epoch (Kafka's STALE_MEMBER_EPOCH): it was revoked; nothing of it was written.
