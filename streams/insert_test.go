@@ -197,3 +197,66 @@ func TestDefaultEventIDsAreTimeOrdered(t *testing.T) {
 		}
 	}
 }
+
+// TestOneStatementAppendRacingASettingsChange: a one-statement append (append_one for
+// one record, append_reserve_row for a batch) that waits for its head row while
+// set_stream_event_sourcing turns key versions on reads the stream's settings once it
+// holds the row, so it sees them on: it gives its offsets back, and the records go
+// through streamd.append, which numbers the key's versions. Never keyed events without
+// versions, and the offsets stay gapless (L1). The stream's row is read once, after
+// the reservation (bench/RESULTS.md, session 10); the reads before it and the
+// re-check under the lock made such an append fail with 40001 instead.
+func TestOneStatementAppendRacingASettingsChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, nil)
+	// The key's own partition: a stream with key versions takes keyed records there only.
+	part := streams.PartitionForKey("k", 2)
+	for _, tc := range []struct {
+		n     int
+		query string
+	}{{1, "streamd.append_one("}, {3, "streamd.append_reserve_row("}} {
+		s := testdb.Name("race")
+		require.NoError(t, c.CreateStream(ctx, s, 2))
+		_, err := c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(part), Data: json.RawMessage(`1`)})
+		require.NoError(t, err)
+
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, true, false)", s)
+		require.NoError(t, err)
+		recs := make([]streams.Record, tc.n)
+		for i := range recs {
+			recs[i] = streams.Record{Stream: s, Partition: streams.PartitionOf(part), Key: "k", Data: json.RawMessage(`2`)}
+		}
+		appended := make(chan error, 1)
+		go func() {
+			_, err := c.Produce(ctx, recs...)
+			appended <- err
+		}()
+		testdb.WaitForLockWait(t, pool, tx, tc.query)
+		require.NoError(t, tx.Commit(ctx))
+		require.NoError(t, <-appended, "batch of %d", tc.n)
+
+		rows, err := pool.Query(ctx, `SELECT "offset", key_version FROM streamd.events WHERE stream_name = $1 AND partition = $2 ORDER BY "offset"`, s, part)
+		require.NoError(t, err)
+		type row struct {
+			Offset     int64
+			KeyVersion *int64
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+		require.NoError(t, err)
+		require.Len(t, got, 1+tc.n)
+		for i, r := range got {
+			require.EqualValues(t, i, r.Offset, "gapless offsets")
+			if i > 0 {
+				require.NotNil(t, r.KeyVersion, "batch of %d: a keyed event stored without its version", tc.n)
+				require.EqualValues(t, i, *r.KeyVersion)
+			}
+		}
+		var next int64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT next_offset FROM streamd.stream_partitions WHERE stream_name = $1 AND partition = $2`, s, part).Scan(&next))
+		require.EqualValues(t, 1+tc.n, next)
+	}
+}
