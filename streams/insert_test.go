@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -147,4 +150,132 @@ func TestAppendOneLeavesTheTransactionUntrusted(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, []int64{0, 1}, offsets, "the plain INSERT after append_one took the next offset")
+}
+
+// TestDefaultEventIDsAreTimeOrdered: records appended without an event id get UUIDv7
+// ids, on every path (one record, the one-statement batch, keyed records through
+// streamd.append, the Producer, AppendPartition's COPY, and the server's for a plain
+// INSERT or streamd.append without ids), and the client's ids of each append sort
+// after those of the append before, so the stream's unique event id index is
+// written at its right-hand edge rather than on random leaves (issue 21 §2).
+func TestDefaultEventIDsAreTimeOrdered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, s := setup(t, 2)
+	rec := func(call string, partition int32, key string) streams.Record {
+		r := streams.Record{Stream: s, EventType: call, Key: key, Data: json.RawMessage(`{"a":1}`)}
+		if key == "" {
+			r.Partition = streams.PartitionOf(partition)
+		}
+		return r
+	}
+	_, err := c.Produce(ctx, rec("c1", 0, ""))
+	require.NoError(t, err)
+	_, err = c.Produce(ctx, rec("c2", 0, ""), rec("c2", 0, ""))
+	require.NoError(t, err)
+	_, err = c.Produce(ctx, rec("c3", 0, "k"), rec("c3", 0, "l"))
+	require.NoError(t, err)
+	p, err := streams.NewProducer(pool, nil)
+	require.NoError(t, err)
+	_, err = p.Produce(ctx, rec("c4", 1, ""))
+	require.NoError(t, err)
+	require.NoError(t, p.Close(ctx))
+	_, err = c.AppendPartition(ctx, s, 1, []streams.Record{{Stream: s, EventType: "c5", Bytes: []byte("x")}}, nil)
+	require.NoError(t, err)
+	// Ids the server makes (streamd.new_event_id): a plain INSERT without one, and
+	// streamd.append given none. Version 7 too; not compared with the client's, whose
+	// clock may share their millisecond.
+	_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_type, data) VALUES ($1, 's1', '1')`, s)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, ARRAY['s2', 's2'], NULL, ARRAY['1', '2'], NULL, NULL, NULL, NULL, NULL)`, s)
+	require.NoError(t, err)
+	var serverIDs []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(event_id) FROM streamd.events WHERE stream_name = $1 AND event_type LIKE 's%'`, s).Scan(&serverIDs))
+	require.Len(t, serverIDs, 3)
+	for _, id := range serverIDs {
+		u, err := uuid.Parse(id)
+		require.NoError(t, err)
+		require.Equal(t, uuid.Version(7), u.Version(), "server-made event id %s", id)
+		require.Equal(t, uuid.RFC4122, u.Variant(), "server-made event id %s", id)
+		require.WithinDuration(t, time.Now(), time.Unix(u.Time().UnixTime()), time.Minute, "server-made event id %s", id)
+	}
+
+	// The appends in the order they were made, and within each the ids sorted.
+	rows, err := pool.Query(ctx, `SELECT event_id FROM streamd.events WHERE stream_name = $1 AND event_type LIKE 'c%' ORDER BY event_type, event_id`, s)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, ids, 7)
+	for i, id := range ids {
+		u, err := uuid.Parse(id)
+		require.NoError(t, err)
+		require.Equal(t, uuid.Version(7), u.Version(), "event id %d %s", i, id)
+		if i > 0 {
+			require.Less(t, ids[i-1], id, "event ids in the order they were made")
+		}
+	}
+}
+
+// TestOneStatementAppendRacingASettingsChange: a one-statement append (append_one for
+// one record, append_reserve_row for a batch) that waits for its head row while
+// set_stream_event_sourcing turns key versions on reads the stream's settings once it
+// holds the row, so it sees them on: it gives its offsets back, and the records go
+// through streamd.append, which numbers the key's versions. Never keyed events without
+// versions, and the offsets stay gapless (L1). The stream's row is read once, after
+// the reservation (bench/RESULTS.md, session 10); the reads before it and the
+// re-check under the lock made such an append fail with 40001 instead.
+func TestOneStatementAppendRacingASettingsChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, nil)
+	// The key's own partition: a stream with key versions takes keyed records there only.
+	part := streams.PartitionForKey("k", 2)
+	for _, tc := range []struct {
+		n     int
+		query string
+	}{{1, "streamd.append_one("}, {3, "streamd.append_reserve_row("}} {
+		s := testdb.Name("race")
+		require.NoError(t, c.CreateStream(ctx, s, 2))
+		_, err := c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(part), Data: json.RawMessage(`1`)})
+		require.NoError(t, err)
+
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, true, false)", s)
+		require.NoError(t, err)
+		recs := make([]streams.Record, tc.n)
+		for i := range recs {
+			recs[i] = streams.Record{Stream: s, Partition: streams.PartitionOf(part), Key: "k", Data: json.RawMessage(`2`)}
+		}
+		appended := make(chan error, 1)
+		go func() {
+			_, err := c.Produce(ctx, recs...)
+			appended <- err
+		}()
+		testdb.WaitForLockWait(t, pool, tx, tc.query)
+		require.NoError(t, tx.Commit(ctx))
+		require.NoError(t, <-appended, "batch of %d", tc.n)
+
+		rows, err := pool.Query(ctx, `SELECT "offset", key_version FROM streamd.events WHERE stream_name = $1 AND partition = $2 ORDER BY "offset"`, s, part)
+		require.NoError(t, err)
+		type row struct {
+			Offset     int64
+			KeyVersion *int64
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+		require.NoError(t, err)
+		require.Len(t, got, 1+tc.n)
+		for i, r := range got {
+			require.EqualValues(t, i, r.Offset, "gapless offsets")
+			if i > 0 {
+				require.NotNil(t, r.KeyVersion, "batch of %d: a keyed event stored without its version", tc.n)
+				require.EqualValues(t, i, *r.KeyVersion)
+			}
+		}
+		var next int64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT next_offset FROM streamd.stream_partitions WHERE stream_name = $1 AND partition = $2`, s, part).Scan(&next))
+		require.EqualValues(t, 1+tc.n, next)
+	}
 }

@@ -104,7 +104,7 @@ DECLARE
     v_bad    integer;
 BEGIN
     SELECT array_agg(coalesce(u.p, CASE WHEN u.k IS NOT NULL THEN streamd.partition_for_key(u.k, p_stream.partitions) ELSE v_sticky END) ORDER BY u.i),
-           array_agg(coalesce(u.e, gen_random_uuid()::text) ORDER BY u.i)
+           array_agg(coalesce(u.e, streamd.new_event_id()) ORDER BY u.i)
       INTO parts, ids
       FROM unnest(coalesce(p_partitions, array_fill(NULL::integer, ARRAY[p_n])),
                   coalesce(p_keys, array_fill(NULL::text, ARRAY[p_n])),
@@ -433,9 +433,21 @@ $$;
 -- heap with brk and gave it back at its end, with page faults and TLB flushes:
 -- measured 2-3 times the server CPU of a plain INSERT's transaction (bench/RESULTS.md,
 -- issue 21 §2). A declined batch (see append_reserve) returns base and ts NULL and
--- reserves nothing. Like append_reserve, not for use in a transaction that goes on
--- after its INSERT: the trusted mark stays set until the transaction ends (the
--- one-statement path runs in its own implicit transaction).
+-- leaves the head where it was. Like append_reserve, not for use in a transaction
+-- that goes on after its INSERT: the trusted mark stays set until the transaction
+-- ends (the one-statement path runs in its own implicit transaction).
+--
+-- It reserves first and reads the stream's row after (append_reserve reads, reserves,
+-- then reads again): the head row's lock, held until the transaction ends, orders this
+-- append after any change of the stream's event sourcing settings in progress
+-- (set_stream_event_sourcing holds the head rows while it changes them), and the read,
+-- a statement that starts once the lock is held, sees the settings this append runs
+-- under. One read of the stream's row where there were two (bench/RESULTS.md, session
+-- 10). A partition or stream that does not exist has no head row: nothing reserved,
+-- and raise_partition_missing names what is missing (under row-level security, what
+-- the caller may see). A batch declined once reserved gives its offsets back
+-- (head_give_back): the head's next offset is where it was; its last_appended_at, the
+-- floor of the next batch's log time, has moved to now.
 CREATE OR REPLACE FUNCTION streamd.append_reserve_row(p_stream_name text, p_partition integer, p_count integer,
                                                       p_max_payload_bytes integer, OUT base bigint, OUT ts timestamptz)
 LANGUAGE plpgsql AS $$
@@ -444,20 +456,27 @@ DECLARE
     v_head   record;
     v_set    text;
 BEGIN
-    SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
-    IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
-        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
-    END IF;
-    IF p_count < 1 OR v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
-       OR p_max_payload_bytes IS NULL OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
+    IF p_count < 1 OR p_max_payload_bytes IS NULL THEN
+        -- Declined whatever the stream's settings: nothing to reserve, but the
+        -- errors of a missing stream or partition all the same.
+        SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+        IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
+            PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+        END IF;
         RETURN;
     END IF;
     v_head := streamd.head_reserve(p_stream_name, p_partition, p_count);
-    IF v_head.base IS NULL THEN
-        -- The stream was deleted while this waited for its head row.
+    SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+    IF v_head.base IS NULL OR NOT FOUND THEN
+        -- No such partition, or a stream deleted while this waited for its head row,
+        -- or one the caller may not see: the error streamd.append gives.
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
-    PERFORM streamd.append_recheck_rules(p_stream_name, v_stream.key_versions, v_stream.enforce_event_types);
+    IF v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
+       OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
+        PERFORM streamd.head_give_back(p_stream_name, p_partition, v_head.base);
+        RETURN;
+    END IF;
     v_set := set_config('streamd.append_trusted', 'on', true);
     base := v_head.base;
     ts := v_head.ts;
@@ -467,10 +486,11 @@ $$;
 -- Appends one event to partition p_partition of p_stream_name: the one-statement
 -- path's form for a batch of one record (streams/insert.go), where the statement
 -- around a reservation and an INSERT of arrays cost more than the event itself. The
--- same checks and effects as append_reserve_row followed by the INSERT, in one call
--- with scalar arguments: no arrays to receive and unnest, no CTE, and plans that
--- PL/pgSQL keeps for the session. Returns the event's offset and log time; both NULL,
--- with nothing written or reserved, when the append must take streamd.append()
+-- same checks and effects as append_reserve_row followed by the INSERT (reserving
+-- first, then one read of the stream's row), in one call with scalar arguments: no
+-- arrays to receive and unnest, no CTE, and plans that PL/pgSQL keeps for the
+-- session. Returns the event's offset and log time; both NULL, with nothing written
+-- and the head's next offset where it was, when the append must take streamd.append()
 -- instead (what append_reserve declines). A duplicate event id fails with a unique
 -- violation (the caller retries through streamd.append(), which deduplicates, L4).
 CREATE OR REPLACE FUNCTION streamd.append_one(p_stream_name text, p_partition integer, p_event_id text, p_event_type text,
@@ -483,24 +503,15 @@ DECLARE
     v_head   record;
     v_set    text;
 BEGIN
+    v_head := streamd.head_reserve(p_stream_name, p_partition, 1);
     SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
-    IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
+    IF v_head.base IS NULL OR NOT FOUND THEN
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
     IF v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
        OR coalesce(octet_length(p_data), 0) + coalesce(octet_length(p_data_bytes), 0) > v_stream.max_payload_bytes THEN
+        PERFORM streamd.head_give_back(p_stream_name, p_partition, v_head.base);
         RETURN;
-    END IF;
-    v_head := streamd.head_reserve(p_stream_name, p_partition, 1);
-    IF v_head.base IS NULL THEN
-        -- The stream was deleted while this waited for its head row.
-        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
-    END IF;
-    -- append_recheck_rules, inline.
-    IF EXISTS (SELECT 1 FROM streamd.streams s WHERE s.stream_name = p_stream_name
-                 AND (s.key_versions, s.enforce_event_types) IS DISTINCT FROM (v_stream.key_versions, v_stream.enforce_event_types)) THEN
-        RAISE EXCEPTION USING ERRCODE = '40001',
-            MESSAGE = format('stream %L changed its event sourcing settings while this append waited: retry it', p_stream_name);
     END IF;
     v_set := set_config('streamd.append_trusted', 'on', true);
     INSERT INTO streamd.events (stream_name, partition, "offset", event_id, event_type, key, data, data_bytes,
