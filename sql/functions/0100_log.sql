@@ -433,21 +433,9 @@ $$;
 -- heap with brk and gave it back at its end, with page faults and TLB flushes:
 -- measured 2-3 times the server CPU of a plain INSERT's transaction (bench/RESULTS.md,
 -- issue 21 §2). A declined batch (see append_reserve) returns base and ts NULL and
--- leaves the head where it was. Like append_reserve, not for use in a transaction
--- that goes on after its INSERT: the trusted mark stays set until the transaction
--- ends (the one-statement path runs in its own implicit transaction).
---
--- It reserves first and reads the stream's row after (append_reserve reads, reserves,
--- then reads again): the head row's lock, held until the transaction ends, orders this
--- append after any change of the stream's event sourcing settings in progress
--- (set_stream_event_sourcing holds the head rows while it changes them), and the read,
--- a statement that starts once the lock is held, sees the settings this append runs
--- under. One read of the stream's row where there were two (bench/RESULTS.md, session
--- 10). A partition or stream that does not exist has no head row: nothing reserved,
--- and raise_partition_missing names what is missing (under row-level security, what
--- the caller may see). A batch declined once reserved gives its offsets back
--- (head_give_back): the head's next offset is where it was; its last_appended_at, the
--- floor of the next batch's log time, has moved to now.
+-- reserves nothing. Like append_reserve, not for use in a transaction that goes on
+-- after its INSERT: the trusted mark stays set until the transaction ends (the
+-- one-statement path runs in its own implicit transaction).
 CREATE OR REPLACE FUNCTION streamd.append_reserve_row(p_stream_name text, p_partition integer, p_count integer,
                                                       p_max_payload_bytes integer, OUT base bigint, OUT ts timestamptz)
 LANGUAGE plpgsql AS $$
@@ -456,27 +444,20 @@ DECLARE
     v_head   record;
     v_set    text;
 BEGIN
-    IF p_count < 1 OR p_max_payload_bytes IS NULL THEN
-        -- Declined whatever the stream's settings: nothing to reserve, but the
-        -- errors of a missing stream or partition all the same.
-        SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
-        IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
-            PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
-        END IF;
+    SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
+    IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    IF p_count < 1 OR v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
+       OR p_max_payload_bytes IS NULL OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
         RETURN;
     END IF;
     v_head := streamd.head_reserve(p_stream_name, p_partition, p_count);
-    SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
-    IF v_head.base IS NULL OR NOT FOUND THEN
-        -- No such partition, or a stream deleted while this waited for its head row,
-        -- or one the caller may not see: the error streamd.append gives.
+    IF v_head.base IS NULL THEN
+        -- The stream was deleted while this waited for its head row.
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
-    IF v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
-       OR p_max_payload_bytes > v_stream.max_payload_bytes THEN
-        PERFORM streamd.head_give_back(p_stream_name, p_partition, v_head.base);
-        RETURN;
-    END IF;
+    PERFORM streamd.append_recheck_rules(p_stream_name, v_stream.key_versions, v_stream.enforce_event_types);
     v_set := set_config('streamd.append_trusted', 'on', true);
     base := v_head.base;
     ts := v_head.ts;
@@ -486,11 +467,10 @@ $$;
 -- Appends one event to partition p_partition of p_stream_name: the one-statement
 -- path's form for a batch of one record (streams/insert.go), where the statement
 -- around a reservation and an INSERT of arrays cost more than the event itself. The
--- same checks and effects as append_reserve_row followed by the INSERT (reserving
--- first, then one read of the stream's row), in one call with scalar arguments: no
--- arrays to receive and unnest, no CTE, and plans that PL/pgSQL keeps for the
--- session. Returns the event's offset and log time; both NULL, with nothing written
--- and the head's next offset where it was, when the append must take streamd.append()
+-- same checks and effects as append_reserve_row followed by the INSERT, in one call
+-- with scalar arguments: no arrays to receive and unnest, no CTE, and plans that
+-- PL/pgSQL keeps for the session. Returns the event's offset and log time; both NULL,
+-- with nothing written or reserved, when the append must take streamd.append()
 -- instead (what append_reserve declines). A duplicate event id fails with a unique
 -- violation (the caller retries through streamd.append(), which deduplicates, L4).
 CREATE OR REPLACE FUNCTION streamd.append_one(p_stream_name text, p_partition integer, p_event_id text, p_event_type text,
@@ -503,15 +483,24 @@ DECLARE
     v_head   record;
     v_set    text;
 BEGIN
-    v_head := streamd.head_reserve(p_stream_name, p_partition, 1);
     SELECT * INTO v_stream FROM streamd.streams s WHERE s.stream_name = p_stream_name;
-    IF v_head.base IS NULL OR NOT FOUND THEN
+    IF NOT FOUND OR p_partition < 0 OR p_partition >= v_stream.partitions THEN
         PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
     END IF;
     IF v_stream.key_versions OR v_stream.enforce_event_types OR v_stream.read_only
        OR coalesce(octet_length(p_data), 0) + coalesce(octet_length(p_data_bytes), 0) > v_stream.max_payload_bytes THEN
-        PERFORM streamd.head_give_back(p_stream_name, p_partition, v_head.base);
         RETURN;
+    END IF;
+    v_head := streamd.head_reserve(p_stream_name, p_partition, 1);
+    IF v_head.base IS NULL THEN
+        -- The stream was deleted while this waited for its head row.
+        PERFORM streamd.raise_partition_missing(p_stream_name, p_partition);
+    END IF;
+    -- append_recheck_rules, inline.
+    IF EXISTS (SELECT 1 FROM streamd.streams s WHERE s.stream_name = p_stream_name
+                 AND (s.key_versions, s.enforce_event_types) IS DISTINCT FROM (v_stream.key_versions, v_stream.enforce_event_types)) THEN
+        RAISE EXCEPTION USING ERRCODE = '40001',
+            MESSAGE = format('stream %L changed its event sourcing settings while this append waited: retry it', p_stream_name);
     END IF;
     v_set := set_config('streamd.append_trusted', 'on', true);
     INSERT INTO streamd.events (stream_name, partition, "offset", event_id, event_type, key, data, data_bytes,
