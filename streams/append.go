@@ -1,7 +1,6 @@
 package streams
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -85,7 +84,11 @@ func appendBatch(ctx context.Context, db DBTX, stream string, records []Record) 
 		}
 		// A record without an id gets one here rather than streamd.append's random
 		// default: a UUIDv7, ordered by time (newEventID).
-		ids[i] = pgtype.Text{String: cmp.Or(r.EventID, newEventID()), Valid: true}
+		id := r.EventID
+		if id == "" {
+			id = newEventID()
+		}
+		ids[i] = pgtype.Text{String: id, Valid: true}
 		setText(&types, n, i, r.EventType)
 		setText(&keys, n, i, r.Key)
 		if r.Data != nil {

@@ -10,7 +10,7 @@
 CREATE OR REPLACE FUNCTION streamd.new_event_id() RETURNS text
 LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
     SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-                                          PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+                                          PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
                                           FROM 1 FOR 6),
                                   52, 1), 53, 1), 'hex')::uuid::text
 $$;
