@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -368,6 +369,45 @@ func TestAppendRacingASettingsChangeIsRetried(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT key_version FROM streamd.events WHERE stream_name = $1", s).Scan(&kv))
 	require.NotNil(t, kv)
 	require.EqualValues(t, 1, *kv)
+}
+
+// TestRepeatableReadAppendRacingASettingsChangeIsRetried: the same race, with the
+// append in a REPEATABLE READ transaction whose snapshot predates the settings: it
+// read the old settings and can read nothing newer, so it must fail with 40001. A
+// head row that set_stream_event_sourcing only locked would let it append keyed
+// events without versions; the function updates the head rows, and a REPEATABLE READ
+// transaction cannot update a row updated after its snapshot.
+func TestRepeatableReadAppendRacingASettingsChangeIsRetried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, nil)
+	s := testdb.Name("esracerr")
+	require.NoError(t, c.CreateStream(ctx, s, 1))
+
+	rr, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = rr.Rollback(ctx) }()
+	_, err = rr.Exec(ctx, "SELECT 1") // the snapshot: before the settings change
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, true, false)", s)
+	require.NoError(t, err)
+	appended := make(chan error, 1)
+	go func() {
+		_, err := rr.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, NULL, ARRAY['k'], ARRAY['1'], NULL, NULL, NULL, NULL, NULL)`, s)
+		appended <- err
+	}()
+	testdb.WaitForLockWait(t, pool, tx, "streamd.append(")
+	require.NoError(t, tx.Commit(ctx))
+	err = <-appended
+	require.Equal(t, "40001", sqlerr.Code(err), "%v", err)
+	require.NoError(t, rr.Rollback(ctx))
+	var n int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.events WHERE stream_name = $1", s).Scan(&n))
+	require.Zero(t, n)
 }
 
 // TestInsertKeyVersionIsNeverDropped: a plain INSERT's key_version is an expected

@@ -298,9 +298,10 @@ END;
 $$;
 
 -- Turns key versions and event type enforcement on or off for a stream. Takes the
--- stream's head rows, so it waits for appends in flight; an append that read the old
--- settings and waited for those rows fails with 40001 to be retried
--- (streamd.append_recheck_rules), so none runs half under the old rule. Turning key
+-- stream's head rows (and writes them: see below), so it waits for appends in flight;
+-- an append that read the old settings and waited for those rows fails with 40001 to
+-- be retried (streamd.append_recheck_rules under READ COMMITTED, the head row's new
+-- version under REPEATABLE READ), so none runs half under the old rule. Turning key
 -- versions on for a stream that holds keyed events numbers only the events appended
 -- from then on (the earlier ones keep key_version NULL).
 CREATE OR REPLACE FUNCTION streamd.set_stream_event_sourcing(p_stream_name text, p_key_versions boolean, p_enforce_event_types boolean)
@@ -315,6 +316,11 @@ BEGIN
         PERFORM streamd.raise_partition_missing(p_stream_name, 0);
     END IF;
     PERFORM 1 FROM streamd.stream_partitions h WHERE h.stream_name = p_stream_name ORDER BY h.partition FOR NO KEY UPDATE;
+    -- A new version of each head row, not only a lock: an append in a REPEATABLE READ
+    -- (or SERIALIZABLE) transaction read the old settings in its snapshot and would
+    -- not see the new ones on a re-check; updating a row updated since its snapshot
+    -- fails it with 40001 instead (TestRepeatableReadAppendRacingASettingsChangeIsRetried).
+    UPDATE streamd.stream_partitions h SET next_offset = h.next_offset WHERE h.stream_name = p_stream_name;
     UPDATE streamd.streams s
        SET key_versions = p_key_versions, enforce_event_types = p_enforce_event_types, updated_at = now()
      WHERE s.stream_name = p_stream_name;
