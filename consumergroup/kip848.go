@@ -207,10 +207,19 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 // next call finds its row gone (UNKNOWN_MEMBER_ID) and leaves what it still holds. Both
 // locks are always taken in this order (member, then instance), so no two calls wait
 // for each other. The returned func releases them (a lock that cannot be released goes
-// with its session: the connection is closed).
+// with its session: the connection is closed, as it is when taking one fails).
 func lockConsumerMember(ctx context.Context, conn *pgxpool.Conn, req *ConsumerHeartbeat) (func(), error) {
 	memberKey := req.Group + "/" + req.MemberID
+	// A lock statement that failed (a cancelled context, a dropped connection) may
+	// still have taken its lock in the server: the session is closed, which releases
+	// every lock it holds, rather than left in the pool holding one.
+	closeSession := func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Conn().Close(cctx)
+	}
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", kip848LockClass, memberKey); err != nil {
+		closeSession()
 		return nil, err
 	}
 	instanceKey := ""
@@ -246,7 +255,7 @@ func lockConsumerMember(ctx context.Context, conn *pgxpool.Conn, req *ConsumerHe
 		}
 	}
 	if err != nil {
-		release()
+		closeSession()
 		return nil, err
 	}
 	return release, nil
