@@ -366,8 +366,17 @@ func TestKIP848SubscriptionResolvedOnlyOnChange(t *testing.T) {
 	virtual := map[string]int32{"__virtual": 2}
 	regex := "^(?:" + prefix + "-.*|__virtual)$"
 	epochs := map[string]int32{}
+	// The stream set's version read before the last heartbeat: what that heartbeat
+	// resolved against is this version or a later one.
+	var beforeLast int64
+	version := func() int64 {
+		var v int64
+		require.NoError(t, pool.QueryRow(ctx, "SELECT version FROM streamd.stream_set_version").Scan(&v))
+		return v
+	}
 	beat := func(id string, r *string, topics ...string) *ConsumerHeartbeatResult {
 		t.Helper()
+		beforeLast = version()
 		req := &ConsumerHeartbeat{Group: group, MemberID: id, MemberEpoch: epochs[id], Regex: r, Virtual: virtual}
 		if topics != nil {
 			req.Topics = topics
@@ -380,16 +389,13 @@ func TestKIP848SubscriptionResolvedOnlyOnChange(t *testing.T) {
 	counts := func() (compiles, resolves int64) { return c.subs.compiles.Load(), c.subs.resolves.Load() }
 	// Other tests create streams in the same database meanwhile, and each one changes
 	// the stream set's version: a run of heartbeats may resolve again at most once per
-	// change it saw (a and b share one subscription), never once per heartbeat.
-	version := func() int64 {
-		var v int64
-		require.NoError(t, pool.QueryRow(ctx, "SELECT version FROM streamd.stream_set_version").Scan(&v))
-		return v
-	}
+	// change since the heartbeat before it resolved (a and b share one subscription),
+	// never once per heartbeat. Counted from the version read before that heartbeat: a
+	// stream created between it and the run is a change the run may resolve for.
 	steady := func(what string, beats func()) {
 		t.Helper()
 		_, r0 := counts()
-		v0 := version()
+		v0 := beforeLast
 		beats()
 		_, r1 := counts()
 		require.LessOrEqual(t, r1-r0, version()-v0, what)
