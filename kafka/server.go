@@ -245,6 +245,9 @@ type Server struct {
 	// fetchPoll, when set, replaces the long poll's safety-net polling intervals
 	// (tests: a poll an hour away cannot pass for a wake-up).
 	fetchPoll *wakeup.PollOpts
+	// fetchReadHook, when set (tests), is called before each Fetch read of a
+	// partition, on the read's goroutine.
+	fetchReadHook func(topic string, partition int32)
 
 	// compression caches each topic's fetch codec (fetch_compression.go).
 	compression topicCompression
