@@ -1,6 +1,7 @@
 package streams
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -82,7 +83,9 @@ func appendBatch(ctx context.Context, db DBTX, stream string, records []Record) 
 			}
 			parts[i] = pgtype.Int4{Int32: *r.Partition, Valid: true}
 		}
-		ids[i] = pgtype.Text{String: r.EventID, Valid: r.EventID != ""}
+		// A record without an id gets one here rather than streamd.append's random
+		// default: a UUIDv7, ordered by time (newEventID).
+		ids[i] = pgtype.Text{String: cmp.Or(r.EventID, newEventID()), Valid: true}
 		setText(&types, n, i, r.EventType)
 		setText(&keys, n, i, r.Key)
 		if r.Data != nil {
