@@ -1,8 +1,10 @@
 // Package brokers is the registry of the streamd instances that serve the Kafka
-// protocol. Each instance heartbeats one row of its advertised address in
-// streamd.kafka_brokers; the rows that have not expired are the live brokers that
-// Kafka's Metadata lists. Every live broker can lead every partition: they all read
-// and write the same database.
+// protocol. Each instance heartbeats Config.Slots rows of its advertised address in
+// streamd.kafka_brokers, each a broker identity (node id) of its own; the rows that
+// have not expired are the live brokers that Kafka's Metadata lists. Every live broker
+// can lead every partition: they all read and write the same database. Several
+// identities per instance let a Kafka client, which keeps one fetch in flight per
+// broker, fetch the partitions led by different identities independently.
 package brokers
 
 import (
@@ -10,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -41,6 +44,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Rack is the rack Metadata reports for this broker. Defaults to none.
 	Rack string
+	// Slots is how many broker identities (rows, node ids) the instance registers at
+	// its address, between 1 and MaxSlots. Defaults to 1.
+	Slots int
 	// TTL is how long a row outlives its last heartbeat: the longest a dead instance
 	// stays listed. Defaults to 10s.
 	TTL time.Duration
@@ -69,8 +75,18 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.Listener == "" {
 		out.Listener = DefaultListener
 	}
+	if out.Slots == 0 {
+		out.Slots = 1
+	}
+	if out.Slots < 1 || out.Slots > MaxSlots {
+		return out, fmt.Errorf("brokers: Config.Slots %d must be between 1 and %d", out.Slots, MaxSlots)
+	}
 	return out, nil
 }
+
+// MaxSlots bounds Config.Slots: every client of a listener opens connections to
+// every identity it is given a partition of.
+const MaxSlots = 64
 
 // DefaultListener is the listener name of Config's default.
 const DefaultListener = "PLAINTEXT"
@@ -82,12 +98,13 @@ type Registration struct {
 	host     string
 	port     int32
 	instance string
-	nodeID   atomic.Int32
+	nodeIDs  atomic.Pointer[[]int32] // by slot
 }
 
-// Register writes this instance's row for host:port and returns the registration,
-// whose NodeID is stable per address. An empty host or a port outside 1..65535 is
-// refused.
+// Register writes this instance's rows for host:port (Config.Slots of them) and
+// returns the registration, whose node ids are stable per address and slot. An empty
+// host, a port outside 1..65535 or a bad Config is refused before anything is
+// written.
 func Register(ctx context.Context, pool *pgxpool.Pool, host string, port int32, cfg *Config) (*Registration, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -106,17 +123,28 @@ func Register(ctx context.Context, pool *pgxpool.Pool, host string, port int32, 
 	return r, nil
 }
 
-// NodeID is the broker id of this instance.
-func (r *Registration) NodeID() int32 { return r.nodeID.Load() }
+// NodeID is the broker id of this instance's slot 0.
+func (r *Registration) NodeID() int32 { return (*r.nodeIDs.Load())[0] }
 
-// Self is this instance as a Broker.
-func (r *Registration) Self() Broker {
-	b := Broker{NodeID: r.NodeID(), Host: r.host, Port: r.port}
+// NodeIDs are the broker ids of this instance, by slot.
+func (r *Registration) NodeIDs() []int32 { return slices.Clone(*r.nodeIDs.Load()) }
+
+// Self is this instance's slot 0 as a Broker.
+func (r *Registration) Self() Broker { return r.Selves()[0] }
+
+// Selves are this instance's identities as Brokers, by slot: the same address, one
+// node id each.
+func (r *Registration) Selves() []Broker {
+	var rack *string
 	if r.cfg.Rack != "" {
-		rack := r.cfg.Rack
-		b.Rack = &rack
+		rack = &r.cfg.Rack
 	}
-	return b
+	ids := *r.nodeIDs.Load()
+	out := make([]Broker, len(ids))
+	for i, id := range ids {
+		out[i] = Broker{NodeID: id, Host: r.host, Port: r.port, Rack: rack}
+	}
+	return out
 }
 
 func (r *Registration) heartbeat(ctx context.Context) error {
@@ -124,18 +152,25 @@ func (r *Registration) heartbeat(ctx context.Context) error {
 	if r.cfg.Rack != "" {
 		rack = &r.cfg.Rack
 	}
-	var id int32
-	err := r.pool.QueryRow(ctx, "SELECT streamd.kafka_broker_heartbeat($1, $2, $3, $4, $5, $6)",
-		r.cfg.Listener, r.host, r.port, r.instance, rack, int32(r.cfg.TTL/time.Millisecond)).Scan(&id)
+	rows, err := r.pool.Query(ctx, "SELECT streamd.kafka_broker_heartbeat_slots($1, $2, $3, $4, $5, $6, $7)",
+		r.cfg.Listener, r.host, r.port, r.instance, rack, int32(r.cfg.TTL/time.Millisecond), int32(r.cfg.Slots))
 	if err != nil {
 		return fmt.Errorf("broker heartbeat %s:%d: %w", r.host, r.port, sqlerr.Wrap(err))
 	}
-	r.nodeID.Store(id)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return fmt.Errorf("broker heartbeat %s:%d: %w", r.host, r.port, sqlerr.Wrap(err))
+	}
+	if len(ids) != r.cfg.Slots {
+		return fmt.Errorf("broker heartbeat %s:%d: %d node ids for %d slots", r.host, r.port, len(ids), r.cfg.Slots)
+	}
+	r.nodeIDs.Store(&ids)
 	return nil
 }
 
-// Run renews the row every Interval until ctx ends, then deletes it (under a context
-// of its own, bounded to 5s) so that Metadata stops listing this instance at once. It
+// Run renews the rows every Interval until ctx ends, then deletes them (under a
+// context of its own, bounded to 5s) so that Metadata stops listing this instance at
+// once. It
 // returns nil after ctx ends; a failed renewal is logged and retried at the next
 // interval.
 func (r *Registration) Run(ctx context.Context) error {

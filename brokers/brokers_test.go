@@ -76,3 +76,45 @@ func TestRegisterRefusesBadInput(t *testing.T) {
 	require.ErrorContains(t, err, "TTL")
 	require.Empty(t, nodeIDs(t, ctx, listener), "nothing was written")
 }
+
+// Slots: an instance registers that many brokers at its address, each its own node
+// id, stable across a restart; a restart with fewer slots removes the others' rows,
+// and a stopped registration removes every slot's row at once. A bad slot count is
+// refused before anything is written.
+func TestRegistrationSlots(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ctx := context.Background()
+	listener := testdb.Name("slots")
+	a, err := brokers.Register(ctx, pool, "127.0.0.1", 19092, &brokers.Config{Listener: listener, Slots: 3, TTL: time.Minute})
+	require.NoError(t, err)
+	ids := a.NodeIDs()
+	require.Len(t, ids, 3)
+	require.Equal(t, ids[0], a.NodeID())
+	require.Equal(t, ids, nodeIDs(t, ctx, listener))
+	for i, b := range a.Selves() {
+		require.Equal(t, ids[i], b.NodeID)
+		require.Equal(t, "127.0.0.1", b.Host)
+		require.Equal(t, int32(19092), b.Port)
+	}
+
+	a2, err := brokers.Register(ctx, pool, "127.0.0.1", 19092, &brokers.Config{Listener: listener, Slots: 2, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, ids[:2], a2.NodeIDs(), "a restart keeps its slots' node ids")
+	require.Equal(t, ids[:2], nodeIDs(t, ctx, listener), "and drops the slots it no longer has")
+
+	other, err := brokers.Register(ctx, pool, "127.0.0.1", 19093, &brokers.Config{Listener: listener, TTL: time.Minute})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a2.Run(runCtx) }()
+	stop()
+	require.NoError(t, <-done)
+	require.Equal(t, []int32{other.NodeID()}, nodeIDs(t, ctx, listener), "a stopped registration removes every slot")
+
+	for _, n := range []int{-1, brokers.MaxSlots + 1} {
+		_, err = brokers.Register(ctx, pool, "127.0.0.1", 19094, &brokers.Config{Listener: listener, Slots: n})
+		require.ErrorContains(t, err, "Slots")
+	}
+	require.Equal(t, []int32{other.NodeID()}, nodeIDs(t, ctx, listener), "nothing was written")
+}

@@ -22,7 +22,8 @@ import (
 var fetchHandler = handler{key: 1, min: 4, max: 16, fn: handleFetch}
 
 const (
-	// fetchParallelism bounds the partitions of one Fetch read at once.
+	// fetchParallelism bounds the partition reads of one connection at once (those
+	// a Fetch left running for the next included).
 	fetchParallelism = 4
 	// fetchMaxRecords bounds the records read from one partition per Fetch.
 	fetchMaxRecords = 5000
@@ -81,7 +82,8 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 		}
 	}()
 	first := true
-	err = wakeup.Poll(pollCtx, sub, time.Now().Add(maxWait), opts, func() (bool, error) {
+	deadline := time.Now().Add(maxWait)
+	err = wakeup.Poll(pollCtx, sub, deadline, opts, func() (bool, error) {
 		// The first pass reads every partition; a pass after a wake-up that named
 		// partitions reads only those of them the request has (the others' answers
 		// stand: nothing woke them), without the head-row read before it. A pass
@@ -94,7 +96,7 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 			}
 		}
 		first = false
-		got, failed := s.fetchOnce(ctx, req, resp, allowed, woken)
+		got, failed := s.fetchOnce(ctx, r.c, req, resp, allowed, woken, sub, deadline)
 		if err := ctx.Err(); err != nil {
 			return false, err // the client went away
 		}
@@ -121,6 +123,9 @@ type fetchJob struct {
 	rp        *kmsg.FetchResponseTopicPartition
 	topic     string
 	partition kmsg.FetchRequestTopicPartition
+	// stashed is the read the connection's previous fetch left running for it (nil:
+	// read it).
+	stashed *stashedRead
 }
 
 // fetchOnce reads the partitions of req into resp and returns the record bytes resp
@@ -128,10 +133,12 @@ type fetchJob struct {
 // (replacing what a previous pass put there); otherwise only the partitions woken
 // names (by topic) that a previous pass of resp read, reading each directly, the
 // others' answers left as they were. Partitions of topics the principal may not
-// read are TOPIC_AUTHORIZATION_FAILED.
-func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, allowed *access.Decisions, woken map[string][]int32) (int, bool) {
+// read are TOPIC_AUTHORIZATION_FAILED. With sub, the pass also reads the partitions
+// woken while it runs (runFetchJobs), until deadline.
+func (s *Server) fetchOnce(ctx context.Context, c *conn, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, allowed *access.Decisions,
+	woken map[string][]int32, sub *wakeup.Subscription, deadline time.Time) (int, bool) {
 	if len(woken) > 0 && len(resp.Topics) == len(req.Topics) {
-		return s.fetchWoken(ctx, req, resp, woken)
+		return s.fetchWoken(ctx, c, req, resp, woken, sub, deadline)
 	}
 	resp.Topics = resp.Topics[:0]
 	var jobs []fetchJob
@@ -165,79 +172,308 @@ func (s *Server) fetchOnce(ctx context.Context, req *kmsg.FetchRequest, resp *km
 			jobs = append(jobs, fetchJob{rp: rp, topic: t.Topic, partition: p})
 		}
 	}
-	jobs = s.skipUnchanged(ctx, jobs)
-	return s.runFetchJobs(ctx, req, resp, jobs, 0)
+	readable := readableJobs(jobs)
+	// A read the connection's previous fetch left running, at the offset asked for,
+	// is this pass's read of that partition (fetchPass); the others' heads first.
+	stashed, rest := c.stash.take(jobs)
+	jobs = append(stashed, s.skipUnchanged(ctx, rest)...)
+	return s.runFetchJobs(ctx, c, req, resp, jobs, 0, &fetchWatch{sub: sub, readable: readable, deadline: deadline})
+}
+
+// partKey names one partition of a fetch.
+type partKey struct {
+	topic     string
+	partition int32
+}
+
+// readableJobs indexes jobs by partition.
+func readableJobs(jobs []fetchJob) map[partKey]fetchJob {
+	out := make(map[partKey]fetchJob, len(jobs))
+	for _, j := range jobs {
+		out[partKey{j.topic, j.partition.Partition}] = j
+	}
+	return out
 }
 
 // fetchWoken is fetchOnce's pass after a wake-up: it reads again the partitions of
 // resp that woken names and that a previous pass read without error (those it did
 // not read, internal, refused or unknown, keep their answer).
-func (s *Server) fetchWoken(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, woken map[string][]int32) (int, bool) {
+func (s *Server) fetchWoken(ctx context.Context, c *conn, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, woken map[string][]int32,
+	sub *wakeup.Subscription, deadline time.Time) (int, bool) {
 	var jobs []fetchJob
+	readable := map[partKey]fetchJob{}
 	held := 0
 	for ti, t := range req.Topics {
 		parts := woken[t.Topic]
 		for pi, p := range t.Partitions {
 			rp := &resp.Topics[ti].Partitions[pi]
-			if t.Topic == "" || t.Topic == consumerOffsetsTopic || rp.ErrorCode != 0 || !slices.Contains(parts, p.Partition) {
+			if t.Topic == "" || t.Topic == consumerOffsetsTopic || rp.ErrorCode != 0 {
+				held += len(rp.RecordBatches)
+				continue
+			}
+			j := fetchJob{rp: rp, topic: t.Topic, partition: p}
+			readable[partKey{t.Topic, p.Partition}] = j
+			if !slices.Contains(parts, p.Partition) {
 				held += len(rp.RecordBatches)
 				continue
 			}
 			rp.RecordBatches = []byte{}
-			jobs = append(jobs, fetchJob{rp: rp, topic: t.Topic, partition: p})
+			jobs = append(jobs, j)
 		}
 	}
-	return s.runFetchJobs(ctx, req, resp, jobs, held)
+	return s.runFetchJobs(ctx, c, req, resp, jobs, held, &fetchWatch{sub: sub, readable: readable, deadline: deadline})
+}
+
+// fetchWatch is what a pass watches while it reads: the fetch's wake-ups (nil: none),
+// the partitions it may read again (those of resp without an error, by partition),
+// and the fetch's deadline.
+type fetchWatch struct {
+	sub      *wakeup.Subscription
+	readable map[partKey]fetchJob
+	deadline time.Time
 }
 
 // runFetchJobs reads jobs into their partitions of resp, at most fetchParallelism at
 // once, within the request's byte bound less held (what resp already holds), and
 // returns the record bytes resp holds and whether a partition of it failed.
-func (s *Server) runFetchJobs(ctx context.Context, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, jobs []fetchJob, held int) (int, bool) {
-	var (
-		mu    sync.Mutex
-		total int
-		wg    sync.WaitGroup
-		sem   = make(chan struct{}, fetchParallelism)
-	)
+//
+// Kafka clients keep one fetch in flight per broker, and an instance is one broker:
+// a fetch reads every partition a client has here. So that a partition's records do
+// not wait for the reads of the others (the native consumer's partition workers read
+// independently), the pass answers as soon as it holds min.bytes, and each read
+// still running then goes on into the connection's stash, where the next fetch of
+// that partition at that offset finds it (a read that found nothing is dropped
+// there: the next fetch reads again). Until it answers, a wake-up for a partition
+// of w.readable starts its read at once (one being read is read again after that
+// read, if it found nothing): a record whose partition wakes while the pass reads
+// another does not wait for that read, the response and the client's next fetch.
+func (s *Server) runFetchJobs(ctx context.Context, c *conn, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, jobs []fetchJob, held int, w *fetchWatch) (int, bool) {
 	maxBytes := int(req.MaxBytes)
 	if maxBytes <= 0 {
 		maxBytes = 50 << 20
 	}
-	total = held
+	p := &fetchPass{s: s, ctx: ctx, c: c, req: req, maxBytes: maxBytes, total: held,
+		minBytes: max(int(req.MinBytes), 1), deadline: w.deadline,
+		idle: make(chan struct{}, 1), reading: map[partKey]*stashedRead{}, again: map[partKey]bool{}}
+	p.mu.Lock()
 	for _, j := range jobs {
-		mu.Lock()
-		room := maxBytes - total
-		mu.Unlock()
-		if room <= 0 {
-			// Kafka's fetch.max.bytes: the partitions past it are answered empty.
-			s.fillHead(ctx, j.rp, j.topic, j.partition.Partition)
-			continue
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() { // owner: runFetchJobs, which waits for it below
-			defer func() { <-sem; wg.Done() }()
-			limit := min(int(j.partition.PartitionMaxBytes), room)
-			codec := s.fetchCodec(ctx, j.topic)
-			if codec == codecZstd && req.Version < 10 {
-				codec = codecNone // zstd needs Fetch v10+ (KIP-110): an older client gets the records uncompressed
-			}
-			n := s.fetchPartition(ctx, j.rp, j.topic, j.partition.Partition, j.partition.FetchOffset, limit, codec)
-			mu.Lock()
-			total += n
-			mu.Unlock()
-		}()
+		p.start(j)
 	}
-	wg.Wait()
+	p.mu.Unlock()
+	var wake <-chan struct{}
+	if w.sub != nil && len(w.readable) > 0 {
+		wake = w.sub.C
+	}
+	for {
+		p.mu.Lock()
+		if len(p.reading) == 0 || p.total >= p.minBytes || ctx.Err() != nil {
+			p.end()
+			p.mu.Unlock()
+			break
+		}
+		p.mu.Unlock()
+		select {
+		case <-p.idle:
+		case <-ctx.Done():
+		case <-wake:
+			byStream, all := w.sub.Woken()
+			p.mu.Lock()
+			for k, j := range w.readable {
+				if all || slices.Contains(byStream[k.topic], k.partition) {
+					p.woken(k, j)
+				}
+			}
+			p.mu.Unlock()
+		}
+	}
 	for _, t := range resp.Topics {
-		for _, p := range t.Partitions {
-			if p.ErrorCode != 0 {
-				return total, true
+		for _, rp := range t.Partitions {
+			if rp.ErrorCode != 0 {
+				return p.total, true
 			}
 		}
 	}
-	return total, false
+	return p.total, false
+}
+
+// fetchPass is one pass's reads (runFetchJobs). mu guards the fields below it; a
+// read writes into a partition of the response only under mu, before the pass ends.
+type fetchPass struct {
+	s        *Server
+	ctx      context.Context
+	c        *conn
+	req      *kmsg.FetchRequest
+	maxBytes int
+	minBytes int
+	deadline time.Time
+	idle     chan struct{} // cap 1: a read ended
+
+	mu      sync.Mutex
+	total   int                      // record bytes the response holds
+	reading map[partKey]*stashedRead // the reads under way
+	jobs    map[partKey]fetchJob     // their jobs
+	again   map[partKey]bool         // woken while being read: read again if that read found nothing
+	ended   bool                     // the pass answered: a read that ends now goes to the stash
+}
+
+// end ends the pass (mu held): the reads under way go on into the connection's
+// stash; their partitions are answered without records, at the offset asked for
+// (the high watermark a previous pass of this fetch read, when there was one).
+func (p *fetchPass) end() {
+	p.ended = true
+	for k, sr := range p.reading {
+		j := p.jobs[k]
+		if j.rp.HighWatermark < 0 {
+			j.rp.HighWatermark, j.rp.LastStableOffset = j.partition.FetchOffset, j.partition.FetchOffset
+		}
+		p.c.stash.put(k, sr)
+	}
+}
+
+// woken starts the read of a partition woken during the pass, or marks it to be
+// read again when it is being read (mu held).
+func (p *fetchPass) woken(k partKey, j fetchJob) {
+	if p.ended || p.total >= p.minBytes || !time.Now().Before(p.deadline) {
+		return
+	}
+	if p.reading[k] != nil {
+		p.again[k] = true
+		return
+	}
+	if len(j.rp.RecordBatches) > 0 {
+		return // it has records in this response already; the next fetch reads on from them
+	}
+	p.start(j)
+}
+
+// start reads j in a goroutine of its own, or waits for the stashed read j.stashed
+// (mu held).
+func (p *fetchPass) start(j fetchJob) {
+	k := partKey{j.topic, j.partition.Partition}
+	sr := j.stashed
+	j.stashed = nil
+	if sr == nil {
+		sr = &stashedRead{offset: j.partition.FetchOffset, done: make(chan struct{})}
+		go p.read(j, sr) // owner: the pass, then the stash; ends with the read, under the connection's ctx
+	}
+	if p.jobs == nil {
+		p.jobs = map[partKey]fetchJob{}
+	}
+	p.reading[k], p.jobs[k] = sr, j
+	go func() { // owner: runFetchJobs; ends when the read does or the pass ended
+		select {
+		case <-sr.done:
+		case <-p.ctx.Done():
+			return
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.ended || p.reading[k] != sr {
+			return // in the stash now
+		}
+		delete(p.reading, k)
+		n := sr.n
+		*j.rp = sr.rp
+		p.total += n
+		if p.again[k] {
+			delete(p.again, k)
+			if n == 0 && sr.rp.ErrorCode == 0 && p.total < p.minBytes && time.Now().Before(p.deadline) {
+				p.start(j)
+			}
+		}
+		select {
+		case p.idle <- struct{}{}:
+		default:
+		}
+	}()
+}
+
+// read reads one partition into sr, within the room the response had left when it
+// started, at most fetchParallelism reads of the server at once per connection.
+func (p *fetchPass) read(j fetchJob, sr *stashedRead) {
+	defer close(sr.done)
+	p.c.fetchSem <- struct{}{}
+	defer func() { <-p.c.fetchSem }()
+	if h := p.s.fetchReadHook; h != nil {
+		h(j.topic, j.partition.Partition)
+	}
+	p.mu.Lock()
+	room := p.maxBytes - p.total
+	p.mu.Unlock()
+	rp := kmsg.NewFetchResponseTopicPartition()
+	rp.Partition = j.partition.Partition
+	rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = -1, -1, -1
+	rp.PreferredReadReplica = -1
+	rp.RecordBatches = []byte{}
+	if room <= 0 {
+		// Kafka's fetch.max.bytes: the partitions past it are answered empty.
+		p.s.fillHead(p.c.ctx, &rp, j.topic, j.partition.Partition)
+		sr.rp = rp
+		return
+	}
+	limit := min(int(j.partition.PartitionMaxBytes), room)
+	codec := p.s.fetchCodec(p.c.ctx, j.topic)
+	if codec == codecZstd && p.req.Version < 10 {
+		codec = codecNone // zstd needs Fetch v10+ (KIP-110): an older client gets the records uncompressed
+	}
+	sr.n = p.s.fetchPartition(p.c.ctx, &rp, j.topic, j.partition.Partition, j.partition.FetchOffset, limit, codec)
+	sr.rp = rp
+}
+
+// stashedRead is one partition's read: its result once done is closed.
+type stashedRead struct {
+	offset int64
+	done   chan struct{}
+	rp     kmsg.FetchResponseTopicPartition
+	n      int
+}
+
+// fetchStash holds, by partition, the reads a connection's fetch left running when
+// it answered, for the connection's next fetch of that partition.
+type fetchStash struct {
+	mu    sync.Mutex
+	reads map[partKey]*stashedRead
+}
+
+func (st *fetchStash) put(k partKey, sr *stashedRead) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.reads == nil {
+		st.reads = map[partKey]*stashedRead{}
+	}
+	st.reads[k] = sr
+}
+
+// take empties the stash and returns the jobs whose partition has a read there at
+// the offset they ask for, holding it (stashed), and the other jobs. A read done
+// that found no records is not used: the next pass reads again, as a wake-up for a
+// record committed after it may have gone to the fetch that left it.
+func (st *fetchStash) take(jobs []fetchJob) (stashed, rest []fetchJob) {
+	st.mu.Lock()
+	reads := st.reads
+	st.reads = nil
+	st.mu.Unlock()
+	for _, j := range jobs {
+		sr := reads[partKey{j.topic, j.partition.Partition}]
+		if sr != nil && sr.offset == j.partition.FetchOffset {
+			select {
+			case <-sr.done:
+				if sr.n == 0 {
+					sr = nil
+				}
+			default:
+			}
+		} else {
+			sr = nil
+		}
+		if sr != nil {
+			j.stashed = sr
+			stashed = append(stashed, j)
+		} else {
+			rest = append(rest, j)
+		}
+	}
+	return stashed, rest
 }
 
 // skipUnchanged drops the jobs of partitions with nothing at their fetch offset (it

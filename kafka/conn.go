@@ -53,12 +53,17 @@ type conn struct {
 	// lastAppend is, by partition, the turn of the last Produce append serve
 	// dispatched on this connection (takeTurns).
 	lastAppend map[topicPartition]chan struct{}
+	// stash holds the partition reads a Fetch left running when it answered, for the
+	// next Fetch (01_fetch.go); fetchSem bounds the connection's reads at once
+	// (fetchParallelism), those included.
+	stash    fetchStash
+	fetchSem chan struct{}
 }
 
 func (s *Server) newConn(nc net.Conn, draining context.Context) *conn {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(draining))
 	c := &conn{s: s, nc: nc, remote: nc.RemoteAddr().String(), ctx: ctx, cancel: cancel,
-		draining: draining, frames: make(chan []byte)}
+		draining: draining, frames: make(chan []byte), fetchSem: make(chan struct{}, fetchParallelism)}
 	if s.auth == nil {
 		c.principal = access.AdminPrincipal
 		c.authenticated.Store(true)

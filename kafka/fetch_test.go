@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -357,4 +358,87 @@ func TestWokenFetchReadsOnlyTheWokenPartition(t *testing.T) {
 	ps = res.resp.Topics[0].Partitions
 	require.NotEmpty(t, ps[0].RecordBatches, "found by the poll after the wake-up's pass")
 	require.Equal(t, []int64{1, 0, 1, 0}, []int64{ps[0].HighWatermark, ps[1].HighWatermark, ps[2].HighWatermark, ps[3].HighWatermark})
+}
+
+// TestSlowReadDoesNotHoldUpAnotherPartition: one fetch long-polls two partitions (as
+// a Kafka client does with one broker). A record of partition 1, woken while the
+// read of partition 0 is stuck, is answered at once, without waiting for that read;
+// the stuck read, once done, answers the connection's next fetch of partition 0
+// without reading again.
+func TestSlowReadDoesNotHoldUpAnotherPartition(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ts.srv.fetchPoll = &wakeup.PollOpts{MinInterval: 20 * time.Second, MaxInterval: 20 * time.Second} // wake-ups only
+	topic := testdb.Name("slowread")
+	var blocking atomic.Bool
+	stuck, release := make(chan struct{}, 1), make(chan struct{})
+	var reads0 atomic.Int32
+	ts.srv.fetchReadHook = func(tp string, p int32) {
+		if tp != topic || p != 0 {
+			return
+		}
+		reads0.Add(1)
+		if blocking.Load() {
+			stuck <- struct{}{}
+			<-release
+		}
+	}
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 2))
+	cl := newClient(t, []string{ts.addr})
+	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
+	rp1 := kmsg.NewFetchRequestTopicPartition()
+	rp1.Partition, rp1.PartitionMaxBytes = 1, 1<<20
+	req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp1)
+	type result struct {
+		resp *kmsg.FetchResponse
+		err  error
+	}
+	fetch := func() <-chan result {
+		done := make(chan result, 1)
+		go func() {
+			resp, err := req.RequestWith(ctx, cl)
+			done <- result{resp, err}
+		}()
+		return done
+	}
+	answer := func(done <-chan result, what string) []kmsg.FetchResponseTopicPartition {
+		t.Helper()
+		select {
+		case res := <-done:
+			require.NoError(t, res.err)
+			return res.resp.Topics[0].Partitions
+		case <-time.After(15 * time.Second):
+			t.Fatalf("no answer within 15s: %s", what)
+			return nil
+		}
+	}
+
+	waiting := ts.srv.fetchesWaiting.Load()
+	done := fetch()
+	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > waiting }, 10*time.Second, time.Millisecond)
+	blocking.Store(true)
+	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("slow")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 0)
+	<-stuck // partition 0's read is under way, and stays
+	blocking.Store(false)
+	_, err = sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("fast")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 1)
+	ps := answer(done, "partition 1's record waits for partition 0's read")
+	require.NotEmpty(t, ps[1].RecordBatches, "partition 1's record")
+	require.Empty(t, ps[0].RecordBatches, "partition 0's read is still under way")
+	require.Equal(t, int64(0), ps[0].HighWatermark, "answered at the offset asked for")
+
+	close(release)
+	req.Topics[0].Partitions[1].FetchOffset = 1
+	before := reads0.Load()
+	ps = answer(fetch(), "the next fetch")
+	require.NotEmpty(t, ps[0].RecordBatches, "the stuck read's record")
+	require.Equal(t, int64(1), ps[0].HighWatermark)
+	require.Equal(t, before, reads0.Load(), "from the read the first fetch left, not a new one")
 }

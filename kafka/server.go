@@ -11,12 +11,14 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -44,6 +46,15 @@ type Config struct {
 	// a missing topic with DefaultPartitions partitions. Defaults to false: a missing
 	// topic is UNKNOWN_TOPIC_OR_PARTITION.
 	AutoCreateTopics bool
+	// BrokerIdentities is how many brokers (node ids) this instance is in Metadata,
+	// all at its advertised address; partition leadership is spread over them. Kafka
+	// clients keep one fetch in flight per broker, so with one identity a client's
+	// fetch reads every partition it has from this instance; with several, franz-go
+	// fetches the partitions of different identities independently. Clients that
+	// key brokers by address break with more than one: librdkafka 2.0.2 (kcat,
+	// confluent-kafka) takes the ids for one broker whose id keeps changing and never
+	// fetches (docs/kafka.md, "Brokers"). Between 1 and 64. Defaults to 1.
+	BrokerIdentities int
 	// BrokerTTL is how long this instance stays listed in Metadata after its last
 	// heartbeat. Defaults to 10s.
 	BrokerTTL time.Duration
@@ -129,6 +140,12 @@ func (c *Config) withDefaults() (Config, error) {
 	if _, ok := compressionCodecs[out.Compression]; !ok {
 		return out, fmt.Errorf("kafka: Config.Compression %q is not uncompressed, gzip, snappy, lz4 or zstd "+
 			"(streamd keeps records, not the producer's batches, so Kafka's \"producer\" cannot be honoured)", out.Compression)
+	}
+	if out.BrokerIdentities == 0 {
+		out.BrokerIdentities = 1
+	}
+	if out.BrokerIdentities < 1 || out.BrokerIdentities > brokers.MaxSlots {
+		return out, fmt.Errorf("kafka: Config.BrokerIdentities %d must be between 1 and %d", out.BrokerIdentities, brokers.MaxSlots)
 	}
 	if out.DefaultPartitions == 0 {
 		out.DefaultPartitions = 1
@@ -228,6 +245,9 @@ type Server struct {
 	// fetchPoll, when set, replaces the long poll's safety-net polling intervals
 	// (tests: a poll an hour away cannot pass for a wake-up).
 	fetchPoll *wakeup.PollOpts
+	// fetchReadHook, when set (tests), is called before each Fetch read of a
+	// partition, on the read's goroutine.
+	fetchReadHook func(topic string, partition int32)
 
 	// compression caches each topic's fetch codec (fetch_compression.go).
 	compression topicCompression
@@ -308,7 +328,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("kafka advertised address: %w", err)
 	}
 	reg, err := brokers.Register(ctx, s.pool, hp.host, hp.port, &brokers.Config{
-		Listener: s.cfg.Listener, Logger: s.logger, Rack: s.cfg.Rack, TTL: s.cfg.BrokerTTL})
+		Listener: s.cfg.Listener, Logger: s.logger, Rack: s.cfg.Rack, Slots: s.cfg.BrokerIdentities, TTL: s.cfg.BrokerTTL})
 	if err != nil {
 		return err
 	}
@@ -344,7 +364,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}()
 		}
 	}()
-	s.logger.Info("kafka listening", "kafka_addr", ln.Addr().String(), "advertised", adv, "node_id", reg.NodeID(),
+	s.logger.Info("kafka listening", "kafka_addr", ln.Addr().String(), "advertised", adv, "node_ids", reg.NodeIDs(),
 		"listener", s.cfg.Listener)
 	if s.cfg.OAuthBearerUnsecured != nil {
 		s.logger.Warn("kafka OAUTHBEARER accepts unsecured JWTs: any client can claim any principal (development only)",
@@ -381,7 +401,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.compression.refreshes.Wait() // the fetch codecs' refreshes (fetch_compression.go)
 	stopReg()
 	<-regDone
-	s.logger.Info("kafka stopped", "node_id", reg.NodeID())
+	s.logger.Info("kafka stopped", "node_ids", reg.NodeIDs())
 	if serveErr != nil && ctx.Err() == nil {
 		return serveErr
 	}
@@ -395,22 +415,25 @@ func (s *Server) self() brokers.Broker {
 	return s.reg.Self()
 }
 
-// liveBrokers lists the live brokers; this instance is always among them, even when
-// its row expired (a stalled heartbeat), so that a client is never told there is no
-// broker by the broker it talks to.
+// liveBrokers lists the live brokers by node id; this instance's identities are always
+// among them, even when their rows expired (a stalled heartbeat), so that a client is
+// never told there is no broker by the broker it talks to.
 func (s *Server) liveBrokers(ctx context.Context) ([]brokers.Broker, error) {
 	s.mu.Lock()
-	listener := s.reg.Listener()
+	reg := s.reg
 	s.mu.Unlock()
-	live, err := brokers.Live(ctx, s.pool, listener)
+	live, err := brokers.Live(ctx, s.pool, reg.Listener())
 	if err != nil {
 		return nil, err
 	}
-	me := s.self()
-	for _, b := range live {
-		if b.NodeID == me.NodeID {
-			return live, nil
+	added := false
+	for _, me := range reg.Selves() {
+		if !slices.ContainsFunc(live, func(b brokers.Broker) bool { return b.NodeID == me.NodeID }) {
+			live, added = append(live, me), true
 		}
 	}
-	return append(live, me), nil
+	if added {
+		slices.SortFunc(live, func(a, b brokers.Broker) int { return cmp.Compare(a.NodeID, b.NodeID) })
+	}
+	return live, nil
 }

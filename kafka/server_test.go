@@ -10,8 +10,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/streamd/streamd/brokers"
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
 )
@@ -56,6 +58,59 @@ func TestApiVersionsAndMetadata(t *testing.T) {
 	require.ErrorIs(t, md.Topics["no-such-topic"].Err, kerr.UnknownTopicOrPartition)
 }
 
+// BrokerIdentities: an instance is that many brokers at its address (Metadata,
+// DescribeCluster), the leaders of a topic's partitions spread over them, the
+// coordinator is one of them, and a franz-go consumer reads every partition through
+// them (a connection per identity at one address). With 1 it is one broker.
+func TestBrokerIdentities(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ctx := testCtx(t)
+	topic := testdb.Name("identities")
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 6))
+	for p := int32(0); p < 6; p++ {
+		_, err := sc.Produce(ctx, streams.Record{Stream: topic, Partition: streams.PartitionOf(p), Data: []byte(`{"p":` + strconv.Itoa(int(p)) + `}`)})
+		require.NoError(t, err)
+	}
+	for _, n := range []int{1, 3} {
+		ts := startServer(t, pool, &Config{BrokerIdentities: n})
+		t.Logf("%d identities", n)
+		mine := ts.srv.reg.NodeIDs()
+		require.Len(t, mine, n)
+		adm := newAdmin(t, ts.addr)
+		md, err := adm.Metadata(ctx, topic)
+		require.NoError(t, err)
+		require.ElementsMatch(t, mine, md.Brokers.NodeIDs())
+		leaders := map[int32]int{}
+		for _, pd := range md.Topics[topic].Partitions {
+			leaders[pd.Leader]++
+		}
+		require.Len(t, leaders, n, "6 partitions lead on every identity")
+		for _, c := range leaders {
+			require.Equal(t, 6/n, c, "evenly")
+		}
+		bs, err := adm.ListBrokers(ctx) // DescribeCluster
+		require.NoError(t, err)
+		require.ElementsMatch(t, mine, bs.NodeIDs())
+		co := adm.FindGroupCoordinators(ctx, "g")
+		require.NoError(t, co["g"].Err)
+		require.Contains(t, mine, co["g"].NodeID)
+
+		cl := newClient(t, []string{ts.addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {
+			0: kgo.NewOffset().AtStart(), 1: kgo.NewOffset().AtStart(), 2: kgo.NewOffset().AtStart(),
+			3: kgo.NewOffset().AtStart(), 4: kgo.NewOffset().AtStart(), 5: kgo.NewOffset().AtStart()}}))
+		got := map[int32]bool{}
+		for len(got) < 6 {
+			fs := cl.PollFetches(ctx)
+			require.NoError(t, ctx.Err())
+			require.Empty(t, fs.Errors())
+			fs.EachRecord(func(r *kgo.Record) { got[r.Partition] = true })
+		}
+		ts.stop()
+	}
+}
+
 // Every live instance is a broker; a stopped one leaves Metadata at once
 // (deregistered), and the leaders of the partitions spread over the live ones.
 func TestMetadataListsEveryLiveInstance(t *testing.T) {
@@ -71,7 +126,7 @@ func TestMetadataListsEveryLiveInstance(t *testing.T) {
 	adm := newAdmin(t, a.addr)
 	md, err := adm.Metadata(ctx, topic)
 	require.NoError(t, err)
-	require.ElementsMatch(t, []int32{a.srv.self().NodeID, b.srv.self().NodeID}, md.Brokers.NodeIDs())
+	require.ElementsMatch(t, append(a.srv.reg.NodeIDs(), b.srv.reg.NodeIDs()...), md.Brokers.NodeIDs())
 	leaders := map[int32]bool{}
 	for _, pd := range md.Topics[topic].Partitions {
 		leaders[pd.Leader] = true
@@ -81,8 +136,15 @@ func TestMetadataListsEveryLiveInstance(t *testing.T) {
 	b.stop()
 	live, err := a.srv.liveBrokers(ctx)
 	require.NoError(t, err)
-	require.Len(t, live, 1)
-	require.Equal(t, a.srv.self().NodeID, live[0].NodeID)
+	require.Equal(t, a.srv.reg.NodeIDs(), nodeIDs(live))
+}
+
+func nodeIDs(bs []brokers.Broker) []int32 {
+	var out []int32
+	for _, b := range bs {
+		out = append(out, b.NodeID)
+	}
+	return out
 }
 
 // rawConn dials the server for hand-made frames.

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/streamd/streamd/access"
+	"github.com/streamd/streamd/brokers"
 	"github.com/streamd/streamd/kafka"
 	"github.com/streamd/streamd/wakeup"
 )
@@ -26,6 +27,8 @@ type kafkaConfig struct {
 	addr           string
 	advertisedAddr string
 	autoCreate     bool
+	// brokerIdentities: the node ids this instance is in Metadata (kafka.Config.BrokerIdentities).
+	brokerIdentities int64
 	// compression: the fetch codec of topics whose performance_config says nothing.
 	compression string
 	// producerExpiration: the leader forgets idempotent producers idle this long
@@ -43,6 +46,7 @@ func (c *serveConfig) kafkaFlags(f *pflag.FlagSet) {
 	f.StringVar(&c.kafka.addr, "kafka-addr", envOr("STREAMD_KAFKA_ADDR", ""), "serve the Kafka protocol on this address, e.g. 127.0.0.1:9092 (off when empty). Clients authenticate with SASL (PLAIN, SCRAM-SHA-256/512: the principal and one of its API tokens) and speak TLS with --tls-cert; with --auth-disabled, loopback only ($STREAMD_KAFKA_ADDR)")
 	f.StringVar(&c.kafka.advertisedAddr, "kafka-advertised-addr", envOr("STREAMD_KAFKA_ADVERTISED_ADDR", ""), "host:port Kafka clients are told to connect to (default: the listener's address) ($STREAMD_KAFKA_ADVERTISED_ADDR)")
 	f.DurationVar(&c.kafka.producerExpiration, "producer-id-expiration", c.envDuration("producer-id-expiration", "STREAMD_PRODUCER_ID_EXPIRATION", 24*time.Hour), "the leader forgets an idempotent (Kafka) producer's sequences on a partition it appended nothing to for this long, as Kafka's producer.id.expiration.ms ($STREAMD_PRODUCER_ID_EXPIRATION)")
+	f.Int64Var(&c.kafka.brokerIdentities, "kafka-broker-identities", c.envInt64("kafka-broker-identities", "STREAMD_KAFKA_BROKER_IDENTITIES", 1), "how many brokers (node ids, 1 to 64) this instance is in Metadata, all at its address, partition leadership spread over them: a client keeps one fetch in flight per broker. Above 1 only for clients that key brokers by node id (franz-go); librdkafka 2.0.2 (kcat) never fetches ($STREAMD_KAFKA_BROKER_IDENTITIES)")
 	f.StringVar(&c.kafka.compression, "kafka-compression", envOr("STREAMD_KAFKA_COMPRESSION", "uncompressed"), "the compression.type of topics that set none: Fetch batches compressed with uncompressed, gzip, snappy, lz4 or zstd, as Kafka's broker-level compression.type ($STREAMD_KAFKA_COMPRESSION)")
 	f.BoolVar(&c.kafka.oauthUnsecured, "kafka-sasl-oauthbearer-unsecured", c.envBool("kafka-sasl-oauthbearer-unsecured", "STREAMD_KAFKA_SASL_OAUTHBEARER_UNSECURED", false), "for development only: SASL OAUTHBEARER also accepts unsecured JWTs (alg none, unsigned) whose sub claim is the principal, as Kafka's default OAUTHBEARER handler does; anyone can then claim any principal, so it needs a loopback --kafka-addr and an --auth-token ($STREAMD_KAFKA_SASL_OAUTHBEARER_UNSECURED)")
 	f.StringVar(&c.kafka.oauthRequiredScope, "kafka-sasl-oauthbearer-unsecured-required-scope", envOr("STREAMD_KAFKA_SASL_OAUTHBEARER_UNSECURED_REQUIRED_SCOPE", ""), "the scopes (space or comma separated) an unsecured JWT's scope claim must hold, as Kafka's unsecuredValidatorRequiredScope ($STREAMD_KAFKA_SASL_OAUTHBEARER_UNSECURED_REQUIRED_SCOPE)")
@@ -60,6 +64,9 @@ func (c *serveConfig) validateKafka() error {
 			return errors.New("--kafka-advertised-addr, --kafka-auto-create-topics and --kafka-sasl-oauthbearer-unsecured* need --kafka-addr")
 		}
 		return nil
+	}
+	if c.kafka.brokerIdentities < 1 || c.kafka.brokerIdentities > brokers.MaxSlots {
+		return fmt.Errorf("--kafka-broker-identities %d must be between 1 and %d", c.kafka.brokerIdentities, brokers.MaxSlots)
 	}
 	host, _, err := net.SplitHostPort(c.kafka.addr)
 	if err != nil {
@@ -134,6 +141,7 @@ func startKafka(ctx context.Context, g *globals, c *serveConfig, pool *pgxpool.P
 		AdvertisedAddr:       c.kafka.advertisedAddr,
 		Addr:                 c.kafka.addr,
 		AutoCreateTopics:     c.kafka.autoCreate,
+		BrokerIdentities:     int(c.kafka.brokerIdentities),
 		Compression:          c.kafka.compression,
 		Logger:               g.logger,
 		OAuthBearerUnsecured: c.kafka.oauthUnsecuredConfig(),
