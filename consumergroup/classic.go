@@ -100,12 +100,14 @@ type Classic struct {
 	// now is the time passed to the SQL functions; nil means the database's clock.
 	// Tests set it.
 	now func() *time.Time
+	// subs caches KIP-848 subscriptions (kip848_cache.go).
+	subs *subscriptionCache
 }
 
 // NewClassic returns a coordinator of classic groups on pool. cfg nil means the
 // defaults; ErrInvalidArgument names a bad field.
 func NewClassic(pool *pgxpool.Pool, cfg *ClassicConfig) (*Classic, error) {
-	c := &Classic{pool: pool, now: func() *time.Time { return nil }}
+	c := &Classic{pool: pool, now: func() *time.Time { return nil }, subs: newSubscriptionCache()}
 	if cfg != nil {
 		c.cfg = *cfg
 	}

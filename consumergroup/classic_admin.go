@@ -53,9 +53,12 @@ type KafkaGroupMember struct {
 	Assignment []byte
 }
 
-// ListKafkaGroups returns every group id (classic, and those of streamd groups on any
-// stream) with its type, state and protocol type, ascending by id; no members. Classic
-// groups' dead members are removed first.
+// ListKafkaGroups returns every group id (classic, those of streamd groups on any
+// stream, and KIP-848 groups from their first join, before they consume a stream)
+// with its type, state and protocol type, ascending by id; no members. Classic groups'
+// dead members are removed first. A consumer group is Stable while it has a live
+// member (native or KIP-848), else Empty; its generation is its streams' largest
+// group epoch (0 before it consumes one).
 func (c *Classic) ListKafkaGroups(ctx context.Context) ([]KafkaGroup, error) {
 	if _, err := c.pool.Exec(ctx, "SELECT streamd.kafka_groups_maintain($1)", c.now()); err != nil {
 		return nil, fmt.Errorf("list kafka groups: %w", sqlerr.Wrap(err))
@@ -65,12 +68,15 @@ func (c *Classic) ListKafkaGroups(ctx context.Context) ([]KafkaGroup, error) {
 		  FROM streamd.kafka_groups g
 		UNION ALL
 		SELECT n.group_id, 'consumer',
-		       CASE WHEN bool_or(EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
-		                                  WHERE cr.stream_name = n.stream_name AND cr.group_id = n.group_id
-		                                    AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now()))
-		            THEN 'Stable' ELSE 'Empty' END,
-		       'consumer', '', max(n.group_epoch)::integer
-		  FROM streamd.consumer_groups n
+		       CASE WHEN bool_or(n.live) OR streamd.kc_has_live_members(n.group_id, now()) THEN 'Stable' ELSE 'Empty' END,
+		       'consumer', '', coalesce(max(n.group_epoch), 0)::integer
+		  FROM (SELECT cg.group_id, cg.group_epoch,
+		               EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
+		                        WHERE cr.stream_name = cg.stream_name AND cr.group_id = cg.group_id
+		                          AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now()) AS live
+		          FROM streamd.consumer_groups cg
+		        UNION ALL
+		        SELECT kc.group_id, NULL, false FROM streamd.kafka_consumer_groups kc) n
 		 WHERE NOT EXISTS (SELECT 1 FROM streamd.kafka_groups g WHERE g.group_id = n.group_id)
 		 GROUP BY n.group_id
 		 ORDER BY 1`)
@@ -124,8 +130,12 @@ func (c *Classic) DescribeKafkaGroup(ctx context.Context, group string) (*KafkaG
 		return nil, fmt.Errorf("describe group %s: %w", group, err)
 	}
 
+	// A KIP-848 group is a group from its first join (kafka_consumer_groups), before
+	// it consumes a stream.
 	var epoch *int64
-	err = c.pool.QueryRow(ctx, `SELECT max(group_epoch) FROM streamd.consumer_groups WHERE group_id = $1`, group).Scan(&epoch)
+	err = c.pool.QueryRow(ctx, `SELECT CASE WHEN EXISTS (SELECT 1 FROM streamd.kafka_consumer_groups kc WHERE kc.group_id = $1)
+		THEN coalesce(max(group_epoch), 0) ELSE max(group_epoch) END
+		FROM streamd.consumer_groups WHERE group_id = $1`, group).Scan(&epoch)
 	if err != nil {
 		return nil, fmt.Errorf("describe group %s: %w", group, err)
 	}
@@ -133,10 +143,15 @@ func (c *Classic) DescribeKafkaGroup(ctx context.Context, group string) (*KafkaG
 		return &g, nil
 	}
 	g.Type, g.ProtocolType, g.Generation, g.State = GroupTypeConsumer, "consumer", int32(*epoch), "Empty"
-	rows, err := c.pool.Query(ctx, `SELECT DISTINCT ON (cr.consumer_id) cr.consumer_id, coalesce(cr.instance_id, '')
-		FROM streamd.consumer_registrations cr
-		WHERE cr.group_id = $1 AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now()
-		ORDER BY cr.consumer_id`, group)
+	rows, err := c.pool.Query(ctx, `SELECT DISTINCT ON (m.id) m.id, m.instance FROM (
+		SELECT cr.consumer_id AS id, coalesce(cr.instance_id, '') AS instance
+		  FROM streamd.consumer_registrations cr
+		 WHERE cr.group_id = $1 AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now()
+		UNION ALL
+		SELECT km.member_id, coalesce(km.instance_id, '')
+		  FROM streamd.kafka_consumer_members km
+		 WHERE km.group_id = $1 AND km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' >= now()) m
+		ORDER BY m.id`, group)
 	if err != nil {
 		return nil, fmt.Errorf("describe group %s: %w", group, err)
 	}

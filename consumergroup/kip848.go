@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/streams"
@@ -22,10 +23,12 @@ import (
 // resolves to through a native membership of that stream's group under the same id
 // (join_group, group_heartbeat, release_partitions, leave_group), assigned by the same
 // server-side sticky assignor and fenced by that membership's native epoch, so native
-// Go members and KIP-848 members share a stream's group. The subscription is resolved
-// again on every heartbeat: a stream created later that a name or the regex matches is
-// joined then, one that left the subscription (or was deleted) is left. Assignment
-// changes travel in the assignment, not in the epoch.
+// Go members and KIP-848 members share a stream's group. Every heartbeat reconciles the
+// member's memberships with its subscription: a stream created later that a name or
+// the regex matches is joined then, one that left the subscription (or was deleted) is
+// left. The resolution itself is cached until the subscription or the stream set
+// changes (kip848_cache.go). Assignment changes travel in the assignment, not in the
+// epoch.
 
 // ErrStaleMemberEpoch: a KIP-848 member committed a partition it does not own at its
 // epoch (Kafka's STALE_MEMBER_EPOCH): it was revoked; nothing of it was written.
@@ -36,8 +39,13 @@ var ErrStaleMemberEpoch = errors.New("stale member epoch")
 var ErrInvalidRegularExpression = errors.New("invalid regular expression")
 
 // kip848LockClass is the first key of the session advisory lock that serializes one
-// KIP-848 member's heartbeats (the second is hashtext of group/member).
-const kip848LockClass = 1396986180
+// KIP-848 member's heartbeats (the second is hashtext of group/member);
+// kip848InstanceLockClass that of the lock that serializes the calls of the members
+// holding one static instance id (hashtext of group/instance id), taken second.
+const (
+	kip848LockClass         = 1396986180
+	kip848InstanceLockClass = 1396986181
+)
 
 // ConsumerHeartbeat is a KIP-848 ConsumerGroupHeartbeat.
 type ConsumerHeartbeat struct {
@@ -92,7 +100,7 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		return nil, fmt.Errorf("consumer heartbeat in group %s: a member id is required: %w", req.Group, ErrInvalidArgument)
 	}
 	if req.Regex != nil && *req.Regex != "" {
-		if _, err := compileSubscription(*req.Regex); err != nil {
+		if _, err := c.subs.compile(*req.Regex); err != nil {
 			return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 		}
 	}
@@ -105,24 +113,18 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 	}
 	defer conn.Release()
-	lockKey := req.Group + "/" + req.MemberID
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", kip848LockClass, lockKey); err != nil {
+	unlock, err := lockConsumerMember(ctx, conn, req)
+	if err != nil {
 		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1, hashtext($2))", kip848LockClass, lockKey); err != nil {
-			// A lock that could not be released goes with its session.
-			_ = conn.Conn().Close(uctx)
-		}
-	}()
+	defer unlock()
 	var db streams.DBTX = conn
 	res := &ConsumerHeartbeatResult{MemberID: req.MemberID}
 	var (
 		topics    []string
 		regex     *string
 		rebalance = req.RebalanceTimeout
+		sub       subscriptionState
 	)
 	switch {
 	case req.MemberEpoch == -2:
@@ -145,9 +147,12 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		if rebalance <= 0 {
 			rebalance = time.Minute
 		}
-		err := db.QueryRow(ctx, "SELECT streamd.kafka_consumer_join($1, $2, $3, $4, $5, $6, $7, $8)",
+		// The stream set's version is read in the same statement (at its start: a
+		// version no later than the stream names resolved after it).
+		err := db.QueryRow(ctx, `SELECT streamd.kafka_consumer_join($1, $2, $3, $4, $5, $6, $7, $8),
+			(SELECT v.version FROM streamd.stream_set_version v)`,
 			req.Group, req.MemberID, nullable(req.InstanceID), nonNilStrings(req.Topics), req.Regex,
-			c.cfg.ConsumerSessionTimeout.Milliseconds(), rebalance.Milliseconds(), c.now()).Scan(&res.MemberEpoch)
+			c.cfg.ConsumerSessionTimeout.Milliseconds(), rebalance.Milliseconds(), c.now()).Scan(&res.MemberEpoch, &sub.version)
 		if err != nil {
 			return nil, fmt.Errorf("consumer join %s to group %s: %w", req.MemberID, req.Group, sqlerr.Wrap(err))
 		}
@@ -165,9 +170,11 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		if req.Topics != nil {
 			newTopics = req.Topics
 		}
-		err := db.QueryRow(ctx, `SELECT subscribed_topics, subscribed_regex, instance_id, rebalance_timeout_ms
+		err := db.QueryRow(ctx, `SELECT subscribed_topics, subscribed_regex, instance_id, rebalance_timeout_ms, virtual_topics,
+			(SELECT v.version FROM streamd.stream_set_version v)
 			FROM streamd.kafka_consumer_heartbeat($1, $2, $3, $4, $5, $6)`,
-			req.Group, req.MemberID, req.MemberEpoch, newTopics, req.Regex, c.now()).Scan(&topics, &storedRe, &instance, &rebalMs)
+			req.Group, req.MemberID, req.MemberEpoch, newTopics, req.Regex, c.now()).Scan(&topics, &storedRe, &instance, &rebalMs,
+			&sub.virtual, &sub.version)
 		switch err := sqlerr.Wrap(err); {
 		case errors.Is(err, ErrUnknownMember):
 			// Its session lapsed: what is left of its memberships goes too.
@@ -181,12 +188,76 @@ func (c *Classic) ConsumerHeartbeat(ctx context.Context, req *ConsumerHeartbeat)
 		res.MemberEpoch, regex, rebalance = req.MemberEpoch, storedRe, time.Duration(rebalMs)*time.Millisecond
 		req = withInstance(req, deref(instance))
 	}
-	assigned, err := c.consumerReconcile(ctx, db, req, topics, regex, rebalance)
+	sub.epoch = res.MemberEpoch
+	assigned, err := c.consumerReconcile(ctx, db, req, topics, regex, rebalance, sub)
 	if err != nil {
 		return nil, err
 	}
 	res.Assignment = assigned
 	return res, nil
+}
+
+// lockConsumerMember takes, on conn, the session advisory lock of the member, then,
+// for a static member, that of its instance id: the join's (req.InstanceID) or, for
+// any other call, the one its row holds. The second lock serializes a replaced static
+// member with the member that replaces it: without it, the old member's heartbeat,
+// validated just before the new member's join deleted its row, went on to find its
+// native memberships taken over by instance id and joined those streams again, taking
+// them back. With it the join waits for that heartbeat to end, and the old member's
+// next call finds its row gone (UNKNOWN_MEMBER_ID) and leaves what it still holds. Both
+// locks are always taken in this order (member, then instance), so no two calls wait
+// for each other. The returned func releases them (a lock that cannot be released goes
+// with its session: the connection is closed).
+func lockConsumerMember(ctx context.Context, conn *pgxpool.Conn, req *ConsumerHeartbeat) (func(), error) {
+	memberKey := req.Group + "/" + req.MemberID
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", kip848LockClass, memberKey); err != nil {
+		return nil, err
+	}
+	instanceKey := ""
+	release := func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, err := conn.Exec(uctx, `SELECT pg_advisory_unlock($1, hashtext($2)),
+			CASE WHEN $3 <> '' THEN pg_advisory_unlock($4, hashtext($3)) END`,
+			kip848LockClass, memberKey, instanceKey, kip848InstanceLockClass)
+		if err != nil {
+			_ = conn.Conn().Close(uctx)
+		}
+	}
+	var err error
+	if req.MemberEpoch == 0 {
+		if req.InstanceID != "" {
+			instanceKey = req.Group + "/" + req.InstanceID
+			_, err = conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", kip848InstanceLockClass, instanceKey)
+		}
+	} else {
+		// The row's instance id is read after the member lock: a join of this member id
+		// (which may set it) has ended.
+		var instance *string
+		err = conn.QueryRow(ctx, `SELECT m.instance_id, pg_advisory_lock($3, hashtext($1 || '/' || m.instance_id))
+			FROM streamd.kafka_consumer_members m
+			WHERE m.group_id = $1 AND m.member_id = $2 AND m.instance_id IS NOT NULL`,
+			req.Group, req.MemberID, kip848InstanceLockClass).Scan(&instance, nil)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			err = nil
+		case err == nil:
+			instanceKey = req.Group + "/" + *instance
+		}
+	}
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return release, nil
+}
+
+// subscriptionState is what a call read with the member's row: its Kafka epoch, the
+// stream set's version and the virtual topics recorded for it.
+type subscriptionState struct {
+	epoch   int32
+	version int64
+	virtual []string
 }
 
 func withInstance(req *ConsumerHeartbeat, instance string) *ConsumerHeartbeat {
@@ -205,32 +276,44 @@ func compileSubscription(re string) (*regexp.Regexp, error) {
 }
 
 // consumerStreams resolves a subscription to the existing streams it names or its
-// regex matches, ascending, filtered by allowed.
-func (c *Classic) consumerStreams(ctx context.Context, db streams.DBTX, topics []string, regex *string,
+// regex matches, ascending, filtered by allowed. The resolution before allowed is
+// cached for the stream set's version: it reads streamd.streams only when the
+// subscription or the set of streams changed since this process last resolved it.
+func (c *Classic) consumerStreams(ctx context.Context, db streams.DBTX, topics []string, regex *string, version int64,
 	allowed func(context.Context, []string) ([]string, error)) ([]string, error) {
 	var rx *regexp.Regexp
 	if regex != nil && *regex != "" {
 		var err error
-		if rx, err = compileSubscription(*regex); err != nil {
+		if rx, err = c.subs.compile(*regex); err != nil {
 			return nil, err
 		}
+	} else {
+		regex = nil
 	}
-	rows, err := db.Query(ctx, `SELECT stream_name FROM streamd.streams
-		WHERE stream_name = ANY ($1) OR $2 ORDER BY stream_name`, nonNilStrings(topics), rx != nil)
-	if err != nil {
-		return nil, fmt.Errorf("resolve subscription: %w", err)
-	}
-	all, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("resolve subscription: %w", err)
-	}
-	out := make([]string, 0, len(all))
-	for _, s := range all {
-		if slices.Contains(topics, s) || (rx != nil && rx.MatchString(s)) {
-			out = append(out, s)
+	key := subscriptionKey(topics, regex)
+	cached, ok := c.subs.resolved.get(key)
+	if !ok || cached.version != version {
+		c.subs.resolves.Add(1)
+		rows, err := db.Query(ctx, `SELECT stream_name FROM streamd.streams
+			WHERE stream_name = ANY ($1) OR $2 ORDER BY stream_name`, nonNilStrings(topics), rx != nil)
+		if err != nil {
+			return nil, fmt.Errorf("resolve subscription: %w", err)
 		}
+		all, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("resolve subscription: %w", err)
+		}
+		cached = resolvedSubscription{version: version, streams: make([]string, 0, len(all))}
+		for _, s := range all {
+			if slices.Contains(topics, s) || (rx != nil && rx.MatchString(s)) {
+				cached.streams = append(cached.streams, s)
+			}
+		}
+		c.subs.resolved.put(key, cached)
 	}
+	out := slices.Clone(cached.streams)
 	if allowed != nil && len(out) > 0 {
+		var err error
 		if out, err = allowed(ctx, out); err != nil {
 			return nil, fmt.Errorf("resolve subscription: %w", err)
 		}
@@ -289,8 +372,8 @@ func (c *Classic) consumerLeave(ctx context.Context, db streams.DBTX, group, mem
 // (joining the streams it resolves to now, leaving the others), heartbeats each, hands
 // over what the member reported it let go, and returns its assignment.
 func (c *Classic) consumerReconcile(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, topics []string, regex *string,
-	rebalance time.Duration) ([]StreamPartition, error) {
-	want, err := c.consumerStreams(ctx, db, topics, regex, req.Allowed)
+	rebalance time.Duration, sub subscriptionState) ([]StreamPartition, error) {
+	want, err := c.consumerStreams(ctx, db, topics, regex, sub.version, req.Allowed)
 	if err != nil {
 		return nil, fmt.Errorf("consumer heartbeat %s in group %s: %w", req.MemberID, req.Group, err)
 	}
@@ -343,7 +426,7 @@ func (c *Classic) consumerReconcile(ctx context.Context, db streams.DBTX, req *C
 			}
 		}
 	}
-	virtual, err := c.consumerVirtual(ctx, db, req, topics, regex)
+	virtual, err := c.consumerVirtual(ctx, db, req, topics, regex, sub)
 	if err != nil {
 		return nil, err
 	}
@@ -351,66 +434,65 @@ func (c *Classic) consumerReconcile(ctx context.Context, db streams.DBTX, req *C
 }
 
 // takesTopic reports whether a subscription names or matches a topic.
-func takesTopic(topics []string, regex *string, name string) bool {
+func (c *Classic) takesTopic(topics []string, regex *string, name string) bool {
 	if slices.Contains(topics, name) {
 		return true
 	}
 	if regex == nil || *regex == "" {
 		return false
 	}
-	rx, err := compileSubscription(*regex)
+	rx, err := c.subs.compile(*regex)
 	return err == nil && rx.MatchString(name)
 }
 
 // consumerVirtual is the member's share of the virtual topics its subscription takes
-// in (ConsumerHeartbeat.Virtual).
-func (c *Classic) consumerVirtual(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, topics []string, regex *string) ([]StreamPartition, error) {
-	var mine []string
+// in (ConsumerHeartbeat.Virtual). The member records which ones those are in its row
+// when they changed (sub.virtual is what the row held), and its rank among the live
+// members whose rows name a topic is counted in SQL: the other members'
+// subscriptions are neither read nor compiled.
+func (c *Classic) consumerVirtual(ctx context.Context, db streams.DBTX, req *ConsumerHeartbeat, topics []string, regex *string,
+	sub subscriptionState) ([]StreamPartition, error) {
+	mine := []string{}
 	for name := range req.Virtual {
-		if takesTopic(topics, regex, name) {
+		if c.takesTopic(topics, regex, name) {
 			mine = append(mine, name)
+		}
+	}
+	slices.Sort(mine)
+	if !slices.Equal(mine, nonNilStrings(sub.virtual)) {
+		var ok bool
+		if err := db.QueryRow(ctx, "SELECT streamd.kafka_consumer_set_virtual($1, $2, $3, $4)",
+			req.Group, req.MemberID, sub.epoch, mine).Scan(&ok); err != nil {
+			return nil, fmt.Errorf("virtual topics of %s in group %s: %w", req.MemberID, req.Group, err)
 		}
 	}
 	if len(mine) == 0 {
 		return nil, nil
 	}
-	slices.Sort(mine)
-	type sub struct {
-		id     string
-		topics []string
-		regex  *string
-	}
-	rows, err := db.Query(ctx, `SELECT member_id, subscribed_topics, subscribed_regex FROM streamd.kafka_consumer_members
-		WHERE group_id = $1 AND last_heartbeat + session_timeout_ms * interval '1 millisecond' >= coalesce($2, now())
-		ORDER BY member_id`, req.Group, c.now())
+	rows, err := db.Query(ctx, "SELECT topic, taker, rank, takers FROM streamd.kafka_consumer_virtual_ranks($1, $2, $3, $4)",
+		req.Group, req.MemberID, mine, c.now())
 	if err != nil {
 		return nil, fmt.Errorf("members of group %s: %w", req.Group, err)
 	}
-	subs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sub, error) {
-		var s sub
-		err := r.Scan(&s.id, &s.topics, &s.regex)
-		return s, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("members of group %s: %w", req.Group, err)
-	}
-	var out []StreamPartition
-	for _, name := range mine {
-		var takers []string
-		for _, s := range subs {
-			if takesTopic(s.topics, s.regex, name) {
-				takers = append(takers, s.id)
-			}
-		}
-		i := slices.Index(takers, req.MemberID)
-		if i < 0 {
-			continue
+	var (
+		out          []StreamPartition
+		name         string
+		taker        bool
+		rank, takers int32
+	)
+	_, err = pgx.ForEachRow(rows, []any{&name, &taker, &rank, &takers}, func() error {
+		if !taker { // its row changed meanwhile
+			return nil
 		}
 		for p := int32(0); p < req.Virtual[name]; p++ {
-			if int(p)%len(takers) == i {
+			if p%takers == rank {
 				out = append(out, StreamPartition{Stream: name, Partition: p})
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("members of group %s: %w", req.Group, err)
 	}
 	return out, nil
 }
@@ -489,7 +571,10 @@ func (c *Classic) DescribeConsumerGroup(ctx context.Context, group string) (*Con
 	d := ConsumerGroupDescription{Group: group}
 	var epoch *int64
 	var classic bool
-	err := c.pool.QueryRow(ctx, `SELECT max(group_epoch), EXISTS (SELECT 1 FROM streamd.kafka_groups WHERE group_id = $1)
+	// A KIP-848 group is a group from its first join, before it consumes a stream.
+	err := c.pool.QueryRow(ctx, `SELECT CASE WHEN EXISTS (SELECT 1 FROM streamd.kafka_consumer_groups kc WHERE kc.group_id = $1)
+		       THEN coalesce(max(group_epoch), 0) ELSE max(group_epoch) END,
+		       EXISTS (SELECT 1 FROM streamd.kafka_groups WHERE group_id = $1)
 		FROM streamd.consumer_groups WHERE group_id = $1`, group).Scan(&epoch, &classic)
 	if err != nil {
 		return nil, fmt.Errorf("describe consumer group %s: %w", group, err)
@@ -508,14 +593,24 @@ func (c *Classic) DescribeConsumerGroup(ctx context.Context, group string) (*Con
 		FROM streamd.consumer_registrations cr
 		LEFT JOIN streamd.kafka_consumer_members km ON km.group_id = cr.group_id AND km.member_id = cr.consumer_id
 		WHERE cr.group_id = $1 AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now()
-		ORDER BY cr.consumer_id, cr.registered_at, cr.stream_name`, group)
+		UNION ALL
+		-- KIP-848 members whose subscription resolves to no stream: members all the same.
+		SELECT km.member_id, coalesce(km.instance_id, ''), km.member_epoch, coalesce(km.subscribed_regex, ''), NULL,
+		       '{}', '{}'
+		FROM streamd.kafka_consumer_members km
+		WHERE km.group_id = $1 AND km.last_heartbeat + km.session_timeout_ms * interval '1 millisecond' >= now()
+		  AND NOT EXISTS (SELECT 1 FROM streamd.consumer_registrations cr
+		                   WHERE cr.group_id = km.group_id AND cr.consumer_id = km.member_id
+		                     AND cr.last_heartbeat + cr.session_timeout_ms * interval '1 millisecond' >= now())
+		ORDER BY 1, 5 NULLS FIRST`, group)
 	if err != nil {
 		return nil, fmt.Errorf("describe consumer group %s: %w", group, err)
 	}
 	var (
-		id, instance, regex, stream string
-		memberEpoch                 int64
-		assigned, target            []int32
+		id, instance, regex string
+		stream              *string
+		memberEpoch         int64
+		assigned, target    []int32
 	)
 	d.State = "Empty"
 	_, err = pgx.ForEachRow(rows, []any{&id, &instance, &memberEpoch, &regex, &stream, &assigned, &target}, func() error {
@@ -523,12 +618,18 @@ func (c *Classic) DescribeConsumerGroup(ctx context.Context, group string) (*Con
 			d.Members = append(d.Members, ConsumerGroupMember{MemberID: id, InstanceID: instance, MemberEpoch: memberEpoch, Regex: regex})
 		}
 		m := &d.Members[len(d.Members)-1]
-		m.Streams = append(m.Streams, stream)
+		if stream == nil {
+			if d.State == "Empty" {
+				d.State = "Stable"
+			}
+			return nil
+		}
+		m.Streams = append(m.Streams, *stream)
 		for _, p := range assigned {
-			m.Assigned = append(m.Assigned, StreamPartition{Stream: stream, Partition: p})
+			m.Assigned = append(m.Assigned, StreamPartition{Stream: *stream, Partition: p})
 		}
 		for _, p := range target {
-			m.Target = append(m.Target, StreamPartition{Stream: stream, Partition: p})
+			m.Target = append(m.Target, StreamPartition{Stream: *stream, Partition: p})
 		}
 		if !slices.Equal(assigned, target) {
 			d.State = "Reconciling"

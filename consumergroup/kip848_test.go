@@ -347,3 +347,117 @@ func TestReplacedKIP848MemberCannotCommitThroughItsLeftoverMembership(t *testing
 	require.NoError(t, err)
 	require.False(t, ok, "nothing committed")
 }
+
+// TestKIP848SubscriptionResolvedOnlyOnChange: a KIP-848 regex subscription is compiled
+// once per process and resolved against streamd.streams only when the subscription or
+// the set of streams changed (a stream created, a subscription changed), not at every
+// heartbeat; members sharing a subscription share its resolution; the members' share
+// of a virtual topic is counted without compiling the other members' regexes. The
+// heartbeats still see a stream created later and split the virtual topic as before.
+func TestKIP848SubscriptionResolvedOnlyOnChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, err := NewClassic(pool, &ClassicConfig{ConsumerSessionTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	prefix, group := testdb.Name("rx"), testdb.Name("kg")
+	client := streams.NewClient(pool, nil)
+	require.NoError(t, client.CreateStream(ctx, prefix+"-a", 2))
+	virtual := map[string]int32{"__virtual": 2}
+	regex := "^(?:" + prefix + "-.*|__virtual)$"
+	epochs := map[string]int32{}
+	beat := func(id string, r *string, topics ...string) *ConsumerHeartbeatResult {
+		t.Helper()
+		req := &ConsumerHeartbeat{Group: group, MemberID: id, MemberEpoch: epochs[id], Regex: r, Virtual: virtual}
+		if topics != nil {
+			req.Topics = topics
+		}
+		res, err := c.ConsumerHeartbeat(ctx, req)
+		require.NoError(t, err)
+		epochs[id] = res.MemberEpoch
+		return res
+	}
+	counts := func() (compiles, resolves int64) { return c.subs.compiles.Load(), c.subs.resolves.Load() }
+	// Other tests create streams in the same database meanwhile, and each one changes
+	// the stream set's version: a run of heartbeats may resolve again at most once per
+	// change it saw (a and b share one subscription), never once per heartbeat.
+	version := func() int64 {
+		var v int64
+		require.NoError(t, pool.QueryRow(ctx, "SELECT version FROM streamd.stream_set_version").Scan(&v))
+		return v
+	}
+	steady := func(what string, beats func()) {
+		t.Helper()
+		_, r0 := counts()
+		v0 := version()
+		beats()
+		_, r1 := counts()
+		require.LessOrEqual(t, r1-r0, version()-v0, what)
+	}
+
+	beat("a", &regex)
+	steady("b shares a's resolution", func() { beat("b", &regex) })
+	compiles, _ := counts()
+	require.Equal(t, int64(1), compiles, "one regex, compiled once")
+	steady("heartbeats resolve nothing again", func() {
+		for range 5 {
+			beat("a", nil)
+			beat("b", nil)
+		}
+	})
+
+	// A stream created later: resolved again, and joined.
+	_, before := counts()
+	require.NoError(t, client.CreateStream(ctx, prefix+"-b", 2))
+	beat("a", nil)
+	res := beat("b", nil)
+	_, after := counts()
+	require.Greater(t, after, before, "the stream set changed: resolved again")
+	require.Contains(t, partitionsOf(res.Assignment), "__virtual")
+	a := beat("a", nil)
+	require.Equal(t, 1, partitionsOf(a.Assignment)["__virtual"], "a and b split the virtual topic")
+	d, err := c.DescribeConsumerGroup(ctx, group)
+	require.NoError(t, err)
+	for _, m := range d.Members {
+		require.Equal(t, []string{prefix + "-a", prefix + "-b"}, m.Streams, "member %s", m.MemberID)
+	}
+
+	// A member with another regex: compiled once; the others' heartbeats do not compile
+	// it, nor does its own compile theirs.
+	only := "^__virtual$"
+	beat("c", &only)
+	for range 3 {
+		beat("a", nil)
+		beat("b", nil)
+		beat("c", nil)
+	}
+	compiles, _ = counts()
+	require.Equal(t, int64(2), compiles)
+	got := map[string]int{}
+	for _, id := range []string{"a", "b", "c"} {
+		got[id] = partitionsOf(beat(id, nil).Assignment)["__virtual"]
+	}
+	require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 0}, got, "partition i to the (i mod 3)-th taker by id")
+
+	// A subscription changed by a heartbeat is resolved again.
+	_, before = counts()
+	beat("a", nil, prefix+"-a")
+	_, after = counts()
+	require.Greater(t, after, before)
+}
+
+// TestLRUForgetsTheLeastRecentlyUsed: the subscription caches are bounded.
+func TestLRUForgetsTheLeastRecentlyUsed(t *testing.T) {
+	t.Parallel()
+	l := newLRU[string, int](2)
+	l.put("a", 1)
+	l.put("b", 2)
+	_, _ = l.get("a")
+	l.put("c", 3)
+	require.Equal(t, 2, l.len())
+	_, ok := l.get("b")
+	require.False(t, ok, "b was the least recently used")
+	v, ok := l.get("a")
+	require.True(t, ok)
+	require.Equal(t, 1, v)
+}

@@ -327,7 +327,7 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 	_, err = io.WriteString(a.stdin, "arm\n")
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "a's CommitTx transaction open", func() bool { _, ok := a.line("open "); return ok })
-	stopProcess(t, a.cmd.Process.Pid)
+	testdb.StopProcess(t, a.cmd.Process.Pid)
 	stoppedAt := dbNow()
 	_, err = io.WriteString(a.stdin, "go\n") // read when a wakes
 	require.NoError(t, err)
@@ -462,32 +462,4 @@ func stallDiagnostics(t *testing.T, pool *pgxpool.Pool, app, stream, group strin
 	dump("offsets (partition, offset, committed_by, epoch, updated_at)", `SELECT partition, "offset", committed_by,
 		member_epoch, updated_at FROM streamd.consumer_offsets WHERE stream_name = $1 AND group_id = $2`, stream, group)
 	return b.String()
-}
-
-// stopProcess stops the process with SIGSTOP and returns once every one of its
-// threads is stopped. kill(2) only queues the stop: one thread takes it when it next
-// runs and only then asks the others to stop, so on a loaded machine another thread
-// may run on for a while (make test once saw the child read the test's next line and
-// COMMIT the transaction it was to be frozen in).
-func stopProcess(t *testing.T, pid int) {
-	t.Helper()
-	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
-	waitFor(t, 10*time.Second, fmt.Sprintf("every thread of process %d stopped", pid), func() bool {
-		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-		require.NoError(t, err)
-		for _, task := range tasks {
-			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
-			if errors.Is(err, os.ErrNotExist) {
-				continue // the thread exited
-			}
-			require.NoError(t, err)
-			// "tid (comm) state ...": comm may hold spaces and parentheses.
-			i := bytes.LastIndexByte(stat, ')')
-			require.True(t, i > 0 && i+2 < len(stat), "unexpected %s", stat)
-			if state := stat[i+2]; state != 'T' && state != 't' {
-				return false
-			}
-		}
-		return true
-	})
 }

@@ -62,10 +62,12 @@ func groupChildMain() int {
 		return 1
 	}
 	table := pgx.Identifier{os.Getenv("KG_TABLE")}.Sanitize()
+	control := newChildControl()
 	for ctx.Err() == nil {
 		fetches := cl.PollRecords(ctx, 50)
-		member, _ := cl.GroupMetadata()
+		member, epoch := cl.GroupMetadata()
 		recs := fetches.Records()
+		held := len(recs) > 0 && control.holdBatch(member, epoch)
 		if len(recs) > 0 {
 			topics, parts, offs := make([]string, len(recs)), make([]int32, len(recs)), make([]int64, len(recs))
 			for i, r := range recs {
@@ -79,8 +81,12 @@ func groupChildMain() int {
 			}
 			// Refused commits (a rebalance took the partition) are redelivered to
 			// the next owner: at-least-once.
-			if err := cl.CommitRecords(ctx, recs...); err != nil {
+			err := cl.CommitRecords(ctx, recs...)
+			if err != nil {
 				fmt.Fprintln(os.Stderr, "commit:", err)
+			}
+			if held {
+				control.committed(epoch, err)
 			}
 		}
 		cl.AllowRebalance()

@@ -82,7 +82,13 @@ func appendBatch(ctx context.Context, db DBTX, stream string, records []Record) 
 			}
 			parts[i] = pgtype.Int4{Int32: *r.Partition, Valid: true}
 		}
-		ids[i] = pgtype.Text{String: r.EventID, Valid: r.EventID != ""}
+		// A record without an id gets one here rather than streamd.append's random
+		// default: a UUIDv7, ordered by time (newEventID).
+		id := r.EventID
+		if id == "" {
+			id = newEventID()
+		}
+		ids[i] = pgtype.Text{String: id, Valid: true}
 		setText(&types, n, i, r.EventType)
 		setText(&keys, n, i, r.Key)
 		if r.Data != nil {

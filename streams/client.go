@@ -19,7 +19,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -200,7 +199,7 @@ func (c *Client) Produce(ctx context.Context, records ...Record) ([]Position, er
 		copy(recs, records)
 		for i := range recs {
 			if recs[i].EventID == "" {
-				recs[i].EventID = uuid.NewString()
+				recs[i].EventID = newEventID()
 			}
 		}
 		return appendOwnTx(ctx, c.pool, recs[0].Stream, recs)

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -147,4 +150,69 @@ func TestAppendOneLeavesTheTransactionUntrusted(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, []int64{0, 1}, offsets, "the plain INSERT after append_one took the next offset")
+}
+
+// TestDefaultEventIDsAreTimeOrdered: records appended without an event id get UUIDv7
+// ids, on every path (one record, the one-statement batch, keyed records through
+// streamd.append, the Producer, AppendPartition's COPY, and the server's for a plain
+// INSERT or streamd.append without ids), and the client's ids of each append sort
+// after those of the append before, so the stream's unique event id index is
+// written at its right-hand edge rather than on random leaves (issue 21 §2).
+func TestDefaultEventIDsAreTimeOrdered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, s := setup(t, 2)
+	rec := func(call string, partition int32, key string) streams.Record {
+		r := streams.Record{Stream: s, EventType: call, Key: key, Data: json.RawMessage(`{"a":1}`)}
+		if key == "" {
+			r.Partition = streams.PartitionOf(partition)
+		}
+		return r
+	}
+	_, err := c.Produce(ctx, rec("c1", 0, ""))
+	require.NoError(t, err)
+	_, err = c.Produce(ctx, rec("c2", 0, ""), rec("c2", 0, ""))
+	require.NoError(t, err)
+	_, err = c.Produce(ctx, rec("c3", 0, "k"), rec("c3", 0, "l"))
+	require.NoError(t, err)
+	p, err := streams.NewProducer(pool, nil)
+	require.NoError(t, err)
+	_, err = p.Produce(ctx, rec("c4", 1, ""))
+	require.NoError(t, err)
+	require.NoError(t, p.Close(ctx))
+	_, err = c.AppendPartition(ctx, s, 1, []streams.Record{{Stream: s, EventType: "c5", Bytes: []byte("x")}}, nil)
+	require.NoError(t, err)
+	// Ids the server makes (streamd.new_event_id): a plain INSERT without one, and
+	// streamd.append given none. Version 7 too; not compared with the client's, whose
+	// clock may share their millisecond.
+	_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_type, data) VALUES ($1, 's1', '1')`, s)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, ARRAY['s2', 's2'], NULL, ARRAY['1', '2'], NULL, NULL, NULL, NULL, NULL)`, s)
+	require.NoError(t, err)
+	var serverIDs []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(event_id) FROM streamd.events WHERE stream_name = $1 AND event_type LIKE 's%'`, s).Scan(&serverIDs))
+	require.Len(t, serverIDs, 3)
+	for _, id := range serverIDs {
+		u, err := uuid.Parse(id)
+		require.NoError(t, err)
+		require.Equal(t, uuid.Version(7), u.Version(), "server-made event id %s", id)
+		require.Equal(t, uuid.RFC4122, u.Variant(), "server-made event id %s", id)
+		require.WithinDuration(t, time.Now(), time.Unix(u.Time().UnixTime()), time.Minute, "server-made event id %s", id)
+	}
+
+	// The appends in the order they were made, and within each the ids sorted.
+	rows, err := pool.Query(ctx, `SELECT event_id FROM streamd.events WHERE stream_name = $1 AND event_type LIKE 'c%' ORDER BY event_type, event_id`, s)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, ids, 7)
+	for i, id := range ids {
+		u, err := uuid.Parse(id)
+		require.NoError(t, err)
+		require.Equal(t, uuid.Version(7), u.Version(), "event id %d %s", i, id)
+		if i > 0 {
+			require.Less(t, ids[i-1], id, "event ids in the order they were made")
+		}
+	}
 }

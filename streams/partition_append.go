@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/streamd/streamd/internal/pgtext"
@@ -58,8 +57,7 @@ type BatchPosition struct {
 // AppendPartition appends records to one partition of stream atomically (L2), all or
 // nothing, in a transaction of its own, with COPY: the path of Kafka's Produce. Each
 // record's Partition must be nil or partition. Records keep their RawHeaders and
-// KeyBytes exactly (Produce and the Producer refuse them). A record without an EventID gets a random
-// one. On a stream whose ValueFormat is "json", a record's Bytes must be JSON and are
+// KeyBytes exactly (Produce and the Producer refuse them). A record without an EventID gets a UUIDv7. On a stream whose ValueFormat is "json", a record's Bytes must be JSON and are
 // stored as its Data.
 //
 // Errors: ErrStreamNotFound, ErrPartitionNotFound, ErrPayloadTooLarge (a payload over
@@ -107,7 +105,7 @@ func (c *Client) AppendPartition(ctx context.Context, stream string, partition i
 		}
 		maxPayload = max(maxPayload, len(r.Data)+len(r.Bytes))
 		if r.EventID == "" {
-			r.EventID = uuid.NewString()
+			r.EventID = newEventID()
 		}
 		version := r.Version
 		if version == 0 {

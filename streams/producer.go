@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -254,7 +253,7 @@ func (p *Producer) ProduceAsync(ctx context.Context, rec Record, done func(Posit
 	}
 	if rec.EventID == "" {
 		// Assigned now so that a retried batch is deduplicated by the database.
-		rec.EventID = uuid.NewString()
+		rec.EventID = newEventID()
 	}
 	select {
 	case p.bufSem <- struct{}{}:

@@ -25,8 +25,9 @@ type Record struct {
 	Partition *int32
 	// EventID identifies the record within its stream: appending a record whose
 	// EventID the stream already holds stores nothing and returns the original
-	// position (Position.Duplicate). Empty means a random UUID is assigned; set it to
-	// make retries across processes idempotent.
+	// position (Position.Duplicate). Empty means the client assigns a UUIDv7 (unique,
+	// and ordered by time, which keeps the stream's event id index append-mostly);
+	// set it to make retries across processes idempotent.
 	EventID string
 	// EventType is a free-form type name ("OrderPlaced"). Empty is allowed.
 	EventType string

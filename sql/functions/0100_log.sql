@@ -104,7 +104,7 @@ DECLARE
     v_bad    integer;
 BEGIN
     SELECT array_agg(coalesce(u.p, CASE WHEN u.k IS NOT NULL THEN streamd.partition_for_key(u.k, p_stream.partitions) ELSE v_sticky END) ORDER BY u.i),
-           array_agg(coalesce(u.e, gen_random_uuid()::text) ORDER BY u.i)
+           array_agg(coalesce(u.e, streamd.new_event_id()) ORDER BY u.i)
       INTO parts, ids
       FROM unnest(coalesce(p_partitions, array_fill(NULL::integer, ARRAY[p_n])),
                   coalesce(p_keys, array_fill(NULL::text, ARRAY[p_n])),

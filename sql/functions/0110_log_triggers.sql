@@ -59,7 +59,7 @@ BEGIN
     END IF;
     v_named := NEW.event_id IS NOT NULL;
     IF NOT v_named THEN
-        NEW.event_id := gen_random_uuid()::text;
+        NEW.event_id := streamd.new_event_id();
     ELSE
         SELECT e.key INTO v_dupkey FROM streamd.events e WHERE e.stream_name = NEW.stream_name AND e.event_id = NEW.event_id;
         IF FOUND THEN

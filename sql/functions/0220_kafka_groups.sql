@@ -732,8 +732,8 @@ BEGIN
 END;
 $$;
 
--- DeleteGroups for one group id: the classic group and the group of that id on every
--- stream (their committed offsets go with them). Raises SD104 when the group has live
+-- DeleteGroups for one group id: the classic group, the group of that id on every
+-- stream (their committed offsets go with them) and its KIP-848 epoch counter. Raises SD104 when the group has live
 -- members (classic or native), SD103 for an invalid id; returns false when there is no
 -- group of that id at all.
 CREATE OR REPLACE FUNCTION streamd.kafka_group_delete(p_group_id text, p_now timestamptz)
@@ -764,7 +764,9 @@ BEGIN
         v_found := streamd.delete_group(r.stream_name, p_group_id, false, v_now) OR v_found;
     END LOOP;
     DELETE FROM streamd.kafka_groups g WHERE g.group_id = p_group_id;
+    -- A KIP-848 group that never consumed a stream is a group too (ListGroups lists it).
     DELETE FROM streamd.kafka_consumer_groups g WHERE g.group_id = p_group_id;
+    v_found := FOUND OR v_found;
     RETURN v_found;
 END;
 $$;
