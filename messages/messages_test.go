@@ -368,6 +368,40 @@ func TestStaleReceiptCannotSettle(t *testing.T) {
 	require.Equal(t, 0, count(t, c.Pool(), q))
 }
 
+// TestLeaseTokensAreOnePerDelivery: a receive makes one random UUID and derives its
+// messages' lease tokens from it and their offsets (queue_receive). The tokens of one
+// receive must all differ, each redelivery must get tokens no earlier delivery had,
+// and each token must stay a version-4 UUID.
+func TestLeaseTokensAreOnePerDelivery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newFakeClock()
+	c, q := setup(t, clock, &messages.QueueConfig{VisibilityTimeout: 10 * time.Second, MaxDeliveryAttempts: 10})
+	msgs := make([]messages.OutgoingMessage, 100)
+	for i := range msgs {
+		msgs[i] = messages.OutgoingMessage{Data: data(i)}
+	}
+	_, err := c.Send(ctx, q, msgs...)
+	require.NoError(t, err)
+
+	seen := map[[16]byte]int64{}
+	for delivery := 1; delivery <= 3; delivery++ {
+		got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 100})
+		require.NoError(t, err)
+		require.Len(t, got, 100)
+		for _, m := range got {
+			tok := m.Receipt.LeaseToken
+			require.Equal(t, byte(0x40), tok[6]&0xf0, "version 4: %x", tok)
+			require.Equal(t, byte(0x80), tok[8]&0xc0, "RFC 4122 variant: %x", tok)
+			prev, dup := seen[tok]
+			require.False(t, dup, "delivery %d of offset %d has the token of offset %d's earlier one", delivery, m.Offset, prev)
+			seen[tok] = m.Offset
+		}
+		clock.Advance(11 * time.Second) // the leases end: every message is delivered again
+	}
+	require.Len(t, seen, 300)
+}
+
 func TestNackDelayAndExtend(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

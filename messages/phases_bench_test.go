@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/queuebaseline"
@@ -36,13 +38,28 @@ import (
 //
 // It reports each system's median time per batch for each phase, and its messages/s
 // as a ratio to the raw queue's (the ratio of BenchmarkQueueThroughput's target).
+//
+// When the database runs on this machine (the local cluster), it also reports the
+// server's CPU time per batch and phase (the backend's run time from
+// /proc/<pid>/schedstat, in ns, read around each phase; the mean over the
+// iterations), and streamd's total as a multiple of pgmq's: on the shared 2-core VM,
+// wall times move by ±30% between identical runs, the backend's CPU time much less.
+// streamd's Client runs on a pool of one connection for this, the baselines on one
+// connection of their own.
 func BenchmarkQueuePhases(b *testing.B) {
 	ctx := context.Background()
-	pool, c, q := benchQueue(b, "phases")
+	pool, _, q := benchQueue(b, "phases")
+	cfg := testdb.Config(b)
+	cfg.MaxConns = 1
+	cpool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(b, err)
+	defer cpool.Close()
+	c, err := messages.NewClient(cpool, nil)
+	require.NoError(b, err)
 	raw := pgx.Identifier{strings.ReplaceAll(testdb.Name("phases_raw"), "-", "_")}.Sanitize()
 	pgmq := pgx.Identifier{strings.ReplaceAll(testdb.Name("phases_pgmq"), "-", "_")}.Sanitize()
 	lean := pgx.Identifier{strings.ReplaceAll(testdb.Name("phases_lean"), "-", "_")}.Sanitize()
-	_, err := pool.Exec(ctx, fmt.Sprintf(queuebaseline.RawTable, raw)+";"+fmt.Sprintf(queuebaseline.PgmqTable, pgmq)+";"+
+	_, err = pool.Exec(ctx, fmt.Sprintf(queuebaseline.RawTable, raw)+";"+fmt.Sprintf(queuebaseline.PgmqTable, pgmq)+";"+
 		fmt.Sprintf(`CREATE TABLE %s (stream_name text NOT NULL, "offset" bigserial NOT NULL, message_id text NOT NULL,
 		 data jsonb, metadata jsonb, enqueued_at timestamptz NOT NULL DEFAULT now(),
 		 visibility_timeout timestamptz NOT NULL DEFAULT now(), delivery_attempts integer NOT NULL DEFAULT 0,
@@ -50,9 +67,28 @@ func BenchmarkQueuePhases(b *testing.B) {
 		 PRIMARY KEY (stream_name, "offset")) WITH (fillfactor = 50)`, lean))
 	require.NoError(b, err)
 	defer func() { _, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+raw+", "+pgmq+", "+lean) }()
-	conn, err := pool.Acquire(ctx) // the baselines' one connection; the Client takes another
+	conn, err := pool.Acquire(ctx) // the baselines' one connection; the Client has its own
 	require.NoError(b, err)
 	defer conn.Release()
+	backendCPU := func(db interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) func() (time.Duration, bool) {
+		var pid int
+		require.NoError(b, db.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+		path := fmt.Sprintf("/proc/%d/schedstat", pid)
+		return func() (time.Duration, bool) {
+			bs, err := os.ReadFile(path)
+			var ns int64
+			if err != nil {
+				return 0, false
+			}
+			if _, err := fmt.Sscan(string(bs), &ns); err != nil {
+				return 0, false
+			}
+			return time.Duration(ns), true
+		}
+	}
+	baselineCPU, clientCPU := backendCPU(conn), backendCPU(cpool)
 
 	payloads := make([]string, benchBatch)
 	msgs := make([]messages.OutgoingMessage, benchBatch)
@@ -66,6 +102,7 @@ func BenchmarkQueuePhases(b *testing.B) {
 		send    func() error
 		receive func() (any, int, error)
 		ack     func(any) error
+		cpu     func() (time.Duration, bool) // its backend's CPU time so far
 	}
 	scanIDs := func(rows pgx.Rows, err error) ([]int64, int, error) {
 		if err != nil {
@@ -89,7 +126,7 @@ func BenchmarkQueuePhases(b *testing.B) {
 				n, _, err := queuebaseline.DrainRaw(ctx, conn, raw, benchBatch)
 				return nil, n, err
 			},
-			func(any) error { return nil }},
+			func(any) error { return nil }, baselineCPU},
 		{"pgmq",
 			func() error { return queuebaseline.Send(ctx, conn, queuebaseline.PgmqSend, pgmq, payloads) },
 			func() (any, int, error) {
@@ -99,7 +136,7 @@ func BenchmarkQueuePhases(b *testing.B) {
 			func(ids any) error {
 				_, err := conn.Exec(ctx, fmt.Sprintf(queuebaseline.PgmqDelete, pgmq), ids)
 				return err
-			}},
+			}, baselineCPU},
 		{"streamd",
 			func() error { _, err := c.Send(ctx, q, msgs...); return err },
 			func() (any, int, error) {
@@ -110,7 +147,7 @@ func BenchmarkQueuePhases(b *testing.B) {
 				}
 				return rs, len(got), err
 			},
-			func(rs any) error { return c.Ack(ctx, rs.([]messages.Receipt)...) }},
+			func(rs any) error { return c.Ack(ctx, rs.([]messages.Receipt)...) }, clientCPU},
 		{"lean",
 			func() error {
 				ids := make([]string, benchBatch)
@@ -154,26 +191,37 @@ func BenchmarkQueuePhases(b *testing.B) {
 				_, err := conn.Exec(ctx, `DELETE FROM `+lean+` m WHERE m.stream_name = $1 AND m."offset" = ANY($2)
 					AND m.lease_token = ANY($3)`, q, a[0], a[1])
 				return err
-			}},
+			}, baselineCPU},
 	}
 	phases := [3]string{"send", "receive", "ack"}
 	times := make([][3][]time.Duration, len(systems))
+	cpus := make([][3]time.Duration, len(systems)) // summed over the iterations
+	_, cpuOK := clientCPU()
+	iterations := 0
 	for i := 0; b.Loop(); i++ {
+		iterations++
 		for j := range systems {
 			k := (i + j) % len(systems) // rotating order
 			s := systems[k]
+			c0, _ := s.cpu()
 			t0 := time.Now()
 			require.NoError(b, s.send())
 			t1 := time.Now()
+			c1, _ := s.cpu()
 			r, n, err := s.receive()
 			require.NoError(b, err)
 			require.Equal(b, benchBatch, n, s.name)
 			t2 := time.Now()
+			c2, _ := s.cpu()
 			require.NoError(b, s.ack(r))
 			t3 := time.Now()
+			c3, _ := s.cpu()
 			times[k][0] = append(times[k][0], t1.Sub(t0))
 			times[k][1] = append(times[k][1], t2.Sub(t1))
 			times[k][2] = append(times[k][2], t3.Sub(t2))
+			cpus[k][0] += c1 - c0
+			cpus[k][1] += c2 - c1
+			cpus[k][2] += c3 - c2
 		}
 		if i%50 == 49 { // outside the timing, as autovacuum would
 			b.StopTimer()
@@ -201,6 +249,27 @@ func BenchmarkQueuePhases(b *testing.B) {
 			rawTotal = total
 		} else {
 			b.ReportMetric(rawTotal.Seconds()/total.Seconds(), s.name+"/raw")
+		}
+	}
+	if !cpuOK {
+		return // the database is not on this machine
+	}
+	cpuTotal := make([]time.Duration, len(systems))
+	for k, s := range systems {
+		for p := range phases {
+			cpuTotal[k] += cpus[k][p]
+			if s.name != "raw" || p < 2 {
+				b.ReportMetric(float64(cpus[k][p].Microseconds())/float64(iterations), s.name+"_"+phases[p]+"_server_cpu_µs/batch")
+			}
+		}
+	}
+	for k, s := range systems {
+		if s.name == "streamd" {
+			for j, t := range systems {
+				if t.name == "pgmq" {
+					b.ReportMetric(cpuTotal[k].Seconds()/cpuTotal[j].Seconds(), "streamd_server_cpu/pgmq")
+				}
+			}
 		}
 	}
 }

@@ -675,6 +675,15 @@ $$;
 -- FIFO queue: up to p_max groups that may deliver, least recently served first, locked
 -- with SKIP LOCKED; of each, only the head (lowest offset) is leased, so a group never
 -- has two messages in flight.
+--
+-- Lease tokens: one random UUID per call, not per message. A message's token is that
+-- UUID with the message's offset XORed into its last eight bytes, so the tokens of one
+-- call differ from each other (their offsets do), a delivery's token differs from every
+-- other delivery's but with the chance of two random UUIDs colliding, and the token is
+-- still a version-4 UUID (offsets are below 2^53: the variant bits are untouched).
+-- gen_random_uuid() costs a getpid() system call in OpenSSL's generator: 7.5 to 30 µs
+-- each on the 2-core VM, as much as the rest of a receive of 100 together
+-- (bench/RESULTS.md, "Issue 22, session 10").
 CREATE OR REPLACE FUNCTION streamd.queue_receive(p_queue text, p_max integer, p_vt_ms bigint, p_now timestamptz)
 RETURNS TABLE ("offset" bigint, message_id text, data jsonb, metadata jsonb, enqueued_at timestamptz,
                visibility_timeout timestamptz, delivery_attempts integer, max_delivery_attempts integer,
@@ -692,11 +701,15 @@ DECLARE
     v_dead   bigint[];
     v_groups text[];
     v_tens   text[];
+    v_tok    bytea := uuid_send(gen_random_uuid()); -- the lease tokens' random base, once per call
+    v_tok_lo bigint;
 BEGIN
     SELECT * INTO v_q FROM streamd.queues q WHERE q.queue_name = p_queue;
     IF NOT FOUND THEN
         v_q := streamd.queue_get(p_queue); -- raises SD201 or SD202
     END IF;
+    v_tok_lo := ('x' || encode(substr(v_tok, 9, 8), 'hex'))::bit(64)::bigint;
+    v_tok := substr(v_tok, 1, 8);
     IF p_max IS NULL OR p_max < 1 OR p_max > 10000 THEN
         RAISE EXCEPTION USING ERRCODE = 'SD204',
             MESSAGE = format('queue %L: receive max %s must be between 1 and 10000', p_queue, p_max);
@@ -764,7 +777,8 @@ BEGIN
     IF v_ctids IS NOT NULL THEN
         RETURN QUERY
         UPDATE streamd.queue_messages m
-        SET delivery_attempts = m.delivery_attempts + 1, lease_token = gen_random_uuid(), visibility_timeout = v_lease
+        SET delivery_attempts = m.delivery_attempts + 1, visibility_timeout = v_lease,
+            lease_token = encode(v_tok || int8send(v_tok_lo # m."offset"), 'hex')::uuid
         WHERE m.ctid = ANY(v_ctids)
         RETURNING m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
                   m.delivery_attempts, coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts), m.lease_token,
@@ -773,7 +787,8 @@ BEGIN
     ELSIF v_offs IS NOT NULL THEN
         RETURN QUERY
         UPDATE streamd.queue_messages m
-        SET delivery_attempts = m.delivery_attempts + 1, lease_token = gen_random_uuid(), visibility_timeout = v_lease
+        SET delivery_attempts = m.delivery_attempts + 1, visibility_timeout = v_lease,
+            lease_token = encode(v_tok || int8send(v_tok_lo # m."offset"), 'hex')::uuid
         WHERE m.stream_name = p_queue AND m."offset" = ANY(v_offs)
         RETURNING m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
                   m.delivery_attempts, coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts), m.lease_token,
@@ -824,9 +839,10 @@ BEGIN
         SELECT l.keys, l.tenants INTO v_groups, v_tens FROM streamd.queue_lock_groups(p_queue, p_offsets, p_tokens) l;
     END IF;
     -- The token check is a filter (as a join, the planner could scan the whole queue
-    -- to hash it). A token is a random UUID made for one delivery of one message, so a
-    -- row whose token is among p_tokens is named by that receipt (p_offsets may
-    -- repeat, with a stale and a current token).
+    -- to hash it). A token is made for one delivery of one message (queue_receive:
+    -- a random UUID per receive, the offset XORed in), so a row whose token is among
+    -- p_tokens is named by that receipt (p_offsets may repeat, with a stale and a
+    -- current token).
     IF v_hi - v_lo < 4 * cardinality(p_offsets) + 64 THEN
         -- The receipts of one receive are close together: one walk of the primary
         -- key over their range costs less than a descent per offset (8% of the send +
