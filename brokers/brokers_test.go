@@ -118,3 +118,31 @@ func TestRegistrationSlots(t *testing.T) {
 	}
 	require.Equal(t, []int32{other.NodeID()}, nodeIDs(t, ctx, listener), "nothing was written")
 }
+
+// TestHeartbeatUsesNoNodeIDs: renewing a registration takes no number of the node
+// id sequence (an INSERT ... ON CONFLICT took one per slot per heartbeat: 64 slots
+// of 10 instances ran the integer sequence out in about 130 days). Other tests may
+// register brokers meanwhile, hence a bound rather than equality.
+func TestHeartbeatUsesNoNodeIDs(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ctx := context.Background()
+	listener := testdb.Name("renew")
+	lastID := func() int64 {
+		var v int64
+		require.NoError(t, pool.QueryRow(ctx,
+			"SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('streamd.kafka_brokers', 'node_id')::regclass), 0)").Scan(&v))
+		return v
+	}
+	const slots, heartbeats = 4, 50
+	first, err := brokers.Register(ctx, pool, "127.0.0.1", 19095, &brokers.Config{Listener: listener, Slots: slots, TTL: time.Minute})
+	require.NoError(t, err)
+	before := lastID()
+	for range heartbeats {
+		b, err := brokers.Register(ctx, pool, "127.0.0.1", 19095, &brokers.Config{Listener: listener, Slots: slots, TTL: time.Minute})
+		require.NoError(t, err)
+		require.Equal(t, first.NodeIDs(), b.NodeIDs())
+	}
+	require.Less(t, lastID()-before, int64(slots*heartbeats/2), "node ids taken by %d heartbeats of %d slots", heartbeats, slots)
+	require.Equal(t, first.NodeIDs(), nodeIDs(t, ctx, listener))
+}

@@ -17,19 +17,33 @@ BEGIN
     END IF;
     DELETE FROM streamd.kafka_brokers
      WHERE listener = p_listener AND host = p_host AND port = p_port AND slot >= p_slots;
+    -- Renew the slots that have a row, and insert only the missing ones: an INSERT ... ON
+    -- CONFLICT evaluates the node id's default (nextval) for every row it proposes, so
+    -- every heartbeat of every slot would use up a number of the integer sequence.
+    UPDATE streamd.kafka_brokers AS b
+       SET instance     = p_instance,
+           rack         = p_rack,
+           started_at   = CASE WHEN b.instance = p_instance THEN b.started_at ELSE v_now END,
+           heartbeat_at = v_now,
+           expires_at   = v_now + make_interval(secs => p_ttl_ms / 1000.0)
+     WHERE b.listener = p_listener AND b.host = p_host AND b.port = p_port AND b.slot < p_slots;
+    -- A concurrent heartbeat of the same address inserting the same slot is the only
+    -- conflict left (two processes sharing an address: misconfigured).
+    INSERT INTO streamd.kafka_brokers AS b (listener, host, port, slot, instance, rack, started_at, heartbeat_at, expires_at)
+    SELECT p_listener, p_host, p_port, s, p_instance, p_rack, v_now, v_now, v_now + make_interval(secs => p_ttl_ms / 1000.0)
+      FROM generate_series(0, p_slots - 1) AS s
+     WHERE NOT EXISTS (SELECT 1 FROM streamd.kafka_brokers e
+                        WHERE e.listener = p_listener AND e.host = p_host AND e.port = p_port AND e.slot = s)
+    ON CONFLICT (listener, host, port, slot) DO UPDATE
+       SET instance     = EXCLUDED.instance,
+           rack         = EXCLUDED.rack,
+           started_at   = CASE WHEN b.instance = EXCLUDED.instance THEN b.started_at ELSE EXCLUDED.started_at END,
+           heartbeat_at = EXCLUDED.heartbeat_at,
+           expires_at   = EXCLUDED.expires_at;
     RETURN QUERY
-    WITH up AS (
-        INSERT INTO streamd.kafka_brokers AS b (listener, host, port, slot, instance, rack, started_at, heartbeat_at, expires_at)
-        SELECT p_listener, p_host, p_port, s, p_instance, p_rack, v_now, v_now, v_now + make_interval(secs => p_ttl_ms / 1000.0)
-          FROM generate_series(0, p_slots - 1) AS s
-        ON CONFLICT (listener, host, port, slot) DO UPDATE
-           SET instance     = EXCLUDED.instance,
-               rack         = EXCLUDED.rack,
-               started_at   = CASE WHEN b.instance = EXCLUDED.instance THEN b.started_at ELSE EXCLUDED.started_at END,
-               heartbeat_at = EXCLUDED.heartbeat_at,
-               expires_at   = EXCLUDED.expires_at
-        RETURNING b.slot, b.node_id)
-    SELECT up.node_id FROM up ORDER BY up.slot;
+    SELECT b.node_id FROM streamd.kafka_brokers b
+     WHERE b.listener = p_listener AND b.host = p_host AND b.port = p_port AND b.slot < p_slots
+     ORDER BY b.slot;
 END
 $$;
 
