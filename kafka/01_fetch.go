@@ -173,10 +173,13 @@ func (s *Server) fetchOnce(ctx context.Context, c *conn, req *kmsg.FetchRequest,
 		}
 	}
 	readable := readableJobs(jobs)
-	// A read the connection's previous fetch left running, at the offset asked for,
-	// is this pass's read of that partition (fetchPass); the others' heads first.
-	stashed, rest := c.stash.take(jobs)
-	jobs = append(stashed, s.skipUnchanged(ctx, rest)...)
+	// One read of the head rows of each topic with several partitions to read
+	// (skipUnchanged) or with a read the connection's previous fetch left running
+	// (take checks that read against them). Such a read, at the offset asked for, is
+	// this pass's read of that partition (fetchPass); the others' heads first.
+	heads := s.readHeads(ctx, jobs, c.stash.topics())
+	stashed, rest := c.stash.take(jobs, heads, time.Now())
+	jobs = append(stashed, skipUnchanged(rest, heads)...)
 	return s.runFetchJobs(ctx, c, req, resp, jobs, 0, &fetchWatch{sub: sub, readable: readable, deadline: deadline})
 }
 
@@ -240,11 +243,14 @@ type fetchWatch struct {
 // Kafka clients keep one fetch in flight per broker, and an instance is one broker:
 // a fetch reads every partition a client has here. So that a partition's records do
 // not wait for the reads of the others (the native consumer's partition workers read
-// independently), the pass answers as soon as it holds min.bytes, and each read
-// still running then goes on into the connection's stash, where the next fetch of
+// independently), the pass answers as soon as it holds min.bytes. Each read under way
+// then (at most fetchParallelism: a read starts only when it has one of the
+// connection's slots) goes on into the connection's stash, where the next fetch of
 // that partition at that offset finds it (a read that found nothing is dropped
-// there: the next fetch reads again). Until it answers, a wake-up for a partition
-// of w.readable starts its read at once (one being read is read again after that
+// there: the next fetch reads again); the reads still waiting for a slot are dropped.
+// The partitions of the reads not done are answered without records, with the
+// watermarks of their head rows read then. Until it answers, a wake-up for a
+// partition of w.readable starts its read (one being read is read again after that
 // read, if it found nothing): a record whose partition wakes while the pass reads
 // another does not wait for that read, the response and the client's next fetch.
 func (s *Server) runFetchJobs(ctx context.Context, c *conn, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, jobs []fetchJob, held int, w *fetchWatch) (int, bool) {
@@ -253,8 +259,8 @@ func (s *Server) runFetchJobs(ctx context.Context, c *conn, req *kmsg.FetchReque
 		maxBytes = 50 << 20
 	}
 	p := &fetchPass{s: s, ctx: ctx, c: c, req: req, maxBytes: maxBytes, total: held,
-		minBytes: max(int(req.MinBytes), 1), deadline: w.deadline,
-		idle: make(chan struct{}, 1), reading: map[partKey]*stashedRead{}, again: map[partKey]bool{}}
+		minBytes: max(int(req.MinBytes), 1), deadline: w.deadline, idle: make(chan struct{}, 1), answered: make(chan struct{}),
+		reading: map[partKey]*stashedRead{}, jobs: map[partKey]fetchJob{}, again: map[partKey]bool{}}
 	p.mu.Lock()
 	for _, j := range jobs {
 		p.start(j)
@@ -267,8 +273,9 @@ func (s *Server) runFetchJobs(ctx context.Context, c *conn, req *kmsg.FetchReque
 	for {
 		p.mu.Lock()
 		if len(p.reading) == 0 || p.total >= p.minBytes || ctx.Err() != nil {
-			p.end()
+			open := p.end()
 			p.mu.Unlock()
+			s.fillWatermarks(ctx, open)
 			break
 		}
 		p.mu.Unlock()
@@ -307,26 +314,64 @@ type fetchPass struct {
 	minBytes int
 	deadline time.Time
 	idle     chan struct{} // cap 1: a read ended
+	answered chan struct{} // closed when the pass ends: a read still waiting for a slot is dropped
 
 	mu      sync.Mutex
 	total   int                      // record bytes the response holds
-	reading map[partKey]*stashedRead // the reads under way
+	reading map[partKey]*stashedRead // the reads under way or waiting for a slot
 	jobs    map[partKey]fetchJob     // their jobs
 	again   map[partKey]bool         // woken while being read: read again if that read found nothing
 	ended   bool                     // the pass answered: a read that ends now goes to the stash
 }
 
-// end ends the pass (mu held): the reads under way go on into the connection's
-// stash; their partitions are answered without records, at the offset asked for
-// (the high watermark a previous pass of this fetch read, when there was one).
-func (p *fetchPass) end() {
+// end ends the pass (mu held) and returns the jobs it answers without their read. A
+// read that has ended (its watcher has not had mu yet) is applied; one under way
+// goes on into the connection's stash; one still waiting for a slot is dropped (the
+// client's next fetch reads that partition).
+func (p *fetchPass) end() (open []fetchJob) {
 	p.ended = true
+	close(p.answered)
 	for k, sr := range p.reading {
 		j := p.jobs[k]
-		if j.rp.HighWatermark < 0 {
-			j.rp.HighWatermark, j.rp.LastStableOffset = j.partition.FetchOffset, j.partition.FetchOffset
+		select {
+		case <-sr.done:
+			if sr.started {
+				p.apply(k, j, sr)
+				continue
+			}
+		default:
+			if sr.started {
+				p.c.stash.put(k, sr)
+			}
 		}
-		p.c.stash.put(k, sr)
+		open = append(open, j)
+	}
+	return open
+}
+
+// fillWatermarks sets the watermarks of the partitions a pass answers while their
+// reads are under way (or dropped) from their head rows, read now (one read per
+// topic): a high watermark at the offset asked for would tell the client it is at
+// the log end (librdkafka's _PARTITION_EOF, a lag of 0) when the read may be about to
+// return records. A topic whose heads cannot be read is read partition by partition.
+func (s *Server) fillWatermarks(ctx context.Context, open []fetchJob) {
+	if ctx.Err() != nil {
+		return // the client went away: no one reads the answer
+	}
+	heads := map[string][]streams.PartitionInfo{}
+	for _, j := range open {
+		if _, ok := heads[j.topic]; !ok {
+			h, err := s.streams.PartitionHeads(ctx, j.topic)
+			if err != nil {
+				h = nil
+			}
+			heads[j.topic] = h
+		}
+		if hd, ok := headOf(heads, j.topic, j.partition.Partition); ok {
+			j.rp.HighWatermark, j.rp.LastStableOffset, j.rp.LogStartOffset = hd.NextOffset, hd.NextOffset, hd.LogStartOffset
+		} else {
+			s.fillHead(ctx, j.rp, j.topic, j.partition.Partition)
+		}
 	}
 }
 
@@ -346,21 +391,34 @@ func (p *fetchPass) woken(k partKey, j fetchJob) {
 	p.start(j)
 }
 
-// start reads j in a goroutine of its own, or waits for the stashed read j.stashed
-// (mu held).
+// start reads j in a goroutine of its own once it has one of the connection's
+// slots, or takes the stashed read j.stashed: applied at once when it has ended,
+// waited for otherwise (mu held).
 func (p *fetchPass) start(j fetchJob) {
 	k := partKey{j.topic, j.partition.Partition}
 	sr := j.stashed
 	j.stashed = nil
 	if sr == nil {
-		sr = &stashedRead{offset: j.partition.FetchOffset, done: make(chan struct{})}
-		go p.read(j, sr) // owner: the pass, then the stash; ends with the read, under the connection's ctx
-	}
-	if p.jobs == nil {
-		p.jobs = map[partKey]fetchJob{}
+		rctx, cancel := context.WithCancel(p.c.ctx)
+		sr = &stashedRead{offset: j.partition.FetchOffset, ctx: rctx, cancel: cancel, done: make(chan struct{})}
+		p.s.fetchReads.Add(1)
+		// owner: the pass, then the stash; ends with the read, when the pass answers
+		// before it has a slot, or with the connection (sr.ctx); Serve waits for it.
+		go p.read(j, sr)
+	} else {
+		select {
+		case <-sr.done:
+			p.reading[k], p.jobs[k] = sr, j
+			p.apply(k, j, sr)
+			return
+		default:
+			// A record committed after the previous fetch answered and before this one
+			// subscribed woke no one: if the read finds nothing, read again.
+			p.again[k] = true
+		}
 	}
 	p.reading[k], p.jobs[k] = sr, j
-	go func() { // owner: runFetchJobs; ends when the read does or the pass ended
+	go func() { // owner: runFetchJobs; ends when the read does or the pass's ctx
 		select {
 		case <-sr.done:
 		case <-p.ctx.Done():
@@ -369,37 +427,70 @@ func (p *fetchPass) start(j fetchJob) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if p.ended || p.reading[k] != sr {
-			return // in the stash now
+			return // end applied it, or it is in the stash now
 		}
-		delete(p.reading, k)
-		n := sr.n
-		*j.rp = sr.rp
-		p.total += n
-		if p.again[k] {
-			delete(p.again, k)
-			if n == 0 && sr.rp.ErrorCode == 0 && p.total < p.minBytes && time.Now().Before(p.deadline) {
-				p.start(j)
-			}
-		}
+		p.apply(k, j, sr)
+	}()
+}
+
+// apply puts the ended read sr into j's partition of the response (mu held), unless
+// its records do not fit in the room the response has left (fetch.max.bytes; the
+// first partition with records is taken whole, as Kafka does): then the partition
+// is answered without them, with the read's watermarks, as a read that started with
+// no room is, and the client's next fetch reads them again. A read that never
+// started (the connection closed) leaves the partition as it was.
+func (p *fetchPass) apply(k partKey, j fetchJob, sr *stashedRead) {
+	delete(p.reading, k)
+	defer func() {
 		select {
 		case p.idle <- struct{}{}:
 		default:
 		}
 	}()
+	if !sr.started {
+		return
+	}
+	*j.rp = sr.rp
+	n := sr.n
+	if n > 0 && p.total > 0 && n > p.maxBytes-p.total {
+		j.rp.RecordBatches = []byte{}
+		n = 0
+	}
+	p.total += n
+	if p.again[k] {
+		delete(p.again, k)
+		if !p.ended && sr.n == 0 && sr.rp.ErrorCode == 0 && p.total < p.minBytes && time.Now().Before(p.deadline) {
+			p.start(j)
+		}
+	}
 }
 
-// read reads one partition into sr, within the room the response had left when it
-// started, at most fetchParallelism reads of the server at once per connection.
+// read reads one partition into sr once it has one of the connection's
+// fetchParallelism slots, within the room the response had left then. It does not
+// read when the pass answered (or the connection closed) before it had a slot.
 func (p *fetchPass) read(j fetchJob, sr *stashedRead) {
+	defer p.s.fetchReads.Done()
 	defer close(sr.done)
-	p.c.fetchSem <- struct{}{}
+	defer sr.cancel()
+	select {
+	case p.c.fetchSem <- struct{}{}:
+	case <-p.answered:
+		return
+	case <-sr.ctx.Done():
+		return
+	}
 	defer func() { <-p.c.fetchSem }()
+	p.mu.Lock()
+	if p.ended {
+		p.mu.Unlock()
+		return
+	}
+	sr.started = true
+	room := p.maxBytes - p.total
+	p.mu.Unlock()
 	if h := p.s.fetchReadHook; h != nil {
 		h(j.topic, j.partition.Partition)
 	}
-	p.mu.Lock()
-	room := p.maxBytes - p.total
-	p.mu.Unlock()
 	rp := kmsg.NewFetchResponseTopicPartition()
 	rp.Partition = j.partition.Partition
 	rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = -1, -1, -1
@@ -407,25 +498,35 @@ func (p *fetchPass) read(j fetchJob, sr *stashedRead) {
 	rp.RecordBatches = []byte{}
 	if room <= 0 {
 		// Kafka's fetch.max.bytes: the partitions past it are answered empty.
-		p.s.fillHead(p.c.ctx, &rp, j.topic, j.partition.Partition)
+		p.s.fillHead(sr.ctx, &rp, j.topic, j.partition.Partition)
 		sr.rp = rp
 		return
 	}
 	limit := min(int(j.partition.PartitionMaxBytes), room)
-	codec := p.s.fetchCodec(p.c.ctx, j.topic)
+	codec := p.s.fetchCodec(sr.ctx, j.topic)
 	if codec == codecZstd && p.req.Version < 10 {
 		codec = codecNone // zstd needs Fetch v10+ (KIP-110): an older client gets the records uncompressed
 	}
-	sr.n = p.s.fetchPartition(p.c.ctx, &rp, j.topic, j.partition.Partition, j.partition.FetchOffset, limit, codec)
+	sr.n = p.s.fetchPartition(sr.ctx, &rp, j.topic, j.partition.Partition, j.partition.FetchOffset, limit, codec)
 	sr.rp = rp
 }
 
-// stashedRead is one partition's read: its result once done is closed.
+// fetchStashMaxAge bounds how long a read stays in a connection's stash: an older
+// one is dropped, and its partition read again.
+const fetchStashMaxAge = time.Second
+
+// stashedRead is one partition's read: its result once done is closed. started is
+// set (under its pass's mu) when it has a slot and reads; a read in a stash has
+// started. Cancelling ctx ends it.
 type stashedRead struct {
-	offset int64
-	done   chan struct{}
-	rp     kmsg.FetchResponseTopicPartition
-	n      int
+	offset  int64
+	ctx     context.Context
+	cancel  context.CancelFunc
+	done    chan struct{}
+	started bool
+	at      time.Time // when it went into the stash
+	rp      kmsg.FetchResponseTopicPartition
+	n       int
 }
 
 // fetchStash holds, by partition, the reads a connection's fetch left running when
@@ -441,70 +542,119 @@ func (st *fetchStash) put(k partKey, sr *stashedRead) {
 	if st.reads == nil {
 		st.reads = map[partKey]*stashedRead{}
 	}
+	if old := st.reads[k]; old != nil && old != sr {
+		old.cancel()
+	}
+	sr.at = time.Now()
 	st.reads[k] = sr
 }
 
-// take empties the stash and returns the jobs whose partition has a read there at
-// the offset they ask for, holding it (stashed), and the other jobs. A read done
-// that found no records is not used: the next pass reads again, as a wake-up for a
-// record committed after it may have gone to the fetch that left it.
-func (st *fetchStash) take(jobs []fetchJob) (stashed, rest []fetchJob) {
+// topics returns the topics of the reads in the stash.
+func (st *fetchStash) topics() map[string]bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	out := map[string]bool{}
+	for k := range st.reads {
+		out[k.topic] = true
+	}
+	return out
+}
+
+// take empties the stash and returns the jobs that have a read there they may use
+// (usableFor), holding it (stashed), and the other jobs. The reads no job takes are
+// cancelled: the client no longer wants them.
+func (st *fetchStash) take(jobs []fetchJob, heads map[string][]streams.PartitionInfo, now time.Time) (stashed, rest []fetchJob) {
 	st.mu.Lock()
 	reads := st.reads
 	st.reads = nil
 	st.mu.Unlock()
 	for _, j := range jobs {
-		sr := reads[partKey{j.topic, j.partition.Partition}]
-		if sr != nil && sr.offset == j.partition.FetchOffset {
-			select {
-			case <-sr.done:
-				if sr.n == 0 {
-					sr = nil
-				}
-			default:
-			}
-		} else {
-			sr = nil
-		}
-		if sr != nil {
+		k := partKey{j.topic, j.partition.Partition}
+		if sr := reads[k]; sr != nil && sr.usableFor(j, heads, now) {
+			delete(reads, k)
 			j.stashed = sr
 			stashed = append(stashed, j)
-		} else {
-			rest = append(rest, j)
+			continue
 		}
+		rest = append(rest, j)
+	}
+	for _, sr := range reads {
+		sr.cancel()
 	}
 	return stashed, rest
 }
 
-// skipUnchanged drops the jobs of partitions with nothing at their fetch offset (it
-// is the log end), answering them from their head rows: one read of a topic's heads
-// instead of a read of each partition, when a fetch names several partitions of a
-// topic. A long poll reads again on every wake-up, usually for one partition's new
-// records; reading all of them made each pass cost one query per partition. A topic
-// whose heads cannot be read is read partition by partition, which reports why.
-func (s *Server) skipUnchanged(ctx context.Context, jobs []fetchJob) []fetchJob {
+// usableFor reports whether sr may be j's read: at the offset j asks for, stashed
+// less than fetchStashMaxAge ago, and within the partition's log by its head row
+// (read after sr went into the stash): the offset neither below the log start
+// (DeleteRecords, retention) nor past the log end, and a read that ended saw no log
+// end past the current one (the stream deleted and created again under its name).
+// A read that ended without records or with an error is not used: the next pass
+// reads again, as a wake-up for a record committed after it may have gone to the
+// fetch that left it. An ended read's watermarks are brought up to the head row's.
+func (sr *stashedRead) usableFor(j fetchJob, heads map[string][]streams.PartitionInfo, now time.Time) bool {
+	if sr.offset != j.partition.FetchOffset || now.Sub(sr.at) > fetchStashMaxAge {
+		return false
+	}
+	hd, ok := headOf(heads, j.topic, j.partition.Partition)
+	if !ok || sr.offset < hd.LogStartOffset || sr.offset > hd.NextOffset {
+		return false
+	}
+	select {
+	case <-sr.done:
+		if sr.n == 0 || sr.rp.ErrorCode != 0 || sr.rp.HighWatermark > hd.NextOffset {
+			return false
+		}
+		sr.rp.HighWatermark, sr.rp.LastStableOffset, sr.rp.LogStartOffset = hd.NextOffset, hd.NextOffset, hd.LogStartOffset
+	default:
+	}
+	return true
+}
+
+// readHeads reads the head rows of the topics of jobs with several partitions to
+// read, and of those also names, one read per topic. A topic whose heads cannot be
+// read is left out (its partitions are read one by one, which reports why).
+func (s *Server) readHeads(ctx context.Context, jobs []fetchJob, also map[string]bool) map[string][]streams.PartitionInfo {
 	perTopic := map[string]int{}
 	for _, j := range jobs {
 		perTopic[j.topic]++
 	}
 	heads := map[string][]streams.PartitionInfo{}
 	for t, n := range perTopic {
-		if n < 2 {
+		if n < 2 && !also[t] {
 			continue
 		}
 		if h, err := s.streams.PartitionHeads(ctx, t); err == nil {
 			heads[t] = h
 		}
 	}
+	return heads
+}
+
+// headOf returns the head row of a partition in heads, if there is one.
+func headOf(heads map[string][]streams.PartitionInfo, topic string, partition int32) (streams.PartitionInfo, bool) {
+	h := heads[topic]
+	if partition >= 0 && int(partition) < len(h) && h[partition].Partition == partition {
+		return h[partition], true
+	}
+	return streams.PartitionInfo{}, false
+}
+
+// skipUnchanged drops the jobs of partitions with nothing at their fetch offset (it
+// is the log end), answering them from their head rows (readHeads): one read of a
+// topic's heads instead of a read of each partition, when a fetch names several
+// partitions of a topic. A long poll reads again on every wake-up, usually for one
+// partition's new records; reading all of them made each pass cost one query per
+// partition.
+func skipUnchanged(jobs []fetchJob, heads map[string][]streams.PartitionInfo) []fetchJob {
 	if len(heads) == 0 {
 		return jobs
 	}
 	kept := jobs[:0]
 	for _, j := range jobs {
-		p, offset, rp := j.partition.Partition, j.partition.FetchOffset, j.rp
-		h := heads[j.topic]
-		if p >= 0 && int(p) < len(h) && h[p].Partition == p && offset == h[p].NextOffset && offset >= h[p].LogStartOffset {
-			rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = h[p].NextOffset, h[p].NextOffset, h[p].LogStartOffset
+		offset, rp := j.partition.FetchOffset, j.rp
+		if h, ok := headOf(heads, j.topic, j.partition.Partition); ok && offset == h.NextOffset && offset >= h.LogStartOffset {
+			rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = h.NextOffset, h.NextOffset, h.LogStartOffset
 			continue
 		}
 		kept = append(kept, j)

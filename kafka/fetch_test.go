@@ -374,6 +374,9 @@ func TestSlowReadDoesNotHoldUpAnotherPartition(t *testing.T) {
 	topic := testdb.Name("slowread")
 	var blocking atomic.Bool
 	stuck, release := make(chan struct{}, 1), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll) // before the server stops: it waits for the reads
 	var reads0 atomic.Int32
 	ts.srv.fetchReadHook = func(tp string, p int32) {
 		if tp != topic || p != 0 {
@@ -424,7 +427,7 @@ func TestSlowReadDoesNotHoldUpAnotherPartition(t *testing.T) {
 	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("slow")}}, nil)
 	require.NoError(t, err)
 	hub.NotifyPartitions(topic, 0)
-	<-stuck // partition 0's read is under way, and stays
+	waitStuck(t, stuck) // partition 0's read is under way, and stays
 	blocking.Store(false)
 	_, err = sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("fast")}}, nil)
 	require.NoError(t, err)
@@ -432,13 +435,196 @@ func TestSlowReadDoesNotHoldUpAnotherPartition(t *testing.T) {
 	ps := answer(done, "partition 1's record waits for partition 0's read")
 	require.NotEmpty(t, ps[1].RecordBatches, "partition 1's record")
 	require.Empty(t, ps[0].RecordBatches, "partition 0's read is still under way")
-	require.Equal(t, int64(0), ps[0].HighWatermark, "answered at the offset asked for")
+	require.Equal(t, int64(1), ps[0].HighWatermark, "the log end, not the offset asked for (a client would take it for the end)")
 
-	close(release)
+	releaseAll()
 	req.Topics[0].Partitions[1].FetchOffset = 1
 	before := reads0.Load()
 	ps = answer(fetch(), "the next fetch")
 	require.NotEmpty(t, ps[0].RecordBatches, "the stuck read's record")
 	require.Equal(t, int64(1), ps[0].HighWatermark)
 	require.Equal(t, before, reads0.Load(), "from the read the first fetch left, not a new one")
+}
+
+// waitStuck waits for a read to signal on stuck.
+func waitStuck(t *testing.T, stuck <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-stuck:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no read got stuck within 15s")
+	}
+}
+
+// stashDone reports whether a connection of ts has a read of topic/partition in its
+// stash that has ended.
+func stashDone(ts *testServer, topic string, partition int32) bool {
+	ts.srv.mu.Lock()
+	defer ts.srv.mu.Unlock()
+	for c := range ts.srv.conns {
+		c.stash.mu.Lock()
+		sr := c.stash.reads[partKey{topic, partition}]
+		c.stash.mu.Unlock()
+		if sr != nil {
+			select {
+			case <-sr.done:
+				return true
+			default:
+			}
+		}
+	}
+	return false
+}
+
+// TestLeftReadsKeepFetchMaxBytes: a fetch of many partitions answers while reads
+// are under way; the next fetch, which waits for them all, still holds no more
+// record bytes than its fetch.max.bytes. Only the reads that had one of the
+// connection's slots are left running (the others are dropped, not read into the
+// stash with the whole byte bound each), and a left read joins the next fetch only
+// if it fits.
+func TestLeftReadsKeepFetchMaxBytes(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ts.srv.fetchPoll = &wakeup.PollOpts{MinInterval: 20 * time.Second, MaxInterval: 20 * time.Second} // wake-ups only
+	topic := testdb.Name("maxbytes")
+	const partitions, recordBytes, maxBytes = 12, 100 << 10, 300 << 10
+	// The first reads block (holding their slots) until released: the fetch is answered
+	// by a later one, with these and those waiting for a slot under way.
+	stuck, release := make(chan struct{}, fetchParallelism), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll)
+	var entered atomic.Int32
+	ts.srv.fetchReadHook = func(tp string, p int32) {
+		if tp == topic && entered.Add(1) < fetchParallelism {
+			stuck <- struct{}{}
+			<-release
+		}
+	}
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, partitions))
+	payload := make([]byte, recordBytes)
+	for i := range payload {
+		payload[i] = byte(i*7919 + i>>8) // not compressible much, whatever the topic's codec
+	}
+	for p := int32(0); p < partitions; p++ {
+		_, err := sc.AppendPartition(ctx, topic, p, []streams.Record{{Bytes: payload}}, nil)
+		require.NoError(t, err)
+	}
+	cl := newClient(t, []string{ts.addr})
+	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
+	req.MaxBytes = maxBytes
+	for p := int32(1); p < partitions; p++ {
+		rp := kmsg.NewFetchRequestTopicPartition()
+		rp.Partition, rp.PartitionMaxBytes = p, 1<<20
+		req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+	}
+	sum := func(ps []kmsg.FetchResponseTopicPartition) int {
+		n := 0
+		for _, p := range ps {
+			require.Zero(t, p.ErrorCode, "partition %d", p.Partition)
+			n += len(p.RecordBatches)
+		}
+		return n
+	}
+
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	ps := resp.Topics[0].Partitions
+	require.NotZero(t, sum(ps))
+	for i := 0; i < fetchParallelism-1; i++ {
+		waitStuck(t, stuck)
+	}
+	for i, p := range ps {
+		require.Equal(t, int64(1), p.HighWatermark, "partition %d: the log end, read or not", p.Partition)
+		if len(p.RecordBatches) > 0 {
+			req.Topics[0].Partitions[i].FetchOffset = 1
+		}
+	}
+
+	// The next fetch waits for every read (min.bytes past what fits, a short wait).
+	releaseAll()
+	req.MinBytes, req.MaxWaitMillis = 1<<30, 500
+	resp, err = req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	ps = resp.Topics[0].Partitions
+	require.LessOrEqual(t, sum(ps), maxBytes, "record bytes of the next fetch")
+	for _, p := range ps {
+		require.Equal(t, int64(1), p.HighWatermark, "partition %d", p.Partition)
+	}
+}
+
+// TestStashedReadChecksTheLogStart: a read a fetch left running, done before the
+// connection's next fetch, is not used when the records it read were deleted since
+// (DeleteRecords moved the log start past its offset): the next fetch of that
+// offset is OFFSET_OUT_OF_RANGE, as a read of the partition then says.
+func TestStashedReadChecksTheLogStart(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ts.srv.fetchPoll = &wakeup.PollOpts{MinInterval: 20 * time.Second, MaxInterval: 20 * time.Second} // wake-ups only
+	topic := testdb.Name("stashstart")
+	var blocking atomic.Bool
+	blocking.Store(true)
+	stuck, release := make(chan struct{}, 1), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll)
+	ts.srv.fetchReadHook = func(tp string, p int32) {
+		if tp == topic && p == 0 && blocking.CompareAndSwap(true, false) {
+			stuck <- struct{}{}
+			<-release
+		}
+	}
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 2))
+	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("a")}, {Bytes: []byte("b")}}, nil)
+	require.NoError(t, err)
+	cl := newClient(t, []string{ts.addr})
+	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
+	rp1 := kmsg.NewFetchRequestTopicPartition()
+	rp1.Partition, rp1.PartitionMaxBytes = 1, 1<<20
+	req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp1)
+	type result struct {
+		resp *kmsg.FetchResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := req.RequestWith(ctx, cl)
+		done <- result{resp, err}
+	}()
+	waitStuck(t, stuck) // partition 0's read is under way, and stays
+	_, err = sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("c")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 1)
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no answer within 15s")
+	}
+	require.NoError(t, res.err)
+	ps := res.resp.Topics[0].Partitions
+	require.NotEmpty(t, ps[1].RecordBatches)
+	require.Empty(t, ps[0].RecordBatches, "partition 0's read is under way")
+	require.Equal(t, []int64{2, 0}, []int64{ps[0].HighWatermark, ps[0].LogStartOffset}, "partition 0's head row")
+
+	releaseAll()
+	require.Eventually(t, func() bool { return stashDone(ts, topic, 0) }, 15*time.Second, time.Millisecond, "the left read ends")
+	_, err = sc.DeleteBefore(ctx, topic, 0, 2)
+	require.NoError(t, err)
+	req.Topics[0].Partitions[1].FetchOffset = 1
+	req.MaxWaitMillis = 0
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	ps = resp.Topics[0].Partitions
+	require.Equal(t, kerr.OffsetOutOfRange.Code, ps[0].ErrorCode, "not the deleted records the left read holds")
+	require.Empty(t, ps[0].RecordBatches)
+	require.Equal(t, int64(2), ps[0].LogStartOffset)
 }

@@ -251,6 +251,9 @@ type Server struct {
 
 	// compression caches each topic's fetch codec (fetch_compression.go).
 	compression topicCompression
+	// fetchReads are the Fetch partition reads under way or waiting for a slot
+	// (01_fetch.go); Serve waits for them after the connections.
+	fetchReads sync.WaitGroup
 
 	// topicIDs caches the streams' topic ids for Fetch v13+ (01_fetch.go).
 	topicIDs struct {
@@ -398,6 +401,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.mu.Unlock()
 		<-done
 	}
+	s.fetchReads.Wait()            // the reads the connections' fetches left (they end with their connection)
 	s.compression.refreshes.Wait() // the fetch codecs' refreshes (fetch_compression.go)
 	stopReg()
 	<-regDone
