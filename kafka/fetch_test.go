@@ -628,3 +628,52 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 	require.Empty(t, ps[0].RecordBatches)
 	require.Equal(t, int64(2), ps[0].LogStartOffset)
 }
+
+// TestStashTakeChecks: take uses a stashed read only at the offset asked for, less
+// than fetchStashMaxAge after it went into the stash, within the partition's log by
+// its head row, and not from a log that had more than the current one (the stream
+// deleted and created again); the reads it does not use are cancelled.
+func TestStashTakeChecks(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	topic := "t"
+	heads := map[string][]streams.PartitionInfo{topic: {{Partition: 0, LogStartOffset: 2, NextOffset: 10}}}
+	job := func(offset int64) fetchJob {
+		p := kmsg.NewFetchRequestTopicPartition()
+		p.FetchOffset = offset
+		return fetchJob{topic: topic, partition: p}
+	}
+	ended := func(offset, hwm int64, at time.Time) *stashedRead {
+		ctx, cancel := context.WithCancel(context.Background())
+		sr := &stashedRead{offset: offset, ctx: ctx, cancel: cancel, done: make(chan struct{}), started: true, at: at, n: 1}
+		sr.rp.HighWatermark, sr.rp.RecordBatches = hwm, []byte{0}
+		close(sr.done)
+		return sr
+	}
+	for _, tc := range []struct {
+		name   string
+		sr     *stashedRead
+		offset int64
+		heads  map[string][]streams.PartitionInfo
+		use    bool
+	}{
+		{"fresh", ended(5, 8, now), 5, heads, true},
+		{"another offset", ended(5, 8, now), 6, heads, false},
+		{"too old", ended(5, 8, now.Add(-2*fetchStashMaxAge)), 5, heads, false},
+		{"below the log start", ended(1, 8, now), 1, heads, false},
+		{"past the log end", ended(11, 12, now), 11, heads, false},
+		{"a longer log than now", ended(5, 12, now), 5, heads, false},
+		{"no head row", ended(5, 8, now), 5, nil, false},
+	} {
+		st := &fetchStash{reads: map[partKey]*stashedRead{{topic, 0}: tc.sr}}
+		stashed, rest := st.take([]fetchJob{job(tc.offset)}, tc.heads, now)
+		require.Equal(t, tc.use, len(stashed) == 1, tc.name)
+		require.Equal(t, !tc.use, len(rest) == 1, tc.name)
+		require.Equal(t, !tc.use, tc.sr.ctx.Err() != nil, "%s: cancelled when not used", tc.name)
+		if tc.use {
+			require.Equal(t, []int64{10, 10, 2}, []int64{tc.sr.rp.HighWatermark, tc.sr.rp.LastStableOffset, tc.sr.rp.LogStartOffset},
+				"watermarks from the head row")
+		}
+		require.Empty(t, st.reads, tc.name)
+	}
+}
