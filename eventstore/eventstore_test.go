@@ -339,75 +339,54 @@ func TestConcurrentDuplicateInsertKeepsVersionsGapless(t *testing.T) {
 // TestAppendRacingASettingsChangeIsRetried: an append that read a stream's settings
 // and then waited for its head rows while set_stream_event_sourcing turned key
 // versions on fails with a retriable serialization failure (40001) instead of
-// appending keyed events without versions; its retry numbers them.
+// appending keyed events without versions; its retry numbers them. The same in a
+// REPEATABLE READ transaction whose snapshot predates the settings: it read the old
+// settings and can read nothing newer, so only the head rows' new versions (written,
+// not only locked, by the settings change) fail it; with them only locked it stored
+// keyed events without versions.
 func TestAppendRacingASettingsChangeIsRetried(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := streams.NewClient(pool, nil)
-	s := testdb.Name("esrace")
-	require.NoError(t, c.CreateStream(ctx, s, 1))
+	const appendSQL = `SELECT * FROM streamd.append($1, NULL, NULL, NULL, ARRAY['k'], ARRAY['1'], NULL, NULL, NULL, NULL, NULL)`
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead} {
+		t.Run(string(iso), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := testdb.Pool(t)
+			c := streams.NewClient(pool, nil)
+			s := testdb.Name("esrace")
+			require.NoError(t, c.CreateStream(ctx, s, 1))
 
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, true, false)", s)
-	require.NoError(t, err)
-	appended := make(chan error, 1)
-	go func() {
-		_, err := pool.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, NULL, ARRAY['k'], ARRAY['1'], NULL, NULL, NULL, NULL, NULL)`, s)
-		appended <- err
-	}()
-	testdb.WaitForLockWait(t, pool, tx, "streamd.append(")
-	require.NoError(t, tx.Commit(ctx))
-	err = <-appended
-	require.Equal(t, "40001", sqlerr.Code(err), "%v", err)
-	require.True(t, sqlerr.Retriable(err))
-	_, err = pool.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, NULL, ARRAY['k'], ARRAY['1'], NULL, NULL, NULL, NULL, NULL)`, s)
-	require.NoError(t, err)
-	var kv *int64
-	require.NoError(t, pool.QueryRow(ctx, "SELECT key_version FROM streamd.events WHERE stream_name = $1", s).Scan(&kv))
-	require.NotNil(t, kv)
-	require.EqualValues(t, 1, *kv)
-}
-
-// TestRepeatableReadAppendRacingASettingsChangeIsRetried: the same race, with the
-// append in a REPEATABLE READ transaction whose snapshot predates the settings: it
-// read the old settings and can read nothing newer, so it must fail with 40001. A
-// head row that set_stream_event_sourcing only locked would let it append keyed
-// events without versions; the function updates the head rows, and a REPEATABLE READ
-// transaction cannot update a row updated after its snapshot.
-func TestRepeatableReadAppendRacingASettingsChangeIsRetried(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := streams.NewClient(pool, nil)
-	s := testdb.Name("esracerr")
-	require.NoError(t, c.CreateStream(ctx, s, 1))
-
-	rr, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	require.NoError(t, err)
-	defer func() { _ = rr.Rollback(ctx) }()
-	_, err = rr.Exec(ctx, "SELECT 1") // the snapshot: before the settings change
-	require.NoError(t, err)
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, true, false)", s)
-	require.NoError(t, err)
-	appended := make(chan error, 1)
-	go func() {
-		_, err := rr.Exec(ctx, `SELECT * FROM streamd.append($1, NULL, NULL, NULL, ARRAY['k'], ARRAY['1'], NULL, NULL, NULL, NULL, NULL)`, s)
-		appended <- err
-	}()
-	testdb.WaitForLockWait(t, pool, tx, "streamd.append(")
-	require.NoError(t, tx.Commit(ctx))
-	err = <-appended
-	require.Equal(t, "40001", sqlerr.Code(err), "%v", err)
-	require.NoError(t, rr.Rollback(ctx))
-	var n int64
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.events WHERE stream_name = $1", s).Scan(&n))
-	require.Zero(t, n)
+			app, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+			require.NoError(t, err)
+			defer func() { _ = app.Rollback(ctx) }()
+			_, err = app.Exec(ctx, "SELECT 1") // the appender's snapshot, for REPEATABLE READ
+			require.NoError(t, err)
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = tx.Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, true, false)", s)
+			require.NoError(t, err)
+			appended := make(chan error, 1)
+			go func() {
+				_, err := app.Exec(ctx, appendSQL, s)
+				appended <- err
+			}()
+			testdb.WaitForLockWait(t, pool, tx, "streamd.append(")
+			require.NoError(t, tx.Commit(ctx))
+			err = <-appended
+			require.Equal(t, "40001", sqlerr.Code(err), "%v", err)
+			require.True(t, sqlerr.Retriable(err))
+			require.NoError(t, app.Rollback(ctx))
+			_, err = pool.Exec(ctx, appendSQL, s) // the retry
+			require.NoError(t, err)
+			var kv *int64
+			var n int64
+			require.NoError(t, pool.QueryRow(ctx, "SELECT max(key_version), count(*) FROM streamd.events WHERE stream_name = $1", s).Scan(&kv, &n))
+			require.EqualValues(t, 1, n, "only the retry stored its event")
+			require.NotNil(t, kv, "the retry's event is versioned")
+			require.EqualValues(t, 1, *kv)
+		})
+	}
 }
 
 // TestInsertKeyVersionIsNeverDropped: a plain INSERT's key_version is an expected

@@ -319,7 +319,7 @@ BEGIN
     -- A new version of each head row, not only a lock: an append in a REPEATABLE READ
     -- (or SERIALIZABLE) transaction read the old settings in its snapshot and would
     -- not see the new ones on a re-check; updating a row updated since its snapshot
-    -- fails it with 40001 instead (TestRepeatableReadAppendRacingASettingsChangeIsRetried).
+    -- fails it with 40001 instead (TestAppendRacingASettingsChangeIsRetried/repeatable_read).
     UPDATE streamd.stream_partitions h SET next_offset = h.next_offset WHERE h.stream_name = p_stream_name;
     UPDATE streamd.streams s
        SET key_versions = p_key_versions, enforce_event_types = p_enforce_event_types, updated_at = now()
