@@ -1,11 +1,9 @@
 package consumergroup
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -126,32 +124,14 @@ func TestKill9ChildConsumers(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+pgx.Identifier{table}.Sanitize()) })
 
-	type child struct {
-		cmd    *exec.Cmd
-		stderr *bytes.Buffer
-		done   chan struct{}
+	spawn := func() *testdb.Child {
+		return testdb.StartChild(t, testdb.ChildOpts{Env: []string{childEnv + "=1", "STREAMD_CG_URL=" + testdb.URL(t), "STREAMD_CG_TABLE=" + table,
+			"STREAMD_CG_STREAM=" + stream, "STREAMD_CG_GROUP=" + group,
+			"STREAMD_CG_SESSION=3s"}}) // 1s sessions expired under a loaded machine's delays: churn, no commits
 	}
-	spawn := func() *child {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"=1", "STREAMD_CG_URL="+testdb.URL(t), "STREAMD_CG_TABLE="+table,
-			"STREAMD_CG_STREAM="+stream, "STREAMD_CG_GROUP="+group,
-			"STREAMD_CG_SESSION=3s") // 1s sessions expired under a loaded machine's delays: churn, no commits
-		ch := &child{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
-		cmd.Stderr = ch.stderr
-		require.NoError(t, cmd.Start())
-		go func() { _ = cmd.Wait(); close(ch.done) }()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			<-ch.done
-			if t.Failed() {
-				t.Logf("child %d stderr:\n%s", cmd.Process.Pid, ch.stderr.String())
-			}
-		})
-		return ch
-	}
-	kill := func(ch *child) {
-		require.NoError(t, ch.cmd.Process.Signal(syscall.SIGKILL))
-		<-ch.done
+	kill := func(ch *testdb.Child) {
+		require.NoError(t, ch.Cmd.Process.Signal(syscall.SIGKILL))
+		<-ch.Done
 	}
 	recordedBy := func() map[string]int {
 		rows, err := pool.Query(ctx, "SELECT member, count(*) FROM "+pgx.Identifier{table}.Sanitize()+" GROUP BY member")

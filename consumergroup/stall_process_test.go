@@ -2,14 +2,12 @@ package consumergroup
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"sync"
@@ -132,10 +130,7 @@ func stallChildMain() int {
 
 // stallChild is a consumer process of the stall test.
 type stallChild struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	stderr *bytes.Buffer
-	done   chan struct{}
+	*testdb.Child
 
 	mu    sync.Mutex
 	lines []string
@@ -181,36 +176,23 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 
 	app := testdb.Name("stall") + "-"
 	spawn := func(id string) *stallChild {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), stallChildEnv+"=1", "STREAMD_CG_URL="+testdb.URL(t), "STREAMD_CG_TABLE="+table,
-			"STREAMD_CG_STREAM="+stream, "STREAMD_CG_GROUP="+group, "STREAMD_CG_ID="+id, "STREAMD_CG_APP="+app+id)
-		ch := &stallChild{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
-		cmd.Stderr = ch.stderr
-		stdout, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		ch.stdin, err = cmd.StdinPipe()
-		require.NoError(t, err)
-		require.NoError(t, cmd.Start())
-		read := make(chan struct{})
-		go func() { // owner: the child; exits at its stdout's end
-			defer close(read)
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				ch.mu.Lock()
-				ch.lines = append(ch.lines, sc.Text())
-				ch.mu.Unlock()
-			}
-		}()
-		go func() { <-read; _ = cmd.Wait(); close(ch.done) }()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill() // also ends a process a failed test left stopped
-			<-ch.done
+		ch := &stallChild{}
+		t.Cleanup(func() { // runs after StartChild's cleanup (LIFO): the child is gone
 			if t.Failed() {
 				ch.mu.Lock()
-				t.Logf("child %s stdout:\n%s\nstderr:\n%s", id, strings.Join(ch.lines, "\n"), ch.stderr.String())
+				t.Logf("child %s stdout:\n%s", id, strings.Join(ch.lines, "\n"))
 				ch.mu.Unlock()
 			}
 		})
+		ch.Child = testdb.StartChild(t, testdb.ChildOpts{
+			Env: []string{stallChildEnv + "=1", "STREAMD_CG_URL=" + testdb.URL(t), "STREAMD_CG_TABLE=" + table,
+				"STREAMD_CG_STREAM=" + stream, "STREAMD_CG_GROUP=" + group, "STREAMD_CG_ID=" + id, "STREAMD_CG_APP=" + app + id},
+			Stdin: true,
+			Line: func(l string) {
+				ch.mu.Lock()
+				ch.lines = append(ch.lines, l)
+				ch.mu.Unlock()
+			}})
 		return ch
 	}
 	// owners returns each partition's owner and whether any move is pending.
@@ -324,12 +306,12 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 	})
 
 	// Freeze a inside its CommitTx transaction.
-	_, err = io.WriteString(a.stdin, "arm\n")
+	_, err = io.WriteString(a.Stdin, "arm\n")
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "a's CommitTx transaction open", func() bool { _, ok := a.line("open "); return ok })
-	testdb.StopProcess(t, a.cmd.Process.Pid)
+	testdb.StopProcess(t, a.Cmd.Process.Pid)
 	stoppedAt := dbNow()
-	_, err = io.WriteString(a.stdin, "go\n") // read when a wakes
+	_, err = io.WriteString(a.Stdin, "go\n") // read when a wakes
 	require.NoError(t, err)
 	openLine, _ := a.line("open ")
 	var frozen int32
@@ -362,7 +344,7 @@ func TestSIGSTOPInCommitTxCostsOnlyItsPartition(t *testing.T) {
 	for p, m := range healthy {
 		require.True(t, registered(t, pool, stream, group, m), "healthy member %s (partition %d) is still a member", m, p)
 	}
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	require.NoError(t, a.Cmd.Process.Signal(syscall.SIGCONT))
 
 	// The frozen member's COMMIT is refused, typed; the partition moves on.
 	waitFor(t, 10*time.Second, "a's frozen COMMIT answered", func() bool { _, ok := a.line("commit "); return ok })

@@ -1,13 +1,10 @@
 package consumergroup
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -26,12 +23,9 @@ import (
 
 // childProc is a consumer child process (childMain).
 type childProc struct {
-	name   string
-	cmd    *exec.Cmd
-	stderr *bytes.Buffer
-	ready  chan struct{} // closed when it printed childReady
-	done   chan struct{}
-	err    error // cmd.Wait's, once done is closed
+	*testdb.Child
+	name  string
+	ready chan struct{} // closed when it printed childReady
 }
 
 // term stops the child with SIGTERM once it handles it (a fresh process would die of
@@ -40,15 +34,15 @@ func (ch *childProc) term(t *testing.T) {
 	t.Helper()
 	select {
 	case <-ch.ready:
-	case <-ch.done:
-		t.Fatalf("%s exited before it was ready: %v", ch.name, ch.err)
+	case <-ch.Done:
+		t.Fatalf("%s exited before it was ready: %v", ch.name, ch.Err)
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s not ready within 30s", ch.name)
 	}
-	require.NoError(t, ch.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, ch.Cmd.Process.Signal(syscall.SIGTERM))
 	select {
-	case <-ch.done:
-		require.NoError(t, ch.err, "%s stopped with SIGTERM exits 0", ch.name)
+	case <-ch.Done:
+		require.NoError(t, ch.Err, "%s stopped with SIGTERM exits 0", ch.name)
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s did not stop within 30s of SIGTERM", ch.name)
 	}
@@ -58,30 +52,16 @@ func (ch *childProc) term(t *testing.T) {
 // with extra environment variables.
 func spawnChild(t *testing.T, name string, env ...string) *childProc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), childEnv+"=1", "STREAMD_CG_URL="+testdb.URL(t), "STREAMD_CG_ID="+name), env...)
-	ch := &childProc{name: name, cmd: cmd, stderr: &bytes.Buffer{}, ready: make(chan struct{}), done: make(chan struct{})}
-	cmd.Stderr = ch.stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	go func() { // owner: the child; ends when it exits
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if sc.Text() == childReady {
+	ch := &childProc{name: name, ready: make(chan struct{})}
+	ready := false
+	ch.Child = testdb.StartChild(t, testdb.ChildOpts{
+		Env: append([]string{childEnv + "=1", "STREAMD_CG_URL=" + testdb.URL(t), "STREAMD_CG_ID=" + name}, env...),
+		Line: func(l string) {
+			if l == childReady && !ready {
+				ready = true
 				close(ch.ready)
 			}
-		}
-		ch.err = cmd.Wait() // after the reads (os/exec's rule)
-		close(ch.done)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-ch.done
-		if t.Failed() {
-			t.Logf("child %s (pid %d) stderr:\n%s", name, cmd.Process.Pid, ch.stderr.String())
-		}
-	})
+		}})
 	return ch
 }
 
@@ -235,8 +215,8 @@ func TestSIGTERMAndKill9ChildConsumers(t *testing.T) {
 	})
 
 	inFlight("b")
-	require.NoError(t, b.cmd.Process.Signal(syscall.SIGKILL))
-	<-b.done
+	require.NoError(t, b.Cmd.Process.Signal(syscall.SIGKILL))
+	<-b.Done
 	waitFor(t, 30*time.Second, "c owns every partition", func() bool {
 		return count(`SELECT count(*) FROM streamd.consumer_partitions WHERE stream_name = $1 AND group_id = $2
 			AND owner_id LIKE 'c-%'`, stream, group) == 4
@@ -341,8 +321,8 @@ func TestChildChaos(t *testing.T) {
 			terms++
 		case op < 8:
 			i, p := pick()
-			require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
-			<-p.done
+			require.NoError(t, p.Cmd.Process.Signal(syscall.SIGKILL))
+			<-p.Done
 			live = slices.Delete(live, i, i+1)
 			kills++
 		default:
@@ -350,12 +330,12 @@ func TestChildChaos(t *testing.T) {
 			if !p.frozen.CompareAndSwap(false, true) {
 				continue
 			}
-			require.NoError(t, p.cmd.Process.Signal(syscall.SIGSTOP))
+			require.NoError(t, p.Cmd.Process.Signal(syscall.SIGSTOP))
 			freezes++
 			thaws.Add(1)
 			time.AfterFunc(time.Duration(rng.Int64N(int64(2*session))), func() { // the freeze's length
 				defer thaws.Done()
-				_ = p.cmd.Process.Signal(syscall.SIGCONT)
+				_ = p.Cmd.Process.Signal(syscall.SIGCONT)
 				p.frozen.Store(false)
 			})
 		}

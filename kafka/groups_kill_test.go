@@ -1,11 +1,9 @@
 package kafka
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"sync"
@@ -269,8 +267,8 @@ func TestKill9ChildGroupConsumers(t *testing.T) {
 			produceTopic(t, pool, topic, partitions, 100)
 			a, b := spawn(), spawn()
 			waitFor("two members processing", func() bool { return keepProducingUntil(t, pool, topic, partitions, table, 2) })
-			require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
-			<-a.done
+			require.NoError(t, a.Cmd.Process.Signal(syscall.SIGKILL))
+			<-a.Done
 			produceTopic(t, pool, topic, partitions, 100)
 			spawn()
 			// Keep records coming until the later member processed some: the survivor
@@ -371,28 +369,11 @@ func TestGroupCarriesOnAcrossInstances(t *testing.T) {
 }
 
 // groupChild is a consumer child process (groupChildEnv) of the kill tests.
-type groupChild struct {
-	cmd    *exec.Cmd
-	stderr *bytes.Buffer
-	done   chan struct{}
-}
+type groupChild = testdb.Child
 
 // spawnGroupChild starts this test binary as a group consumer with env added to the
-// environment; the test's cleanup kills it, and logs its stderr when the test failed.
+// environment (testdb.StartChild: the test's cleanup kills it).
 func spawnGroupChild(t *testing.T, env ...string) *groupChild {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), groupChildEnv+"=1"), env...)
-	ch := &groupChild{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
-	cmd.Stderr = ch.stderr
-	require.NoError(t, cmd.Start())
-	go func() { _ = cmd.Wait(); close(ch.done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-ch.done
-		if t.Failed() {
-			t.Logf("child %d stderr:\n%s", cmd.Process.Pid, ch.stderr.String())
-		}
-	})
-	return ch
+	return testdb.StartChild(t, testdb.ChildOpts{Env: append([]string{groupChildEnv + "=1"}, env...)})
 }

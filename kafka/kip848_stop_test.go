@@ -2,12 +2,9 @@ package kafka
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -89,48 +86,25 @@ func (c *childControl) committed(epoch int32, err error) {
 // controlledChild is a group child with its stdin and stdout lines (KG_CONTROL=1).
 type controlledChild struct {
 	*groupChild
-	stdin io.WriteCloser
 	lines chan string
 }
 
-// spawnControlledChild starts a group child that a test controls (childControl).
+// spawnControlledChild starts a group child that a test controls (childControl); its
+// lines channel is closed once the child exited.
 func spawnControlledChild(t *testing.T, env ...string) *controlledChild {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), groupChildEnv+"=1", "KG_CONTROL=1"), env...)
-	ch := &controlledChild{groupChild: &groupChild{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})},
-		lines: make(chan string, 64)}
-	cmd.Stderr = ch.stderr
-	var err error
-	ch.stdin, err = cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			ch.lines <- sc.Text()
-		}
-		close(ch.lines)
-		_ = cmd.Wait()
-		close(ch.done)
-	}()
-	t.Cleanup(func() {
-		_ = syscall.Kill(cmd.Process.Pid, syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		<-ch.done
-		if t.Failed() {
-			t.Logf("child %d stderr:\n%s", cmd.Process.Pid, ch.stderr.String())
-		}
-	})
+	lines := make(chan string, 64)
+	ch := &controlledChild{lines: lines}
+	ch.groupChild = testdb.StartChild(t, testdb.ChildOpts{Env: append([]string{groupChildEnv + "=1", "KG_CONTROL=1"}, env...),
+		Stdin: true, Line: func(l string) { lines <- l }})
+	go func() { <-ch.Done; close(lines) }() // Done closes after the last line
 	return ch
 }
 
 // send writes a command line to the child.
 func (c *controlledChild) send(t *testing.T, cmd string) {
 	t.Helper()
-	_, err := fmt.Fprintln(c.stdin, cmd)
+	_, err := fmt.Fprintln(c.Stdin, cmd)
 	require.NoError(t, err)
 }
 
@@ -273,7 +247,7 @@ func TestFrozenChildKIP848MultiTopicConsumers(t *testing.T) {
 	member := held[1]
 	epoch, err := strconv.Atoi(held[2])
 	require.NoError(t, err)
-	testdb.StopProcess(t, a.cmd.Process.Pid)
+	testdb.StopProcess(t, a.Cmd.Process.Pid)
 
 	// The group carries on without it: its partitions of both topics move to the
 	// other member, which processes and commits everything produced meanwhile.
@@ -281,7 +255,7 @@ func TestFrozenChildKIP848MultiTopicConsumers(t *testing.T) {
 	g.waitFor(t, "the frozen member's partitions moved", false, func() bool { return g.owns(t, member) == 0 })
 	g.waitFor(t, "everything committed while it is frozen", false, func() bool { return g.lagZero(t) })
 
-	require.NoError(t, syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT))
+	require.NoError(t, syscall.Kill(a.Cmd.Process.Pid, syscall.SIGCONT))
 	a.send(t, "go")
 	commitLine := a.line(t, "commit ")
 	t.Log(commitLine)
@@ -309,9 +283,9 @@ func TestStoppedChildKIP848MultiTopicConsumers(t *testing.T) {
 	g.waitFor(t, "two members processing both topics", true, func() bool { return membersOfBothTopics(t, g.pool, g.table) == 2 })
 	require.Len(t, g.members(t), 2)
 
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
-	<-a.done
-	require.Zero(t, a.cmd.ProcessState.ExitCode(), "it stopped cleanly")
+	require.NoError(t, a.Cmd.Process.Signal(syscall.SIGTERM))
+	<-a.Done
+	require.Zero(t, a.Cmd.ProcessState.ExitCode(), "it stopped cleanly")
 	require.Len(t, g.members(t), 1, "it left the group as it stopped")
 	survivor := g.members(t)[0]
 	total := 0

@@ -251,8 +251,8 @@ func TestKill9ChildKIP848MultiTopicConsumers(t *testing.T) {
 		}
 		return false
 	})
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
-	<-a.done
+	require.NoError(t, a.Cmd.Process.Signal(syscall.SIGKILL))
+	<-a.Done
 	produce(50)
 	spawn(false)
 	fed = time.Time{}
