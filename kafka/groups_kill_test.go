@@ -79,12 +79,15 @@ func groupChildMain() int {
 			}
 			// Refused commits (a rebalance took the partition) are redelivered to
 			// the next owner: at-least-once.
+			// The epoch the commit goes out with: the client's, read just before it (a
+			// resumed client may have rejoined since the batch was polled).
+			_, sent := cl.GroupMetadata()
 			err := cl.CommitRecords(ctx, recs...)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "commit:", err)
 			}
 			if held {
-				control.committed(epoch, err)
+				control.committed(sent, err)
 			}
 		}
 		cl.AllowRebalance()

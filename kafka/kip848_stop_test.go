@@ -23,7 +23,8 @@ import (
 // childControl lets a test hold a group child's batch (KG_CONTROL=1): the test writes
 // "hold" to the child's stdin; at its next polled batch the child prints "held
 // <member> <epoch>" and waits for "go" before it records and commits that batch, then
-// prints "commit <epoch> ok" or "commit <epoch> <error>". The test can so freeze the
+// prints "commit <epoch> ok" or "commit <epoch> <error>", with the epoch the client
+// held just before it committed. The test can so freeze the
 // child (SIGSTOP) with a batch in flight whose commit comes after its partitions moved.
 type childControl struct {
 	cmds chan string // stdin lines; nil when the child is not controlled
@@ -260,7 +261,7 @@ func TestFrozenChildKIP848MultiTopicConsumers(t *testing.T) {
 	commitLine := a.line(t, "commit ")
 	t.Log(commitLine)
 	commit := strings.Fields(commitLine)
-	require.Equal(t, strconv.Itoa(epoch), commit[1], "the held batch is committed with the epoch it was polled at")
+	require.Equal(t, strconv.Itoa(epoch), commit[1], "the held batch is committed with the epoch it was polled at (the client had not rejoined first)")
 	require.NotEqual(t, "ok", commit[2], "the resumed member's commit is fenced: %v", commit)
 
 	// It comes back (a new epoch) and the group goes on with both.
