@@ -11,7 +11,10 @@
 -- reports a fact and then appends to a stream can no longer deadlock with retention
 -- of that stream (which reports after moving the stream's head). A caller that makes
 -- the trigger immediate (SET CONSTRAINTS ALL IMMEDIATE) appends at the end of each
--- statement again and takes that risk back.
+-- statement again and takes that risk back. One other deferred trigger takes a row at
+-- commit: stream_set_changed (migration 0135) bumps streamd.stream_set_version when a
+-- stream is created or deleted; no function both reports an advisory and creates or
+-- deletes a stream, so the two never meet in one transaction.
 
 -- Reports one advisory: event type p_type (one of docs/advisories.md's), key p_key
 -- (the subject: a group as "<stream>/<group>", a queue, a stream, a lease), payload
