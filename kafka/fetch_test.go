@@ -755,3 +755,107 @@ func TestStashTakeChecks(t *testing.T) {
 		require.Empty(t, st.reads, tc.name)
 	}
 }
+
+// TestFetchTakesUnchangedPartitionsFromTheHeadCache: a fetch's first pass takes the
+// partitions at their log end from the heads the Server's last reads saw, without
+// reading the topic's head rows, while no wake-up named them since and the heads
+// are young enough; a woken partition is read (directly when it is the only one,
+// with one read of the heads when there are more); a DeleteRecords of this instance
+// forgets the topic's heads; a commit whose wake-up is lost is seen once the heads
+// age out.
+func TestFetchTakesUnchangedPartitionsFromTheHeadCache(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	setMaxAge := func(d time.Duration) {
+		ts.srv.heads.mu.Lock()
+		ts.srv.heads.maxAge = d
+		ts.srv.heads.mu.Unlock()
+	}
+	setMaxAge(time.Hour)
+	topic := testdb.Name("headcache")
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 3))
+	cl := newClient(t, []string{ts.addr})
+	offsets := []int64{0, 0, 0}
+	fetch := func() []kmsg.FetchResponseTopicPartition {
+		t.Helper()
+		req := fetchReq(topic, 0, offsets[0], 0, 1) // no wait: one pass
+		for p := int32(1); p < 3; p++ {
+			rp := kmsg.NewFetchRequestTopicPartition()
+			rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = p, offsets[p], 1<<20
+			req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+		}
+		resp, err := req.RequestWith(ctx, cl)
+		require.NoError(t, err)
+		ps := resp.Topics[0].Partitions
+		for i := range ps {
+			require.Zero(t, ps[i].ErrorCode, "partition %d", ps[i].Partition)
+		}
+		return ps
+	}
+	appendTo := func(p int32) {
+		_, err := sc.AppendPartition(ctx, topic, p, []streams.Record{{Bytes: []byte("r")}}, nil)
+		require.NoError(t, err)
+	}
+	reads := ts.srv.heads.reads.Load
+	base := reads()
+
+	ps := fetch()
+	require.Equal(t, base+1, reads(), "the first fetch reads the heads")
+	ps = fetch()
+	require.Equal(t, base+1, reads(), "the second takes them from the cache")
+	for _, p := range ps {
+		require.Empty(t, p.RecordBatches)
+		require.Equal(t, int64(0), p.HighWatermark)
+	}
+
+	appendTo(1) // its wake-up is lost: the cache still says the log end is 0
+	require.Empty(t, fetch()[1].RecordBatches, "no wake-up named partition 1")
+	hub.NotifyPartitions(topic, 1)
+	ps = fetch()
+	require.NotEmpty(t, ps[1].RecordBatches, "woken: partition 1 is read")
+	require.Equal(t, int64(1), ps[1].HighWatermark)
+	require.Equal(t, base+1, reads(), "one woken partition is read directly")
+	offsets[1] = 1
+
+	appendTo(0)
+	appendTo(2)
+	hub.NotifyPartitions(topic, 0, 2)
+	ps = fetch()
+	require.Equal(t, base+2, reads(), "two woken partitions: one read of the heads")
+	for i := 0; offsets[0] == 0 || offsets[2] == 0; i++ { // the answer may leave one read for the next fetch
+		require.Less(t, i, 100, "partitions 0 and 2 not both answered within 100 fetches")
+		for _, p := range ps {
+			if len(p.RecordBatches) > 0 {
+				offsets[p.Partition] = 1
+			}
+		}
+		if offsets[0] == 0 || offsets[2] == 0 {
+			ps = fetch()
+		}
+	}
+	n := reads()
+	fetch()
+	require.Equal(t, n, reads(), "the reads filled the cache")
+
+	dr := kmsg.NewPtrDeleteRecordsRequest()
+	drt := kmsg.NewDeleteRecordsRequestTopic()
+	drt.Topic = topic
+	drp := kmsg.NewDeleteRecordsRequestTopicPartition()
+	drp.Partition, drp.Offset = 0, 1
+	drt.Partitions = append(drt.Partitions, drp)
+	dr.Topics = append(dr.Topics, drt)
+	drresp, err := dr.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Zero(t, drresp.Topics[0].Partitions[0].ErrorCode)
+	ps = fetch()
+	require.Equal(t, n+1, reads(), "DeleteRecords forgot the topic's heads")
+	require.Equal(t, int64(1), ps[0].LogStartOffset)
+
+	appendTo(2) // lost wake-up again: seen once the heads are older than the bound
+	setMaxAge(50 * time.Millisecond)
+	require.Eventually(t, func() bool { return len(fetch()[2].RecordBatches) > 0 }, 10*time.Second, 10*time.Millisecond)
+}

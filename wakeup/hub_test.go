@@ -230,3 +230,40 @@ func TestSubscriptionWokenNamesThePartitions(t *testing.T) {
 	_, all = s.Woken()
 	require.True(t, all, "AnyPartition names no partition")
 }
+
+// TestGenerationChangesWithEveryWakeUpOfThePartition: a partition's Generation
+// changes with each wake-up that names it, names none of a stream's partitions, or
+// is for everything, whether or not anyone subscribed, and not with a queue's.
+func TestGenerationChangesWithEveryWakeUpOfThePartition(t *testing.T) {
+	h := NewHub()
+	g := h.Generation("s", 1)
+	require.Equal(t, g, h.Generation("s", 1), "no wake-up: unchanged")
+	steps := []struct {
+		what   string
+		notify func()
+	}{
+		{"its partition", func() { h.NotifyPartitions("s", 0, 1) }},
+		{"the whole stream (AnyPartition)", func() { h.NotifyPartitions("s", AnyPartition) }},
+		{"the stream without partitions", func() { h.NotifyPartitions("s") }},
+		{"the stream by name", func() { h.Notify(KindStream, "s") }},
+		{"everything", h.NotifyAll},
+	}
+	for _, st := range steps {
+		st.notify()
+		next := h.Generation("s", 1)
+		require.NotEqual(t, g, next, st.what)
+		g = next
+	}
+	h.Notify(KindQueue, "s")
+	require.Equal(t, g, h.Generation("s", 1), "a queue's wake-up")
+	// Other partitions change it only when they share its bucket.
+	for p := int32(2); p < 50; p++ {
+		if genBucket("s", p) != genBucket("s", 1) {
+			h.NotifyPartitions("s", p)
+		}
+	}
+	h.NotifyPartitions("other", 1)
+	if genBucket("other", 1) != genBucket("s", 1) {
+		require.Equal(t, g, h.Generation("s", 1), "other partitions' wake-ups")
+	}
+}
