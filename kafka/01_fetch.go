@@ -95,9 +95,8 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 				woken = w
 			}
 		}
-		cached := first // a pass after a poll's timeout is the safety net: it reads the heads
 		first = false
-		got, failed := s.fetchOnce(ctx, r.c, req, resp, allowed, woken, cached, sub, deadline)
+		got, failed := s.fetchOnce(ctx, r.c, req, resp, allowed, woken, sub, deadline)
 		if err := ctx.Err(); err != nil {
 			return false, err // the client went away
 		}
@@ -134,11 +133,10 @@ type fetchJob struct {
 // (replacing what a previous pass put there); otherwise only the partitions woken
 // names (by topic) that a previous pass of resp read, reading each directly, the
 // others' answers left as they were. Partitions of topics the principal may not
-// read are TOPIC_AUTHORIZATION_FAILED. With cached, the heads of the partitions may
-// come from the Server's headCache (readHeads). With sub, the pass also reads the
-// partitions woken while it runs (runFetchJobs), until deadline.
+// read are TOPIC_AUTHORIZATION_FAILED. With sub, the pass also reads the partitions
+// woken while it runs (runFetchJobs), until deadline.
 func (s *Server) fetchOnce(ctx context.Context, c *conn, req *kmsg.FetchRequest, resp *kmsg.FetchResponse, allowed *access.Decisions,
-	woken map[string][]int32, cached bool, sub *wakeup.Subscription, deadline time.Time) (int, bool) {
+	woken map[string][]int32, sub *wakeup.Subscription, deadline time.Time) (int, bool) {
 	if len(woken) > 0 && len(resp.Topics) == len(req.Topics) {
 		return s.fetchWoken(ctx, c, req, resp, woken, sub, deadline)
 	}
@@ -179,7 +177,7 @@ func (s *Server) fetchOnce(ctx context.Context, c *conn, req *kmsg.FetchRequest,
 	// (skipUnchanged) or with a read the connection's previous fetch left running
 	// (take checks that read against them). Such a read, at the offset asked for, is
 	// this pass's read of that partition (fetchPass); the others' heads first.
-	heads := s.readHeads(ctx, jobs, c.stash.topics(), cached)
+	heads := s.readHeads(ctx, jobs, c.stash.topics())
 	stashed, rest := c.stash.take(jobs, heads, time.Now())
 	jobs = append(stashed, skipUnchanged(rest, heads)...)
 	return s.runFetchJobs(ctx, c, req, resp, jobs, 0, &fetchWatch{sub: sub, readable: readable, deadline: deadline})
@@ -665,11 +663,11 @@ func (sr *stashedRead) usableFor(j fetchJob, heads map[string][]streams.Partitio
 
 // readHeads reads the head rows of the topics of jobs with several partitions to
 // read, and of those also names, one read per topic. A topic whose heads cannot be
-// read is left out (its partitions are read one by one, which reports why). With
-// cached, a topic not in also whose partitions of jobs all but one have a head in
-// the Server's headCache takes them from there, without a read (the one without is
-// read directly).
-func (s *Server) readHeads(ctx context.Context, jobs []fetchJob, also map[string]bool, cached bool) map[string][]streams.PartitionInfo {
+// read is left out (its partitions are read one by one, which reports why). A topic
+// not in also whose partitions of jobs all but one have a head in the Server's
+// headCache takes them from there, without a read (the one without is read
+// directly).
+func (s *Server) readHeads(ctx context.Context, jobs []fetchJob, also map[string]bool) map[string][]streams.PartitionInfo {
 	perTopic := map[string][]int32{}
 	for _, j := range jobs {
 		perTopic[j.topic] = append(perTopic[j.topic], j.partition.Partition)
@@ -679,7 +677,7 @@ func (s *Server) readHeads(ctx context.Context, jobs []fetchJob, also map[string
 		if len(parts) < 2 && !also[t] {
 			continue
 		}
-		if cached && !also[t] {
+		if !also[t] {
 			if h, ok := s.cachedHeads(t, parts); ok {
 				heads[t] = h
 				continue
