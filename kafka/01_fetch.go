@@ -551,14 +551,8 @@ func (p *fetchPass) read(j fetchJob, sr *stashedRead) {
 	if codec == codecZstd && p.req.Version < 10 {
 		codec = codecNone // zstd needs Fetch v10+ (KIP-110): an older client gets the records uncompressed
 	}
-	gen, cache := p.s.generation(j.topic, j.partition.Partition)
-	at := time.Now()
 	sr.n = p.s.fetchPartition(sr.ctx, &rp, j.topic, j.partition.Partition, j.partition.FetchOffset, limit, codec)
 	sr.rp = rp
-	if cache && rp.ErrorCode == 0 && rp.HighWatermark >= 0 {
-		p.s.heads.put(partKey{j.topic, j.partition.Partition},
-			streams.PartitionInfo{Partition: j.partition.Partition, LogStartOffset: rp.LogStartOffset, NextOffset: rp.HighWatermark}, gen, at)
-	}
 }
 
 // fetchStashMaxAge bounds how long a read stays in a connection's stash: an older
@@ -663,72 +657,22 @@ func (sr *stashedRead) usableFor(j fetchJob, heads map[string][]streams.Partitio
 
 // readHeads reads the head rows of the topics of jobs with several partitions to
 // read, and of those also names, one read per topic. A topic whose heads cannot be
-// read is left out (its partitions are read one by one, which reports why). A topic
-// not in also whose partitions of jobs all but one have a head in the Server's
-// headCache takes them from there, without a read (the one without is read
-// directly).
+// read is left out (its partitions are read one by one, which reports why).
 func (s *Server) readHeads(ctx context.Context, jobs []fetchJob, also map[string]bool) map[string][]streams.PartitionInfo {
-	perTopic := map[string][]int32{}
+	perTopic := map[string]int{}
 	for _, j := range jobs {
-		perTopic[j.topic] = append(perTopic[j.topic], j.partition.Partition)
+		perTopic[j.topic]++
 	}
 	heads := map[string][]streams.PartitionInfo{}
-	for t, parts := range perTopic {
-		if len(parts) < 2 && !also[t] {
+	for t, n := range perTopic {
+		if n < 2 && !also[t] {
 			continue
 		}
-		if !also[t] {
-			if h, ok := s.cachedHeads(t, parts); ok {
-				heads[t] = h
-				continue
-			}
-		}
-		gens := make([]uint64, len(parts))
-		cache := true
-		for i, p := range parts {
-			gens[i], cache = s.generation(t, p)
-		}
-		at := time.Now()
-		s.heads.reads.Add(1)
-		h, err := s.streams.PartitionHeads(ctx, t)
-		if err != nil {
-			continue
-		}
-		heads[t] = h
-		for i, p := range parts {
-			if hd, ok := headOf(heads, t, p); ok && cache {
-				s.heads.put(partKey{t, p}, hd, gens[i], at)
-			}
+		if h, err := s.streams.PartitionHeads(ctx, t); err == nil {
+			heads[t] = h
 		}
 	}
 	return heads
-}
-
-// cachedHeads returns the heads of topic's partitions parts that the headCache
-// holds, and false when two or more of them are missing (or there is no wake-up
-// hub): then one read of the topic's head rows is cheaper than reading each.
-func (s *Server) cachedHeads(topic string, parts []int32) ([]streams.PartitionInfo, bool) {
-	now := time.Now()
-	var out []streams.PartitionInfo
-	missing := 0
-	for _, p := range parts {
-		gen, ok := s.generation(topic, p)
-		if !ok || p < 0 {
-			return nil, false
-		}
-		hd, ok := s.heads.get(partKey{topic, p}, gen, now)
-		if !ok {
-			if missing++; missing >= 2 {
-				return nil, false
-			}
-			continue
-		}
-		for int(p) >= len(out) {
-			out = append(out, streams.PartitionInfo{Partition: -1}) // no head: headOf finds none
-		}
-		out[p] = hd
-	}
-	return out, true
 }
 
 // headOf returns the head row of a partition in heads, if there is one.

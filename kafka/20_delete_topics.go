@@ -44,7 +44,7 @@ func handleDeleteTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 			rt.ErrorCode = kerr.UnknownTopicID.Code
 		} else if !allowed.Allows(*t.name, access.Admin) {
 			rt.ErrorCode = kerr.TopicAuthorizationFailed.Code
-		} else if err := r.s.deleteStream(ctx, *t.name); err != nil {
+		} else if err := r.s.streams.DeleteStream(ctx, *t.name); err != nil {
 			rt.ErrorCode = errorCode(err)
 			msg := err.Error()
 			rt.ErrorMessage = &msg
@@ -54,11 +54,4 @@ func handleDeleteTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 		resp.Topics = append(resp.Topics, rt)
 	}
 	return resp, nil
-}
-
-// deleteStream deletes a stream and forgets the heads the fetches cached for it.
-func (s *Server) deleteStream(ctx context.Context, name string) error {
-	err := s.streams.DeleteStream(ctx, name)
-	s.heads.forget(name)
-	return err
 }

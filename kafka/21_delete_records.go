@@ -37,7 +37,6 @@ func handleDeleteRecords(ctx context.Context, r *request) (kmsg.Response, error)
 				continue
 			}
 			ls, err := r.s.streams.DeleteBefore(ctx, t.Topic, p.Partition, p.Offset)
-			r.s.heads.forget(t.Topic) // the next fetch reads the new log start
 			if err != nil {
 				rp.ErrorCode = errorCode(err)
 			} else {

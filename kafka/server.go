@@ -252,8 +252,6 @@ type Server struct {
 	// min.bytes reads the head rows of the reads still under way.
 	fetchHeadsHook func()
 
-	// heads caches the partitions' heads the fetches read (fetch_heads.go).
-	heads headCache
 	// compression caches each topic's fetch codec (fetch_compression.go).
 	compression topicCompression
 	// fetchReads are the Fetch partition reads under way or waiting for a slot

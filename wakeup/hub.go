@@ -35,7 +35,6 @@ import (
 	"context"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/streamd/streamd/internal/tailer"
@@ -69,50 +68,6 @@ const AnyPartition int32 = -1
 type Hub struct {
 	mu   sync.Mutex
 	subs map[key]map[int32]map[*Subscription]struct{} // by name, then partition
-	// gens counts the wake-ups of stream partitions, by a hash of (stream,
-	// partition); all counts those that name no partition (NotifyAll, a stream-wide
-	// Notify). See Generation.
-	gens [genBuckets]atomic.Uint64
-	all  atomic.Uint64
-}
-
-// genBuckets is the size of Hub's table of wake-up counts: partitions that share a
-// bucket change each other's Generation, which only costs a reader a read.
-const genBuckets = 1024
-
-// Generation returns a number that changes whenever a wake-up that may concern
-// partition of stream is delivered (to any subscriber or none), before the
-// subscribers are woken. A reader that took it before reading a partition and finds
-// it unchanged later knows that no commit to that partition was announced since;
-// other partitions' wake-ups may change it too. Wake-ups are hints: a lost one (the
-// tailer down, a notification dropped) changes nothing, so such knowledge must be
-// trusted only for a bounded time, as polling is the safety net of a wait.
-func (h *Hub) Generation(stream string, partition int32) uint64 {
-	return h.gens[genBucket(stream, partition)].Load() + h.all.Load()
-}
-
-// genBucket hashes (stream, partition) into Hub.gens (FNV-1a).
-func genBucket(stream string, partition int32) int {
-	x := uint32(2166136261)
-	for i := 0; i < len(stream); i++ {
-		x = (x ^ uint32(stream[i])) * 16777619
-	}
-	for i := range 4 {
-		x = (x ^ uint32(byte(partition>>(8*i)))) * 16777619
-	}
-	return int(x % genBuckets)
-}
-
-// bump changes the Generation of partitions of stream (AnyPartition or none: of
-// every partition of every stream).
-func (h *Hub) bump(stream string, partitions []int32) {
-	if len(partitions) == 0 || slices.Contains(partitions, AnyPartition) {
-		h.all.Add(1)
-		return
-	}
-	for _, p := range partitions {
-		h.gens[genBucket(stream, p)].Add(1)
-	}
 }
 
 // NewHub returns an empty Hub.
@@ -283,9 +238,6 @@ func (s *Subscription) wake() {
 // Notify wakes every subscriber of (kind, name), whatever partition they watch. It
 // never blocks.
 func (h *Hub) Notify(kind Kind, name string) {
-	if kind == KindStream {
-		h.bump(name, nil)
-	}
 	h.mu.Lock()
 	for _, set := range h.subs[key{kind, name}] {
 		for s := range set {
@@ -299,7 +251,6 @@ func (h *Hub) Notify(kind Kind, name string) {
 // NotifyPartitions wakes the subscribers of the given partitions of stream and those
 // of the whole stream. It never blocks.
 func (h *Hub) NotifyPartitions(stream string, partitions ...int32) {
-	h.bump(stream, partitions)
 	h.mu.Lock()
 	if byPart := h.subs[key{KindStream, stream}]; byPart != nil {
 		for s := range byPart[AnyPartition] {
@@ -320,7 +271,6 @@ func (h *Hub) NotifyPartitions(stream string, partitions ...int32) {
 
 // NotifyAll wakes every subscriber: wake-ups may have been missed (a reconnect).
 func (h *Hub) NotifyAll() {
-	h.all.Add(1)
 	h.mu.Lock()
 	for _, byPart := range h.subs {
 		for _, set := range byPart {
