@@ -41,7 +41,7 @@ type ClientConfig struct {
 	// Logger receives the client's log lines. Defaults to slog.Default().
 	Logger *slog.Logger
 	// MaxAppendsInFlight is the most transactions the client's Produce calls of one
-	// partition and at most 256 records run at once. Calls made while that many run
+	// partition and at most 16 records run at once. Calls made while that many run
 	// wait, and are then appended together, in one transaction and one round trip,
 	// each still all or nothing with its own result (see Produce). Negative turns
 	// the coalescing off: every call is a transaction of its own. Defaults to 2.
@@ -208,7 +208,7 @@ func partitionHeads(ctx context.Context, db DBTX, stream string) ([]PartitionInf
 // positions in the order given. Records may name several streams. For many small
 // concurrent appends, a Producer batches them into fewer transactions.
 //
-// Concurrent calls of one partition and at most 256 records share transactions: while
+// Concurrent calls of one partition and at most 16 records share transactions: while
 // ClientConfig.MaxAppendsInFlight of them run, further calls wait and are then
 // appended together, in one transaction and one round trip (a Kafka producer's
 // group commit, without its linger: a call made while fewer run starts at once).
@@ -230,7 +230,7 @@ func (c *Client) Produce(ctx context.Context, records ...Record) ([]Position, er
 				recs[i].EventID = newEventID()
 			}
 		}
-		if c.appends != nil && len(recs) <= insertMax {
+		if c.appends != nil && len(recs) <= coalesceMax {
 			return c.appends.produce(ctx, recs[0].Stream, *recs[0].Partition, recs)
 		}
 		return appendOwnTx(ctx, c.pool, recs[0].Stream, recs)

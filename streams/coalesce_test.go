@@ -214,3 +214,28 @@ func TestWaitingProduceCallLeavesOnCancel(t *testing.T) {
 	require.Equal(t, int64(1), after[0].Offset)
 	require.NotContains(t, xmins(t, pool, s), "gone")
 }
+
+// A call of more than 16 records never waits for a transaction to share: it runs
+// alone at once, even while the client's one transaction is held.
+func TestLargeProduceCallRunsAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 2))
+	tx, first := holdTheLine(t, pool, c, s)
+
+	recs := make([]streams.Record, 17)
+	for i := range recs {
+		recs[i] = streams.Record{Stream: s, Partition: streams.PartitionOf(1), Data: json.RawMessage(`1`)}
+	}
+	alone, cancel := context.WithTimeout(ctx, 10*time.Second) // a call that waited would wait for the held line
+	defer cancel()
+	pos, err := c.Produce(alone, recs...)
+	require.NoError(t, err)
+	require.Len(t, pos, 17)
+	require.Equal(t, int64(16), pos[16].Offset)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, (<-first).err)
+}
