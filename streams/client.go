@@ -44,12 +44,15 @@ type ClientConfig struct {
 	// partition and at most 16 records run at once. Calls made while that many run
 	// wait, and are then appended together, in one transaction and one round trip,
 	// each still all or nothing with its own result (see Produce). Negative turns
-	// the coalescing off: every call is a transaction of its own. Defaults to 2.
+	// the coalescing off: every call is a transaction of its own. Defaults to the
+	// pool's MaxConns: a call then waits only when the client's appends hold every
+	// connection, when it would have waited for a connection anyway. A lower value
+	// saves server CPU (a commit and a round trip per call shared) at the cost of
+	// parallelism: on 2 cores, 2 in flight halved the server CPU per record with 8
+	// concurrent one-record callers, but lowered the rate with 4 (bench/RESULTS.md,
+	// session 11).
 	MaxAppendsInFlight int
 }
-
-// defaultMaxAppendsInFlight is ClientConfig.MaxAppendsInFlight's default.
-const defaultMaxAppendsInFlight = 2
 
 // Client administers streams and reads them. It is safe for concurrent use.
 type Client struct {
@@ -61,7 +64,10 @@ type Client struct {
 // NewClient returns a Client on pool.
 func NewClient(pool *pgxpool.Pool, cfg *ClientConfig) *Client {
 	c := &Client{pool: pool, logger: slog.Default()}
-	inFlight := defaultMaxAppendsInFlight
+	inFlight := 0
+	if pool != nil {
+		inFlight = int(pool.Config().MaxConns)
+	}
 	if cfg != nil {
 		if cfg.Logger != nil {
 			c.logger = cfg.Logger

@@ -239,3 +239,50 @@ func TestLargeProduceCallRunsAlone(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, (<-first).err)
 }
+
+// By default a client runs as many transactions of its appends as its pool has
+// connections; calls made while they hold every connection wait and share one.
+func TestDefaultSharesWhenEveryConnectionAppends(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	cfg := testdb.Config(t)
+	cfg.MaxConns = 2
+	small, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(small.Close)
+	c := streams.NewClient(small, nil)
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 2))
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 FOR UPDATE`, s)
+	require.NoError(t, err)
+	rec := func(p int32, id string) streams.Record {
+		return streams.Record{Stream: s, Partition: streams.PartitionOf(p), EventID: id, Data: json.RawMessage(`1`)}
+	}
+	held := []<-chan produceResult{goProduce(ctx, c, rec(0, "a")), goProduce(ctx, c, rec(1, "b"))}
+	blocker := tx.Conn().PgConn().PID()
+	testdb.WaitFor(t, 20*time.Second, "both appends waiting for the test's locks", func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND position('append_one' IN query) > 0
+			  AND $1::int = ANY (pg_blocking_pids(pid))`, blocker).Scan(&n))
+		return n == 2
+	})
+	waiting := []<-chan produceResult{goProduce(ctx, c, rec(0, "c"))}
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 1 })
+	waiting = append(waiting, goProduce(ctx, c, rec(1, "d")))
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 2 })
+	require.NoError(t, tx.Commit(ctx))
+	for _, ch := range append(held, waiting...) {
+		require.NoError(t, (<-ch).err)
+	}
+	ids := xmins(t, pool, s)
+	require.Len(t, ids, 4)
+	require.Equal(t, ids["c"], ids["d"], "the calls that waited did not share a transaction")
+	require.NotEqual(t, ids["a"], ids["b"])
+	requireGapless(t, c, s, 2)
+}
