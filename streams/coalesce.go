@@ -20,7 +20,7 @@ var coalescedAppends atomic.Int64
 // larger calls run alone. A shared transaction saves a commit and a round trip per
 // call (~200 µs of server CPU), which is most of a one-record call's cost and little
 // of a 100-record call's, while it runs the calls' statements one after another on
-// one backend instead of side by side: measured at 4 producers on 2 cores, 23% less
+// one backend instead of side by side: measured at 4 producers on 2 cores, 6-23% less
 // server CPU per record at batch 1, and a lower rate at batch 100 (bench/RESULTS.md,
 // session 11).
 const coalesceMax = 16
