@@ -270,17 +270,36 @@ func (s *Server) runFetchJobs(ctx context.Context, c *conn, req *kmsg.FetchReque
 	if w.sub != nil && len(w.readable) > 0 {
 		wake = w.sub.C
 	}
+	// Once the pass holds min.bytes with reads under way, it reads the head rows of
+	// their topics for the watermarks it answers them with (fillWatermarks), and
+	// meanwhile still takes the reads that end: a read that ends before that head
+	// read joins this response instead of waiting in the stash for the next fetch.
+	var headsRead chan map[string][]streams.PartitionInfo // nil: not started
+	var heads map[string][]streams.PartitionInfo          // what it read
 	for {
 		p.mu.Lock()
-		if len(p.reading) == 0 || p.total >= p.minBytes || ctx.Err() != nil {
+		if len(p.reading) == 0 || ctx.Err() != nil || p.total >= p.minBytes && heads != nil {
 			open := p.end()
 			p.mu.Unlock()
-			s.fillWatermarks(ctx, open)
+			s.fillWatermarks(ctx, open, heads)
 			break
+		}
+		if p.total >= p.minBytes && headsRead == nil {
+			headsRead = make(chan map[string][]streams.PartitionInfo, 1)
+			topics := p.readingTopics()
+			s.fetchReads.Add(1)
+			go func() { // owner: the pass, which waits for it or ends first (the Server waits for it)
+				defer s.fetchReads.Done()
+				if h := s.fetchHeadsHook; h != nil {
+					h()
+				}
+				headsRead <- s.topicHeads(ctx, topics)
+			}()
 		}
 		p.mu.Unlock()
 		select {
 		case <-p.idle:
+		case heads = <-headsRead:
 		case <-ctx.Done():
 		case <-wake:
 			byStream, all := w.sub.Woken()
@@ -349,23 +368,48 @@ func (p *fetchPass) end() (open []fetchJob) {
 	return open
 }
 
+// readingTopics returns the topics of the reads under way or waiting for a slot (mu
+// held).
+func (p *fetchPass) readingTopics() []string {
+	var out []string
+	for k := range p.reading {
+		if !slices.Contains(out, k.topic) {
+			out = append(out, k.topic)
+		}
+	}
+	return out
+}
+
+// topicHeads reads the head rows of topics, one read per topic; a topic whose heads
+// cannot be read maps to nil.
+func (s *Server) topicHeads(ctx context.Context, topics []string) map[string][]streams.PartitionInfo {
+	heads := make(map[string][]streams.PartitionInfo, len(topics))
+	for _, t := range topics {
+		h, err := s.streams.PartitionHeads(ctx, t)
+		if err != nil {
+			h = nil
+		}
+		heads[t] = h
+	}
+	return heads
+}
+
 // fillWatermarks sets the watermarks of the partitions a pass answers while their
-// reads are under way (or dropped) from their head rows, read now (one read per
-// topic): a high watermark at the offset asked for would tell the client it is at
-// the log end (librdkafka's _PARTITION_EOF, a lag of 0) when the read may be about to
-// return records. A topic whose heads cannot be read is read partition by partition.
-func (s *Server) fillWatermarks(ctx context.Context, open []fetchJob) {
-	if ctx.Err() != nil {
+// reads are under way (or dropped) from their head rows, read after those reads
+// started (heads, or read now for a topic heads lacks, one read per topic): a high
+// watermark at the offset asked for would tell the client it is at the log end
+// (librdkafka's _PARTITION_EOF, a lag of 0) when the read may be about to return
+// records. A topic whose heads cannot be read is read partition by partition.
+func (s *Server) fillWatermarks(ctx context.Context, open []fetchJob, heads map[string][]streams.PartitionInfo) {
+	if ctx.Err() != nil || len(open) == 0 {
 		return // the client went away: no one reads the answer
 	}
-	heads := map[string][]streams.PartitionInfo{}
+	if heads == nil {
+		heads = map[string][]streams.PartitionInfo{}
+	}
 	for _, j := range open {
 		if _, ok := heads[j.topic]; !ok {
-			h, err := s.streams.PartitionHeads(ctx, j.topic)
-			if err != nil {
-				h = nil
-			}
-			heads[j.topic] = h
+			heads[j.topic] = s.topicHeads(ctx, []string{j.topic})[j.topic]
 		}
 		if hd, ok := headOf(heads, j.topic, j.partition.Partition); ok {
 			j.rp.HighWatermark, j.rp.LastStableOffset, j.rp.LogStartOffset = hd.NextOffset, hd.NextOffset, hd.LogStartOffset

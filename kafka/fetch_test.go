@@ -446,6 +446,84 @@ func TestSlowReadDoesNotHoldUpAnotherPartition(t *testing.T) {
 	require.Equal(t, before, reads0.Load(), "from the read the first fetch left, not a new one")
 }
 
+// TestReadEndingBeforeTheHeadsJoinsTheAnswer: a pass that holds min.bytes while
+// another partition's read is under way reads the head rows for that partition's
+// watermarks; a read that ends meanwhile joins the answer instead of waiting in the
+// stash for the client's next fetch.
+func TestReadEndingBeforeTheHeadsJoinsTheAnswer(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ts.srv.fetchPoll = &wakeup.PollOpts{MinInterval: 20 * time.Second, MaxInterval: 20 * time.Second} // wake-ups only
+	topic := testdb.Name("headsrace")
+	var blocking atomic.Bool
+	stuck, release := make(chan struct{}, 1), make(chan struct{})
+	headsStarted, headsRelease := make(chan struct{}, 1), make(chan struct{})
+	var releaseOnce, headsOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(func() { headsOnce.Do(func() { close(headsRelease) }); releaseAll() }) // before the server stops
+	ts.srv.fetchReadHook = func(tp string, p int32) {
+		if tp == topic && p == 0 && blocking.Load() {
+			stuck <- struct{}{}
+			<-release
+		}
+	}
+	ts.srv.fetchHeadsHook = func() {
+		select {
+		case headsStarted <- struct{}{}:
+		default:
+		}
+		<-headsRelease
+	}
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 2))
+	cl := newClient(t, []string{ts.addr})
+	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
+	rp1 := kmsg.NewFetchRequestTopicPartition()
+	rp1.Partition, rp1.PartitionMaxBytes = 1, 1<<20
+	req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp1)
+	type result struct {
+		resp *kmsg.FetchResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	waiting := ts.srv.fetchesWaiting.Load()
+	go func() {
+		resp, err := req.RequestWith(ctx, cl)
+		done <- result{resp, err}
+	}()
+	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > waiting }, 10*time.Second, time.Millisecond)
+	blocking.Store(true)
+	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("slow")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 0)
+	waitStuck(t, stuck) // partition 0's read is under way
+	blocking.Store(false)
+	_, err = sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("fast")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 1)
+	var res result
+	select {
+	case <-headsStarted: // partition 1's records are in; the pass reads the heads
+		releaseAll() // partition 0's read ends before the head read does
+		select {
+		case res = <-done:
+		case <-time.After(15 * time.Second):
+			t.Fatal("no answer within 15s of partition 0's read ending")
+		}
+	case res = <-done: // answered without reading the heads in parallel
+	case <-time.After(15 * time.Second):
+		t.Fatal("neither an answer nor a head read within 15s")
+	}
+	require.NoError(t, res.err)
+	ps := res.resp.Topics[0].Partitions
+	require.NotEmpty(t, ps[1].RecordBatches, "partition 1's record")
+	require.NotEmpty(t, ps[0].RecordBatches, "partition 0's read ended before the head read: its record is in the answer")
+	require.Equal(t, int64(1), ps[0].HighWatermark)
+}
+
 // waitStuck waits for a read to signal on stuck.
 func waitStuck(t *testing.T, stuck <-chan struct{}) {
 	t.Helper()

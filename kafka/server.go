@@ -248,6 +248,9 @@ type Server struct {
 	// fetchReadHook, when set (tests), is called before each Fetch read of a
 	// partition, on the read's goroutine.
 	fetchReadHook func(topic string, partition int32)
+	// fetchHeadsHook, when set (tests), is called before a Fetch pass that holds
+	// min.bytes reads the head rows of the reads still under way.
+	fetchHeadsHook func()
 
 	// compression caches each topic's fetch codec (fetch_compression.go).
 	compression topicCompression
