@@ -727,12 +727,10 @@ DECLARE
     v_now    timestamptz := coalesce(p_now, clock_timestamp());
     v_q      streamd.queues;
     v_lease  timestamptz;
-    v_offs   bigint[];
     v_ctids  tid[];
     v_dead   bigint[];
     v_groups text[];
     v_tens   text[];
-    v_gctids tid[];
     v_tok    bytea := uuid_send(gen_random_uuid()); -- the lease tokens' random base, once per call
     v_tok_lo bigint;
 BEGIN
@@ -779,23 +777,35 @@ BEGIN
                FOR UPDATE SKIP LOCKED) head)
               LIMIT p_max) c;
     ELSE
-        SELECT array_agg(l.group_key), array_agg(l.tenant_id), array_agg(l.ctid) INTO v_groups, v_tens, v_gctids
-        FROM (SELECT g.group_key, g.tenant_id, g.ctid FROM streamd.message_groups g
-              WHERE g.stream_name = p_queue AND g.visible_at <= v_now
-              ORDER BY g.visible_at, g.group_key
-              LIMIT p_max
-              FOR UPDATE SKIP LOCKED) l;
+        -- The groups that may deliver, least recently served first, locked (SKIP
+        -- LOCKED) and written in one statement: each may deliver again when the lease
+        -- of its head ends. When a head is not leased (dead-lettered, not visible yet,
+        -- or gone), queue_groups_advance below sets its group right. (Locking them
+        -- first and writing them after the lease cost a lock record and a second
+        -- statement per receive.)
+        WITH u AS (
+            UPDATE streamd.message_groups g SET visible_at = v_lease
+            WHERE g.ctid = ANY(ARRAY(
+                SELECT l.ctid FROM streamd.message_groups l
+                WHERE l.stream_name = p_queue AND l.visible_at <= v_now
+                ORDER BY l.visible_at, l.group_key
+                LIMIT p_max
+                FOR UPDATE SKIP LOCKED))
+            RETURNING g.group_key, g.tenant_id)
+        SELECT array_agg(u.group_key), array_agg(u.tenant_id) INTO v_groups, v_tens FROM u;
         IF v_groups IS NULL THEN
             RETURN;
         END IF;
         -- A new statement, taken after the group locks: it sees every settlement of
-        -- these groups, and none can start until we commit.
-        SELECT array_agg(h.o) FILTER (WHERE NOT h.exhausted AND h.vis <= v_now),
+        -- these groups, and none can start until we commit. The heads are leased by
+        -- the ctids found here (the group locks keep them in place), as a standard
+        -- receive leases what it locked, not by a second descent of the primary key.
+        SELECT array_agg(h.c) FILTER (WHERE NOT h.exhausted AND h.vis <= v_now),
                array_agg(h.o) FILTER (WHERE h.exhausted AND h.vis <= v_now)
-        INTO v_offs, v_dead
+        INTO v_ctids, v_dead
         FROM unnest(v_groups, v_tens) k(key, ten)
         CROSS JOIN LATERAL (
-            SELECT m."offset" AS o, m.visibility_timeout AS vis,
+            SELECT m.ctid AS c, m."offset" AS o, m.visibility_timeout AS vis,
                    (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
                     AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
             FROM streamd.queue_messages m
@@ -816,26 +826,11 @@ BEGIN
                   m.delivery_attempts, coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts), m.lease_token,
                   m.group_key, m.last_error, m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at,
                   m.data_bytes;
-    ELSIF v_offs IS NOT NULL THEN
-        RETURN QUERY
-        UPDATE streamd.queue_messages m
-        SET delivery_attempts = m.delivery_attempts + 1, visibility_timeout = v_lease,
-            lease_token = encode(v_tok || int8send(v_tok_lo # m."offset"), 'hex')::uuid
-        WHERE m.stream_name = p_queue AND m."offset" = ANY(v_offs)
-        RETURNING m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
-                  m.delivery_attempts, coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts), m.lease_token,
-                  m.group_key, m.last_error, m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at,
-                  m.data_bytes;
     END IF;
-    IF v_q.fifo THEN
-        IF v_dead IS NULL AND cardinality(v_offs) = cardinality(v_groups) THEN
-            -- Each group's head was leased: the group may deliver again when that
-            -- lease ends, which is what queue_groups_advance would find (without its
-            -- head lookup per group). Keyed by the groups we hold locked.
-            UPDATE streamd.message_groups g SET visible_at = v_lease WHERE g.ctid = ANY(v_gctids);
-        ELSE
-            PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
-        END IF;
+    IF v_q.fifo AND (v_dead IS NOT NULL OR coalesce(cardinality(v_ctids), 0) < cardinality(v_groups)) THEN
+        -- Not every group's head was leased: those groups deliver at their head's
+        -- time, or go when empty.
+        PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
     END IF;
 END;
 $$;
