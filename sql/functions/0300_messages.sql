@@ -26,11 +26,11 @@
 -- (a queue drained when autovacuum analyzed the table, or a new queue), and kept that
 -- plan for the connection's life: 14 ms instead of 0.3 ms for a receive of 100 from
 -- 20,000. The enable_* settings only price the alternatives out; the index paths
--- they leave always exist. queue_receive, queue_lock_groups and queue_groups_advance
--- also turn hash and merge joins off: joining a batch's groups (or receipts) to
--- message_groups, the planner hashed every group of the queue (and, locking the
--- groups of an ack, looked up every group's head) instead of looking up the batch's
--- own: O(groups in the queue) per receive and settlement.
+-- they leave always exist. queue_receive, queue_ack, queue_lock_groups and
+-- queue_groups_advance also turn hash and merge joins off: joining a batch's groups
+-- (or receipts) to message_groups, the planner hashed every group of the queue (and,
+-- locking the groups of an ack, looked up every group's head) instead of looking up
+-- the batch's own: O(groups in the queue) per receive and settlement.
 -- Storage (migration 0086): the functions read and write streamd.queue_messages;
 -- streamd.messages is seed 003's view of it. A message's max_delivery_attempts and
 -- dead_letter_stream are overrides, NULL for the queue's setting (read from the
