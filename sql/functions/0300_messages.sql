@@ -864,16 +864,26 @@ BEGIN
             MESSAGE = format('queue %L: receipt offset %s is negative', p_queue, v_lo);
     END IF;
     IF v_q.fifo THEN
-        -- queue_lock_groups in one statement, which also keeps the locked rows' ctids:
-        -- the advance below writes them by ctid, not by a second lookup of their key.
-        SELECT array_agg(l.group_key), array_agg(l.tenant_id), array_agg(l.ctid) INTO v_groups, v_tens, v_gctids
-        FROM (SELECT g.group_key, g.tenant_id, g.ctid FROM streamd.message_groups g
-              WHERE g.stream_name = p_queue
-                AND (g.group_key, g.tenant_id) IN (
-                    SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.queue_messages m
-                    WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens))
-              ORDER BY g.group_key, g.tenant_id
-              FOR UPDATE OF g) l;
+        -- queue_lock_groups, keeping the locked rows' ctids: the advance below writes
+        -- them by ctid, not by a second lookup of their key. The receipts' groups are
+        -- read first, on their own, by the primary key: joined to message_groups in
+        -- the lock statement, the join's group_key = ... let the planner take the
+        -- partial queue_messages_group index with the offsets as its fourth column,
+        -- which read every FIFO message of the queue (1,105 buffers, 16 ms for an ack
+        -- of 100 in a queue of 2,000).
+        SELECT array_agg(m.group_key) FILTER (WHERE m.group_key IS NOT NULL),
+               array_agg(coalesce(m.tenant_id, '')) FILTER (WHERE m.group_key IS NOT NULL)
+        INTO v_groups, v_tens
+        FROM streamd.queue_messages m
+        WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens);
+        IF v_groups IS NOT NULL THEN
+            SELECT array_agg(l.group_key), array_agg(l.tenant_id), array_agg(l.ctid) INTO v_groups, v_tens, v_gctids
+            FROM (SELECT g.group_key, g.tenant_id, g.ctid FROM streamd.message_groups g
+                  WHERE g.stream_name = p_queue
+                    AND (g.group_key, g.tenant_id) IN (SELECT DISTINCT k.key, k.ten FROM unnest(v_groups, v_tens) k(key, ten))
+                  ORDER BY g.group_key, g.tenant_id
+                  FOR UPDATE OF g) l;
+        END IF;
     END IF;
     -- The token check is a filter (as a join, the planner could scan the whole queue
     -- to hash it). A token is made for one delivery of one message (queue_receive:
