@@ -542,6 +542,26 @@ func TestBadInputWritesNothing(t *testing.T) {
 			return err
 		}, messages.ErrInvalidArgument, "needs a FIFO queue"},
 		{"FIFO without group key", func() error { _, err := c.Send(ctx, fifo, ok); return err }, messages.ErrInvalidArgument, "group key"},
+		// The common FIFO batch (fresh ids, data and group keys) checks its group keys
+		// on the groups' lock and its payloads on the insert: the errors and their
+		// order are queue_send_check's.
+		{"FIFO batch with a message without group key", func() error {
+			_, err := c.Send(ctx, fifo, messages.OutgoingMessage{Data: data(1), GroupKey: "g"}, ok)
+			return err
+		}, messages.ErrInvalidArgument, "message 2: a FIFO queue needs a group key"},
+		{"FIFO oversize group key", func() error {
+			_, err := c.Send(ctx, fifo, messages.OutgoingMessage{Data: data(1), GroupKey: "g"},
+				messages.OutgoingMessage{Data: data(1), GroupKey: strings.Repeat("g", 513)})
+			return err
+		}, messages.ErrInvalidArgument, "message 2: a FIFO queue needs a group key of 1 to 512 characters"},
+		{"FIFO payload error before a group key error in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send($1, ARRAY['a', 'b'], ARRAY['1', NULL], NULL, NULL, NULL, ARRAY[repeat('g', 513), 'g'], NULL, NULL, NULL, true)", fifo)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "message 2 has no data"},
+		{"FIFO empty fresh id in SQL", func() error {
+			_, err := pool.Exec(ctx, "SELECT * FROM streamd.queue_send($1, ARRAY['a', ''], ARRAY['1', '2'], NULL, NULL, NULL, ARRAY['g', 'h'], NULL, NULL, NULL, true)", fifo)
+			return sqlerr.Wrap(err)
+		}, messages.ErrInvalidArgument, "message 2: message id must be 1 to 512 characters"},
 		{"unknown dead-letter queue", func() error {
 			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), DeadLetterQueue: missing})
 			return err
@@ -609,6 +629,9 @@ func TestBadInputWritesNothing(t *testing.T) {
 			require.Contains(t, err.Error(), tc.text)
 			require.Equal(t, 1, count(t, pool, q), "nothing written")
 			require.Equal(t, 0, count(t, pool, fifo), "nothing written")
+			var groups int
+			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.message_groups WHERE stream_name = $1", fifo).Scan(&groups))
+			require.Zero(t, groups, "no group written")
 			require.Equal(t, 0, count(t, pool, missing), "nothing written")
 		})
 	}

@@ -268,3 +268,93 @@ func TestFIFOGroupStatementsReadOnlyTheirGroups(t *testing.T) {
 		return nil
 	}))
 }
+
+// TestFIFOGroupRowsWrittenOnlyWhenTheyChange: a FIFO queue writes a group row on top of
+// each message (issue 22's FIFO target). A send to a group that already holds
+// messages locks its row and leaves it as it is (the upsert rewrote it unchanged: a
+// row version per group per send); a receive and an ack write each group they move
+// once, by the ctid of the row they locked, with no second lookup of its key (a
+// lookup read every dead version of the key too).
+// pg_stat_xact_user_tables counts the transaction's own writes and index fetches.
+func TestFIFOGroupRowsWrittenOnlyWhenTheyChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	q := newQueue(t, pool, &messages.QueueConfig{FIFO: true})
+	const groups = 100
+	batch := func(k int) []messages.OutgoingMessage {
+		msgs := make([]messages.OutgoingMessage, groups)
+		for i := range msgs {
+			msgs[i] = messages.OutgoingMessage{Data: data(k*groups + i), GroupKey: fmt.Sprintf("g%d", i)}
+		}
+		return msgs
+	}
+	_, err := c.Send(ctx, q, batch(0)...)
+	require.NoError(t, err)
+	// Each step on a connection of its own: the counts of a backend's earlier
+	// transactions stay in its pending statistics (and in pg_stat_xact_user_tables)
+	// until they are flushed, up to a second later.
+	inFreshTx := func(f func(tx pgx.Tx) error) error {
+		conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+		require.NoError(t, err)
+		defer func() { _ = conn.Close(ctx) }()
+		return pgx.BeginFunc(ctx, conn, f)
+	}
+	type counts struct{ upd, del, fetch int64 }
+	groupWrites := func(tx pgx.Tx) counts {
+		var n counts
+		require.NoError(t, tx.QueryRow(ctx, `SELECT n_tup_upd, n_tup_del, coalesce(idx_tup_fetch, 0)
+			FROM pg_stat_xact_user_tables WHERE relid = 'streamd.message_groups'::regclass`).Scan(&n.upd, &n.del, &n.fetch))
+		return n
+	}
+
+	require.NoError(t, inFreshTx(func(tx pgx.Tx) error {
+		_, err := c.SendTx(ctx, tx, q, batch(1)...)
+		require.NoError(t, err)
+		// (n_tup_ins counts the upsert's attempts, whether it inserted or not.)
+		n := groupWrites(tx)
+		require.Zero(t, n.upd+n.del, "a send to %d groups that hold messages wrote their rows: %+v", groups, n)
+		return nil
+	}))
+
+	var offs []int64
+	var toks [][16]byte
+	require.NoError(t, inFreshTx(func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT "offset", lease_token FROM streamd.queue_receive($1, $2, NULL, NULL)`, q, groups)
+		require.NoError(t, err)
+		for rows.Next() {
+			var o int64
+			var tok [16]byte
+			require.NoError(t, rows.Scan(&o, &tok))
+			offs, toks = append(offs, o), append(toks, tok)
+		}
+		require.NoError(t, rows.Err())
+		require.Len(t, offs, groups)
+		n := groupWrites(tx)
+		require.Equal(t, int64(groups), n.upd, "%+v", n)
+		require.LessOrEqual(t, n.fetch, int64(groups+groups/10), "a receive of %d groups fetched %d group rows", groups, n.fetch)
+		return nil
+	}))
+	require.NoError(t, inFreshTx(func(tx pgx.Tx) error {
+		var settled int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM streamd.queue_ack($1, $2, $3, NULL)`, q, offs, toks).Scan(&settled))
+		require.Equal(t, groups, settled)
+		n := groupWrites(tx)
+		require.Equal(t, int64(groups), n.upd, "each group holds its second message: %+v", n)
+		require.LessOrEqual(t, n.fetch, int64(groups+groups/10), "an ack of %d groups fetched %d group rows", groups, n.fetch)
+		return nil
+	}))
+	got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 2 * groups})
+	require.NoError(t, err)
+	require.Len(t, got, groups, "each group's second message, one per group")
+	rs := make([]messages.Receipt, len(got))
+	for i, m := range got {
+		require.Equal(t, fmt.Sprintf("g%d", m.Offset-int64(groups)-1), m.GroupKey, "offset %d", m.Offset)
+		rs[i] = m.Receipt
+	}
+	require.NoError(t, c.Ack(ctx, rs...))
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.message_groups WHERE stream_name = $1", q).Scan(&left))
+	require.Zero(t, left, "an empty group's row goes")
+}
