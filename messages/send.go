@@ -271,7 +271,8 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 // order; a message over the queue's max payload (or without data) hands the batch to
 // queue_send_check, which raises its typed error, so nothing is stored. A queue that
 // does not exist, or is FIFO, inserts nothing: the caller then calls queue_send. The
-// time is $4, or the clock once (an InitPlan), after the lock. It returns each
+// time ($4, or the clock) and the tenant are read once, after the lock (the lateral
+// subquery n runs once, for the queue's one row). It returns each
 // message's offset and id in batch order (ModifyTable returns rows as it inserts
 // them, in its input's order; the client checks the ids anyway).
 const sendDirectSQL = `INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, enqueued_at,
@@ -279,11 +280,12 @@ const sendDirectSQL = `INSERT INTO streamd.queue_messages AS m (stream_name, "of
 	SELECT q.queue_name, nextval(q.offset_seq),
 	       CASE WHEN u.d IS NULL OR octet_length(u.d) > q.max_payload_bytes
 	            THEN streamd.queue_send_check(q, $2, $3, NULL, NULL, NULL, NULL) ELSE u.id END,
-	       u.d::jsonb, n.now, n.now, nullif(current_setting('streamd.tenant_id', true), '')
-	FROM streamd.queue_send_target($1) q,
-	     (SELECT coalesce($4::timestamptz, clock_timestamp()) AS now) n,
-	     unnest($2::text[], $3::text[]) u(id, d)
-	WHERE q.queue_name IS NOT NULL AND NOT q.fifo
+	       u.d::jsonb, n.now, n.now, n.tenant
+	FROM streamd.queue_send_target($1) q
+	CROSS JOIN LATERAL (SELECT coalesce($4::timestamptz, clock_timestamp()) AS now,
+	                           nullif(current_setting('streamd.tenant_id', true), '') AS tenant
+	                    WHERE q.queue_name IS NOT NULL AND NOT q.fifo) n
+	CROSS JOIN unnest($2::text[], $3::text[]) u(id, d)
 	RETURNING m."offset", m.message_id`
 
 // sendDirect sends the common batch with sendDirectSQL; ok is false when it stored
