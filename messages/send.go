@@ -265,8 +265,8 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 // sendDirectSQL is the common send (ids made by the client, JSON data and nothing
 // else, a standard queue) as one INSERT, prepared once per connection, instead of a
 // call of queue_send: the function's call, its RETURN QUERY and the outer SELECT cost
-// the server about a fifth of a send of 100 (bench/RESULTS.md, "Issue 22, session
-// 11"). It does what queue_send's common path does: queue_send_target takes the
+// the server about a quarter of a send of 100, and this statement saves most of it
+// (bench/RESULTS.md, "Issue 22, session 11"). It does what queue_send's common path does: queue_send_target takes the
 // queue's lock and reads its row; the offsets come from the queue's sequence in batch
 // order; a message over the queue's max payload (or without data) hands the batch to
 // queue_send_check, which raises its typed error, so nothing is stored. A queue that
