@@ -40,19 +40,44 @@ type DBTX interface {
 type ClientConfig struct {
 	// Logger receives the client's log lines. Defaults to slog.Default().
 	Logger *slog.Logger
+	// MaxAppendsInFlight is the most transactions the client's Produce calls of one
+	// partition and at most 16 records run at once. Calls made while that many run
+	// wait, and are then appended together, in one transaction and one round trip,
+	// each still all or nothing with its own result (see Produce). Negative turns
+	// the coalescing off: every call is a transaction of its own. Defaults to the
+	// pool's MaxConns: a call then waits only when the client's appends hold every
+	// connection, when it would have waited for a connection anyway. A lower value
+	// saves server CPU (a commit and a round trip per call shared) at the cost of
+	// parallelism: on 2 cores, 2 in flight halved the server CPU per record with 8
+	// concurrent one-record callers, but lowered the rate with 4 (bench/RESULTS.md,
+	// session 11).
+	MaxAppendsInFlight int
 }
 
 // Client administers streams and reads them. It is safe for concurrent use.
 type Client struct {
-	pool   *pgxpool.Pool
-	logger *slog.Logger
+	pool    *pgxpool.Pool
+	logger  *slog.Logger
+	appends *appendQueue // nil: no coalescing
 }
 
 // NewClient returns a Client on pool.
 func NewClient(pool *pgxpool.Pool, cfg *ClientConfig) *Client {
 	c := &Client{pool: pool, logger: slog.Default()}
-	if cfg != nil && cfg.Logger != nil {
-		c.logger = cfg.Logger
+	inFlight := 0
+	if pool != nil {
+		inFlight = int(pool.Config().MaxConns)
+	}
+	if cfg != nil {
+		if cfg.Logger != nil {
+			c.logger = cfg.Logger
+		}
+		if cfg.MaxAppendsInFlight != 0 {
+			inFlight = cfg.MaxAppendsInFlight
+		}
+	}
+	if inFlight > 0 {
+		c.appends = newAppendQueue(pool, inFlight)
 	}
 	return c
 }
@@ -188,6 +213,15 @@ func partitionHeads(ctx context.Context, db DBTX, stream string) ([]PartitionInf
 // Produce appends records atomically in one transaction (L2) and returns their
 // positions in the order given. Records may name several streams. For many small
 // concurrent appends, a Producer batches them into fewer transactions.
+//
+// Concurrent calls of one partition and at most 16 records share transactions: while
+// ClientConfig.MaxAppendsInFlight of them run, further calls wait and are then
+// appended together, in one transaction and one round trip (a Kafka producer's
+// group commit, without its linger: a call made while fewer run starts at once).
+// Each call's records are still all or nothing, and its result its own: when a shared
+// transaction fails, each of its calls is appended again alone, so one call's bad
+// records fail only that call. A call that waits returns ctx's error, having written
+// nothing, if ctx ends before its transaction starts.
 func (c *Client) Produce(ctx context.Context, records ...Record) ([]Position, error) {
 	if len(records) > 0 && oneStreamAndPartition(records) {
 		if err := validateRecords(records); err != nil {
@@ -201,6 +235,9 @@ func (c *Client) Produce(ctx context.Context, records ...Record) ([]Position, er
 			if recs[i].EventID == "" {
 				recs[i].EventID = newEventID()
 			}
+		}
+		if c.appends != nil && len(recs) <= coalesceMax {
+			return c.appends.produce(ctx, recs[0].Stream, *recs[0].Partition, recs)
 		}
 		return appendOwnTx(ctx, c.pool, recs[0].Stream, recs)
 	}

@@ -25,3 +25,18 @@ const InsertSQL = insertSQL
 
 // OneSQL is the one-statement path's statement for a single record. Tests only.
 const OneSQL = oneSQL
+
+// CoalescedAppends returns how many Produce calls were appended in a transaction
+// shared with other calls so far. Tests only.
+func CoalescedAppends() int64 { return coalescedAppends.Load() }
+
+// AppendsWaiting returns how many of c's Produce calls wait for a transaction to
+// share. Tests only.
+func (c *Client) AppendsWaiting() int {
+	if c.appends == nil {
+		return 0
+	}
+	c.appends.mu.Lock()
+	defer c.appends.mu.Unlock()
+	return len(c.appends.pending)
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -57,11 +58,16 @@ SELECT (r.h).base, (r.h).ts, (SELECT count(*) FROM ins) FROM r`
 const oneSQL = `SELECT (a.h).base, (a.h).ts
 FROM (SELECT streamd.append_one($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS h OFFSET 0) a`
 
-// appendInsert appends recs, all to stream and partition and all with an event id,
-// with insertSQL (oneSQL for a single record). It reports ok=false, having written
-// nothing, when the batch must take streamd.append() instead (the cases of appendCopy,
-// but for row-level security: an INSERT, unlike COPY, is subject to the policies).
-func appendInsert(ctx context.Context, pool *pgxpool.Pool, stream string, partition int32, recs []Record) (pos []Position, ok bool, err error) {
+// insertStatement is the statement (oneSQL for a single record, insertSQL for more)
+// and the arguments that append recs, all to stream and partition and all with an
+// event id, in one round trip.
+type insertStatement struct {
+	sql  string
+	args []any
+	n    int
+}
+
+func newInsertStatement(stream string, partition int32, recs []Record) (insertStatement, error) {
 	n := len(recs)
 	maxPayload := 0
 	ids := make([]string, n)
@@ -86,7 +92,7 @@ func appendInsert(ctx context.Context, pool *pgxpool.Pool, stream string, partit
 		if len(r.Headers) > 0 {
 			b, err := json.Marshal(r.Headers)
 			if err != nil {
-				return nil, false, fmt.Errorf("append to %s: encode headers: %w", stream, err)
+				return insertStatement{}, fmt.Errorf("append to %s: encode headers: %w", stream, err)
 			}
 			meta[i] = pgtype.Text{String: string(b), Valid: true}
 		}
@@ -98,16 +104,25 @@ func appendInsert(ctx context.Context, pool *pgxpool.Pool, stream string, partit
 		}
 		ords[i] = int32(i)
 	}
+	if n == 1 {
+		return insertStatement{sql: oneSQL, n: 1, args: []any{stream, partition, ids[0], types[0], keys[0], data[0], bin[0],
+			meta[0], corr[0], caus[0], versions[0]}}, nil
+	}
+	return insertStatement{sql: insertSQL, n: n, args: []any{stream, partition, n, maxPayload,
+		ids, types, keys, data, bin, meta, corr, caus, versions, ords}}, nil
+}
+
+// scan reads the statement's result from row and turns it into the positions of its
+// records: ok=false, with nothing written, when the batch must take streamd.append()
+// instead (declined, or a duplicate event id).
+func (s insertStatement) scan(row pgx.Row, stream string, partition int32) (pos []Position, ok bool, err error) {
 	var base pgtype.Int8
 	var ts pgtype.Timestamptz
-	var count int64
-	if n == 1 {
-		err = pool.QueryRow(ctx, oneSQL, stream, partition, ids[0], types[0], keys[0], data[0], bin[0], meta[0],
-			corr[0], caus[0], versions[0]).Scan(&base, &ts)
-		count = 1
+	count := int64(1)
+	if s.n == 1 {
+		err = row.Scan(&base, &ts)
 	} else {
-		err = pool.QueryRow(ctx, insertSQL, stream, partition, n, maxPayload,
-			ids, types, keys, data, bin, meta, corr, caus, versions, ords).Scan(&base, &ts, &count)
+		err = row.Scan(&base, &ts, &count)
 	}
 	switch {
 	case err == nil:
@@ -119,13 +134,25 @@ func appendInsert(ctx context.Context, pool *pgxpool.Pool, stream string, partit
 	if !base.Valid { // declined: nothing reserved, nothing written
 		return nil, false, nil
 	}
-	if count != int64(n) {
-		return nil, false, fmt.Errorf("append to %s: %d rows inserted for %d records", stream, count, n)
+	if count != int64(s.n) {
+		return nil, false, fmt.Errorf("append to %s: %d rows inserted for %d records", stream, count, s.n)
 	}
 	insertAppends.Add(1)
-	pos = make([]Position, n)
+	pos = make([]Position, s.n)
 	for i := range pos {
 		pos[i] = Position{Partition: partition, Offset: base.Int64 + int64(i), Timestamp: ts.Time}
 	}
 	return pos, true, nil
+}
+
+// appendInsert appends recs, all to stream and partition and all with an event id,
+// with insertSQL (oneSQL for a single record). It reports ok=false, having written
+// nothing, when the batch must take streamd.append() instead (the cases of appendCopy,
+// but for row-level security: an INSERT, unlike COPY, is subject to the policies).
+func appendInsert(ctx context.Context, pool *pgxpool.Pool, stream string, partition int32, recs []Record) (pos []Position, ok bool, err error) {
+	st, err := newInsertStatement(stream, partition, recs)
+	if err != nil {
+		return nil, false, err
+	}
+	return st.scan(pool.QueryRow(ctx, st.sql, st.args...), stream, partition)
 }

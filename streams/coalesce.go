@@ -1,0 +1,231 @@
+package streams
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// coalescedAppends counts calls appended in a transaction shared with other calls
+// (tests check the path was taken).
+var coalescedAppends atomic.Int64
+
+// coalesceMax is the most records a Produce call may hold to share a transaction:
+// larger calls run alone. A shared transaction saves a commit and a round trip per
+// call (~200 µs of server CPU), which is most of a one-record call's cost and little
+// of a 100-record call's, while it runs the calls' statements one after another on
+// one backend instead of side by side: measured at 4 producers on 2 cores, 6-23% less
+// server CPU per record at batch 1, and a lower rate at batch 100 (bench/RESULTS.md,
+// session 11).
+const coalesceMax = 16
+
+// appendQueue coalesces the concurrent one-partition Produce calls of one Client, as
+// a Kafka producer does: at most max transactions of them run at once; a call that
+// arrives while max are in flight waits, and when one of them ends, the calls that
+// waited meanwhile (up to insertMax records) are appended together in one transaction,
+// one statement per call sent in one round trip (a pipeline ending in one Sync, so one
+// implicit transaction and one commit). A Produce call then shares its commit and its
+// round trip with others, which at a few records per call is most of its cost
+// (bench/RESULTS.md, issue 21 §2).
+//
+// Each call keeps its own all-or-nothing result: its records are one statement. If
+// any statement of a shared transaction fails, the whole transaction rolls back and
+// every call in it is appended again alone, as it would have been without
+// coalescing, so one call's bad records or duplicate event ids fail only that call.
+// Retrying is safe after an unknown outcome too (a connection lost at commit): every
+// record has its event id before it is queued, so a record already stored is found
+// by its id (L4). A call the statement declines (a stream with per-key versions, a
+// payload over the limit) wrote nothing and goes through streamd.append() alone.
+//
+// Concurrency: no goroutine of its own. The goroutine of a call that starts a
+// transaction (the leader) sends it, then hands the calls that waited meanwhile to the
+// goroutine of the first of them, which becomes the next leader, and only then wakes
+// the calls it appended. A waiting call whose ctx ends before a leader took it leaves
+// the queue and returns ctx's error, having written nothing; once taken, it waits for
+// the outcome. The statements of a shared transaction lock head rows in (stream,
+// partition) order, the order every multi-partition append takes.
+type appendQueue struct {
+	pool *pgxpool.Pool
+	max  int
+
+	mu       sync.Mutex
+	inFlight int           // transactions of this queue running
+	pending  []*appendCall // calls waiting, in arrival order
+}
+
+// appendCall is one Produce call in the queue. The fields after done are written by
+// the leader that took the call before it closes done, and read by the call's
+// goroutine after.
+type appendCall struct {
+	stream    string
+	partition int32
+	recs      []Record
+	st        insertStatement
+	done      chan struct{}
+
+	next  callNext
+	batch []*appendCall // next == callLead: the calls to append, this one first
+	pos   []Position
+	err   error
+}
+
+// callNext is what a call's goroutine does once its done channel is closed.
+type callNext int
+
+const (
+	callFinished callNext = iota // pos and err are the call's result
+	callLead                     // append batch, then hand on
+	callAlone                    // the shared transaction failed: append alone
+	callAppend                   // declined: append through streamd.append()
+)
+
+func newAppendQueue(pool *pgxpool.Pool, max int) *appendQueue {
+	return &appendQueue{pool: pool, max: max}
+}
+
+// produce appends recs (one stream and partition, every event id set, at most
+// coalesceMax records) in a transaction of their own or shared with other calls.
+func (q *appendQueue) produce(ctx context.Context, stream string, partition int32, recs []Record) ([]Position, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("append to %s: %w", stream, err)
+	}
+	st, err := newInsertStatement(stream, partition, recs)
+	if err != nil {
+		return nil, err
+	}
+	c := &appendCall{stream: stream, partition: partition, recs: recs, st: st, done: make(chan struct{})}
+	q.mu.Lock()
+	if q.inFlight < q.max {
+		q.inFlight++
+		q.mu.Unlock()
+		return q.lead(ctx, c, []*appendCall{c})
+	}
+	q.pending = append(q.pending, c)
+	q.mu.Unlock()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		q.mu.Lock()
+		if i := slices.Index(q.pending, c); i >= 0 {
+			q.pending = slices.Delete(q.pending, i, i+1)
+			q.mu.Unlock()
+			return nil, fmt.Errorf("append to %s: %w", stream, ctx.Err())
+		}
+		q.mu.Unlock()
+		<-c.done // taken by a leader: its outcome decides
+	}
+	return q.finish(ctx, c)
+}
+
+// finish does what the leader that took c left to c's goroutine.
+func (q *appendQueue) finish(ctx context.Context, c *appendCall) ([]Position, error) {
+	switch c.next {
+	case callLead:
+		return q.lead(ctx, c, c.batch)
+	case callAlone:
+		return appendOwnTx(ctx, q.pool, c.stream, c.recs)
+	case callAppend:
+		return appendBatch(ctx, q.pool, c.stream, c.recs)
+	}
+	return c.pos, c.err
+}
+
+// lead appends batch (own among it) in one transaction, hands on to the calls that
+// waited meanwhile, wakes the others of batch and returns own's result.
+func (q *appendQueue) lead(ctx context.Context, own *appendCall, batch []*appendCall) ([]Position, error) {
+	if len(batch) == 1 {
+		// Alone: today's path, statement and fallbacks unchanged.
+		pos, err := appendOwnTx(ctx, q.pool, own.stream, own.recs)
+		q.handOn()
+		return pos, err
+	}
+	q.appendShared(ctx, batch)
+	q.handOn()
+	for _, c := range batch {
+		if c != own {
+			close(c.done)
+		}
+	}
+	return q.finish(ctx, own)
+}
+
+// appendShared appends batch in one transaction: one statement per call, in (stream,
+// partition) order, pipelined in one round trip. It sets every call's next: finished
+// with its positions, or to be appended alone (the transaction failed and rolled
+// back), or through streamd.append() (its statement declined and wrote nothing).
+func (q *appendQueue) appendShared(ctx context.Context, batch []*appendCall) {
+	calls := slices.Clone(batch)
+	slices.SortStableFunc(calls, func(a, b *appendCall) int {
+		return cmp.Or(cmp.Compare(a.stream, b.stream), cmp.Compare(a.partition, b.partition))
+	})
+	b := &pgx.Batch{}
+	for _, c := range calls {
+		b.Queue(c.st.sql, c.st.args...)
+	}
+	br := q.pool.SendBatch(ctx, b)
+	var failed error
+	for _, c := range calls {
+		c.next = callFinished
+		row := &seenRow{row: br.QueryRow()}
+		var ok bool
+		c.pos, ok, c.err = c.st.scan(row, c.stream, c.partition)
+		if row.err != nil {
+			// Any failed statement (a duplicate id included, which scan reports as
+			// ok=false) rolls back the whole transaction.
+			failed = row.err
+			break
+		}
+		if !ok && c.err == nil { // declined: no offset, nothing written
+			c.next = callAppend
+		}
+	}
+	if err := br.Close(); failed == nil && err != nil {
+		failed = err
+	}
+	if failed == nil {
+		coalescedAppends.Add(int64(len(calls)))
+		return
+	}
+	for _, c := range calls {
+		c.next, c.pos, c.err = callAlone, nil, nil
+	}
+}
+
+// handOn gives the calls that waited (up to insertMax records, at least one call) to
+// the goroutine of the first of them, or, with none waiting, ends this transaction
+// slot.
+func (q *appendQueue) handOn() {
+	q.mu.Lock()
+	if len(q.pending) == 0 {
+		q.inFlight--
+		q.mu.Unlock()
+		return
+	}
+	n, records := 0, 0
+	for n < len(q.pending) && (n == 0 || records+len(q.pending[n].recs) <= insertMax) {
+		records += len(q.pending[n].recs)
+		n++
+	}
+	batch := slices.Clone(q.pending[:n])
+	q.pending = slices.Delete(q.pending, 0, n)
+	q.mu.Unlock()
+	batch[0].next, batch[0].batch = callLead, batch
+	close(batch[0].done)
+}
+
+// seenRow is a pgx.Row that keeps the error of its Scan.
+type seenRow struct {
+	row pgx.Row
+	err error
+}
+
+func (r *seenRow) Scan(dest ...any) error {
+	r.err = r.row.Scan(dest...)
+	return r.err
+}

@@ -1,0 +1,288 @@
+package streams_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// produceResult is one Produce call's outcome, from its goroutine.
+type produceResult struct {
+	pos []streams.Position
+	err error
+}
+
+// goProduce calls c.Produce(ctx, recs...) on a goroutine of its own.
+func goProduce(ctx context.Context, c *streams.Client, recs ...streams.Record) <-chan produceResult {
+	out := make(chan produceResult, 1)
+	go func() {
+		pos, err := c.Produce(ctx, recs...)
+		out <- produceResult{pos, err}
+	}()
+	return out
+}
+
+// holdTheLine makes the next Produce call of c to stream's partition 0 the one
+// transaction c runs (MaxAppendsInFlight 1) and keeps it waiting for the head row,
+// which the returned transaction locks; calls made after it queue. Committing the
+// transaction lets it go. The call's result comes on the channel.
+func holdTheLine(t *testing.T, pool *pgxpool.Pool, c *streams.Client, stream string) (pgx.Tx, <-chan produceResult) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 AND partition = 0 FOR UPDATE`, stream)
+	require.NoError(t, err)
+	first := goProduce(ctx, c, streams.Record{Stream: stream, Partition: streams.PartitionOf(0), EventID: "first", Data: json.RawMessage(`0`)})
+	testdb.WaitForLockWait(t, pool, tx, "append_one")
+	return tx, first
+}
+
+// xmins returns the inserting transaction of each event of stream, by event id.
+func xmins(t *testing.T, pool *pgxpool.Pool, stream string) map[string]string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT event_id, xmin::text FROM streamd.events WHERE stream_name = $1`, stream)
+	require.NoError(t, err)
+	out := map[string]string{}
+	for rows.Next() {
+		var id, x string
+		require.NoError(t, rows.Scan(&id, &x))
+		out[id] = x
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// requireGapless checks that every partition of stream holds offsets 0, 1, 2, ... and
+// that each event id is stored once (L1, L4).
+func requireGapless(t *testing.T, c *streams.Client, stream string, partitions int32) {
+	t.Helper()
+	seen := map[string]bool{}
+	for p := range partitions {
+		res, err := c.Fetch(context.Background(), stream, p, 0, &streams.FetchOpts{MaxRecords: 1000})
+		require.NoError(t, err)
+		for i, e := range res.Events {
+			require.Equal(t, int64(i), e.Offset, "partition %d", p)
+			require.False(t, seen[e.EventID], "event %s stored twice", e.EventID)
+			seen[e.EventID] = true
+		}
+	}
+}
+
+// Calls made while the client's one transaction runs wait, and are appended together
+// in one transaction, each with its own positions.
+func TestConcurrentProduceCallsShareTransactions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 2))
+	tx, first := holdTheLine(t, pool, c, s)
+
+	before := streams.CoalescedAppends()
+	calls := make([][]streams.Record, 6)
+	results := make([]<-chan produceResult, len(calls))
+	for i := range calls {
+		p := streams.PartitionOf(int32(i % 2))
+		for j := range 1 + i%3 { // 1, 2 or 3 records
+			calls[i] = append(calls[i], streams.Record{Stream: s, Partition: p, EventID: fmt.Sprintf("c%d-%d", i, j),
+				Data: json.RawMessage(fmt.Sprintf(`{"call":%d}`, i))})
+		}
+		results[i] = goProduce(ctx, c, calls[i]...)
+		testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == i+1 })
+	}
+	require.NoError(t, tx.Commit(ctx))
+	r := <-first
+	require.NoError(t, r.err)
+	require.Equal(t, int64(0), r.pos[0].Offset)
+
+	stored := xmins(t, pool, s)
+	shared := ""
+	for i, ch := range results {
+		r := <-ch
+		require.NoError(t, r.err, "call %d", i)
+		require.Len(t, r.pos, len(calls[i]))
+		for j, rec := range calls[i] {
+			require.Equal(t, *rec.Partition, r.pos[j].Partition)
+			ev := fetchOne(t, c, s, r.pos[j])
+			require.Equal(t, rec.EventID, ev.EventID, "call %d record %d", i, j)
+			if shared == "" {
+				shared = stored[rec.EventID]
+			}
+			require.Equal(t, shared, stored[rec.EventID], "call %d record %d not in the shared transaction", i, j)
+		}
+	}
+	require.NotEqual(t, stored["first"], shared)
+	require.GreaterOrEqual(t, streams.CoalescedAppends()-before, int64(len(calls)))
+	requireGapless(t, c, s, 2)
+}
+
+// fetchOne returns the event at pos.
+func fetchOne(t *testing.T, c *streams.Client, stream string, pos streams.Position) streams.Event {
+	t.Helper()
+	res, err := c.Fetch(context.Background(), stream, pos.Partition, pos.Offset, &streams.FetchOpts{MaxRecords: 1})
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Events)
+	require.Equal(t, pos.Offset, res.Events[0].Offset)
+	return res.Events[0]
+}
+
+// When one call of a shared transaction fails it, every call is appended again
+// alone: the failing call gets its own error and writes nothing, a duplicate event id
+// is found stored (L4), and the others succeed.
+func TestSharedTransactionFailureFailsOnlyItsCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 2))
+	stored, err := c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "dup", Data: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	tx, first := holdTheLine(t, pool, c, s)
+
+	rec := func(p int32, id string) streams.Record {
+		return streams.Record{Stream: s, Partition: streams.PartitionOf(p), EventID: id, Data: json.RawMessage(`2`)}
+	}
+	var results []<-chan produceResult
+	for _, recs := range [][]streams.Record{
+		{rec(0, "good1")},
+		{rec(5, "bad1"), rec(5, "bad2")}, // no partition 5: SD002
+		{rec(1, "dup")},
+		{rec(1, "good2"), rec(1, "good3")},
+	} {
+		results = append(results, goProduce(ctx, c, recs...))
+		n := len(results)
+		testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == n })
+	}
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, (<-first).err)
+
+	good1, bad, dup, good2 := <-results[0], <-results[1], <-results[2], <-results[3]
+	require.NoError(t, good1.err)
+	require.True(t, errors.Is(bad.err, streams.ErrPartitionNotFound), "got %v", bad.err)
+	require.Nil(t, bad.pos)
+	require.NoError(t, dup.err)
+	require.True(t, dup.pos[0].Duplicate)
+	require.Equal(t, stored[0].Offset, dup.pos[0].Offset)
+	require.NoError(t, good2.err)
+	require.Equal(t, "good1", fetchOne(t, c, s, good1.pos[0]).EventID)
+	require.Equal(t, "good2", fetchOne(t, c, s, good2.pos[0]).EventID)
+	require.Equal(t, "good3", fetchOne(t, c, s, good2.pos[1]).EventID)
+
+	ids := xmins(t, pool, s)
+	require.Len(t, ids, 5) // dup, first, good1, good2, good3
+	require.NotEqual(t, ids["good1"], ids["good2"], "the shared transaction was not rolled back")
+	requireGapless(t, c, s, 2)
+}
+
+// A call that waits for a transaction to share returns ctx's error when ctx ends
+// before one takes it, and writes nothing.
+func TestWaitingProduceCallLeavesOnCancel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 1))
+	tx, first := holdTheLine(t, pool, c, s)
+
+	cctx, cancel := context.WithCancel(ctx)
+	gone := goProduce(cctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(0), EventID: "gone", Data: json.RawMessage(`1`)})
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 1 })
+	cancel()
+	r := <-gone
+	require.ErrorIs(t, r.err, context.Canceled)
+	require.Zero(t, c.AppendsWaiting())
+
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, (<-first).err)
+	after, err := c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(0), EventID: "after", Data: json.RawMessage(`2`)})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), after[0].Offset)
+	require.NotContains(t, xmins(t, pool, s), "gone")
+}
+
+// A call of more than 16 records never waits for a transaction to share: it runs
+// alone at once, even while the client's one transaction is held.
+func TestLargeProduceCallRunsAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 2))
+	tx, first := holdTheLine(t, pool, c, s)
+
+	recs := make([]streams.Record, 17)
+	for i := range recs {
+		recs[i] = streams.Record{Stream: s, Partition: streams.PartitionOf(1), Data: json.RawMessage(`1`)}
+	}
+	alone, cancel := context.WithTimeout(ctx, 10*time.Second) // a call that waited would wait for the held line
+	defer cancel()
+	pos, err := c.Produce(alone, recs...)
+	require.NoError(t, err)
+	require.Len(t, pos, 17)
+	require.Equal(t, int64(16), pos[16].Offset)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, (<-first).err)
+}
+
+// By default a client runs as many transactions of its appends as its pool has
+// connections; calls made while they hold every connection wait and share one.
+func TestDefaultSharesWhenEveryConnectionAppends(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	cfg := testdb.Config(t)
+	cfg.MaxConns = 2
+	small, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(small.Close)
+	c := streams.NewClient(small, nil)
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 2))
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 FOR UPDATE`, s)
+	require.NoError(t, err)
+	rec := func(p int32, id string) streams.Record {
+		return streams.Record{Stream: s, Partition: streams.PartitionOf(p), EventID: id, Data: json.RawMessage(`1`)}
+	}
+	held := []<-chan produceResult{goProduce(ctx, c, rec(0, "a")), goProduce(ctx, c, rec(1, "b"))}
+	blocker := tx.Conn().PgConn().PID()
+	testdb.WaitFor(t, 20*time.Second, "both appends waiting for the test's locks", func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND position('append_one' IN query) > 0
+			  AND $1::int = ANY (pg_blocking_pids(pid))`, blocker).Scan(&n))
+		return n == 2
+	})
+	waiting := []<-chan produceResult{goProduce(ctx, c, rec(0, "c"))}
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 1 })
+	waiting = append(waiting, goProduce(ctx, c, rec(1, "d")))
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 2 })
+	require.NoError(t, tx.Commit(ctx))
+	for _, ch := range append(held, waiting...) {
+		require.NoError(t, (<-ch).err)
+	}
+	ids := xmins(t, pool, s)
+	require.Len(t, ids, 4)
+	require.Equal(t, ids["c"], ids["d"], "the calls that waited did not share a transaction")
+	require.NotEqual(t, ids["a"], ids["b"])
+	requireGapless(t, c, s, 2)
+}
