@@ -386,6 +386,39 @@ func TestDeleteQueueWaitsForSends(t *testing.T) {
 	require.Zero(t, count(t, pool, q), "the send's message went with its queue")
 }
 
+// TestSendWaitingForADeleteStoresNothing: a send that waits for a deletion of its
+// queue finds no queue once the deletion commits (ErrQueueNotFound) and leaves no
+// message behind, through the client's direct INSERT (sendDirectSQL) as through
+// queue_send: the queue's row is read after its lock, not with the snapshot of the
+// statement's start.
+func TestSendWaitingForADeleteStoresNothing(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	for _, named := range []bool{false, true} { // the direct INSERT; queue_send (a named id)
+		q := newQueue(t, pool, nil)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		_, err = tx.Exec(ctx, "SELECT streamd.queue_delete($1)", q)
+		require.NoError(t, err)
+		msg := messages.OutgoingMessage{Data: data(1)}
+		if named {
+			msg.MessageID = "named"
+		}
+		sent := make(chan error, 1)
+		go func() { _, err := c.Send(ctx, q, msg); sent <- err }()
+		testdb.WaitForLockWait(t, pool, tx, "queue_send") // queue_send_target or queue_send
+		require.NoError(t, tx.Commit(ctx))
+		require.ErrorIs(t, <-sent, messages.ErrQueueNotFound, "named id %v", named)
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.queue_messages WHERE stream_name = $1", q).Scan(&n))
+		require.Zero(t, n, "named id %v: a message of a deleted queue", named)
+	}
+}
+
 // TestNackAppliesTheCurrentReceipt: one Nack naming a message by a stale receipt and
 // by its current one applies the current receipt's delay (the stale one's is ignored)
 // and reports the stale one as lost.

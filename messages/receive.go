@@ -204,15 +204,11 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 		// implicit transaction (one Sync), so a failed receive undoes the ack too.
 		offs, toks := receiptArrays(o.Ack)
 		b := &pgx.Batch{}
-		b.Queue(ackSQL, queue, offs, toks, c.sqlNow())
+		b.Queue(ackSQL, queue, offs, toks, c.sqlNow(), len(o.Ack))
 		b.Queue(receiveSQL, queue, o.Max, vt, c.sqlNow())
 		br = conn.SendBatch(ctx, b)
 		defer br.Close()
-		ackRows, qerr := br.Query()
-		if qerr != nil {
-			return nil, fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(qerr))
-		}
-		missed, qerr := collectOffsets(ackRows)
+		missed, qerr := readAck(br.QueryRow(), o.Ack)
 		if qerr != nil {
 			return nil, fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(qerr))
 		}

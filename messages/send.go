@@ -203,6 +203,14 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 			ids[i] = &id
 		}
 	}
+	if fresh && !anyBytes && nilIfAllNil(meta) == nil && nilIfAllNil(delays) == nil && nilIfAllNil(deliverAt) == nil &&
+		nilIfAllNil(groups) == nil && nilIfAllNil(attempts) == nil && nilIfAllNil(dlqs) == nil {
+		out, ok, err := c.sendDirect(ctx, db, queue, ids, data)
+		if err != nil || ok {
+			return out, err
+		}
+		// No such queue, or a FIFO queue: queue_send raises the typed error.
+	}
 	// An option no message sets travels as one NULL instead of n: less to encode
 	// and decode, and queue_send skips what a NULL array does not need.
 	var binary [][]byte // NULL unless a message is binary
@@ -252,6 +260,75 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 		return nil, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
 	}
 	return out, nil
+}
+
+// sendDirectSQL is the common send (ids made by the client, JSON data and nothing
+// else, a standard queue) as one INSERT, prepared once per connection, instead of a
+// call of queue_send: the function's call, its RETURN QUERY and the outer SELECT cost
+// the server about a quarter of a send of 100, and this statement saves most of it
+// (bench/RESULTS.md, "Issue 22, session 11"). It does what queue_send's common path does: queue_send_target takes the
+// queue's lock and reads its row; the offsets come from the queue's sequence in batch
+// order; a message over the queue's max payload (or without data) hands the batch to
+// queue_send_check, which raises its typed error, so nothing is stored. A queue that
+// does not exist, or is FIFO, inserts nothing: the caller then calls queue_send. The
+// time ($4, or the clock) and the tenant are read once, after the lock (the lateral
+// subquery n runs once, for the queue's one row). It returns each
+// message's offset and id in batch order (ModifyTable returns rows as it inserts
+// them, in its input's order; the client checks the ids anyway).
+const sendDirectSQL = `INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, enqueued_at,
+		visibility_timeout, tenant_id)
+	SELECT q.queue_name, nextval(q.offset_seq),
+	       CASE WHEN u.d IS NULL OR octet_length(u.d) > q.max_payload_bytes
+	            THEN streamd.queue_send_check(q, $2, $3, NULL, NULL, NULL, NULL) ELSE u.id END,
+	       u.d::jsonb, n.now, n.now, n.tenant
+	FROM streamd.queue_send_target($1) q
+	CROSS JOIN LATERAL (SELECT coalesce($4::timestamptz, clock_timestamp()) AS now,
+	                           nullif(current_setting('streamd.tenant_id', true), '') AS tenant
+	                    WHERE q.queue_name IS NOT NULL AND NOT q.fifo) n
+	CROSS JOIN unnest($2::text[], $3::text[]) u(id, d)
+	RETURNING m."offset", m.message_id`
+
+// sendDirect sends the common batch with sendDirectSQL; ok is false when it stored
+// nothing because the queue is missing or FIFO (the caller falls back on queue_send).
+// ids are the client's fresh UUIDs: no dedup key, so no conflict to look for.
+func (c *Client) sendDirect(ctx context.Context, db streams.DBTX, queue string, ids, data []*string) ([]SendResult, bool, error) {
+	rows, err := db.Query(ctx, sendDirectSQL, queue, ids, data, c.sqlNow())
+	if err != nil {
+		return nil, false, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
+	}
+	defer rows.Close()
+	out := make([]SendResult, 0, len(ids))
+	for rows.Next() {
+		var r SendResult
+		if err := rows.Scan(&r.Offset, &r.MessageID); err != nil {
+			return nil, false, fmt.Errorf("send to queue %s: %w", queue, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
+	}
+	if len(out) == 0 {
+		return nil, false, nil
+	}
+	if len(out) != len(ids) {
+		return nil, false, fmt.Errorf("send to queue %s: stored %d of %d messages", queue, len(out), len(ids))
+	}
+	for i := range out {
+		if out[i].MessageID != *ids[i] {
+			// Not in batch order (never seen): place each by its id, which is unique.
+			at := make(map[string]int, len(ids))
+			for j, id := range ids {
+				at[*id] = j
+			}
+			sorted := make([]SendResult, len(ids))
+			for _, r := range out {
+				sorted[at[r.MessageID]] = r
+			}
+			return sorted, true, nil
+		}
+	}
+	return out, true, nil
 }
 
 // nilIfAllNil returns s, or nil (SQL NULL) when every element is nil.

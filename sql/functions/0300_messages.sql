@@ -526,6 +526,23 @@ BEGIN
 END;
 $$;
 
+-- The queue a direct send inserts into (messages/send.go, sendDirectSQL): takes the
+-- queue's lock shared (queue_lock_shared) and then reads the queue's row, in a
+-- statement of its own, so under READ COMMITTED the row is read with a snapshot taken
+-- after the lock: a send never inserts into a queue whose deletion committed while it
+-- waited. Returns NULL (a row of NULLs) when there is no such queue; the caller then
+-- calls queue_send, which raises the typed error.
+CREATE OR REPLACE FUNCTION streamd.queue_send_target(p_queue text) RETURNS streamd.queues
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_q streamd.queues;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1396986164, hashtext(p_queue)); -- see queue_lock_shared
+    SELECT * INTO v_q FROM streamd.queues q WHERE q.queue_name = p_queue;
+    RETURN v_q;
+END;
+$$;
+
 -- Moves messages of p_queue (locked by the caller) to their dead-letter queues in one
 -- statement (Q2), keeping their provenance: origin queue and offset, attempts, last
 -- error (p_errors, parallel to p_offsets, overrides it). A message's dead-letter queue
