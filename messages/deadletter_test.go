@@ -3,6 +3,7 @@ package messages_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -636,4 +637,68 @@ func queueCounter(t *testing.T, reg *prometheus.Registry, name, queue string) fl
 	t.Helper()
 	v, _ := testmetrics.Lookup(t, reg, name, "queue", queue)
 	return v
+}
+
+// TestSendOnlyRoleSends: a role granted INSERT on the queue's storage but no SELECT
+// (a send-only producer, docs/tenants.md "Any other role") can call queue_send, so
+// the client's common send (one statement, not queue_send) must work for it too. It
+// failed with 42501 while that statement read its offsets back with RETURNING, which
+// needs SELECT.
+func TestSendOnlyRoleSends(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := testdb.Pool(t)
+	q := newQueue(t, pool, nil)
+	role := strings.ReplaceAll(testdb.Name("streamd_sendonly"), "-", "_")
+	ident := pgx.Identifier{role}.Sanitize()
+	_, err := pool.Exec(ctx, "CREATE ROLE "+ident+" LOGIN NOSUPERUSER NOBYPASSRLS")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), testdb.URL(t))
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		_ = pgx.BeginFunc(context.Background(), c, func(tx pgx.Tx) error {
+			// Revoking changes the catalog rows other tests' GRANTs change: take the
+			// lock streamd.bind_tenant_role takes.
+			_, _ = tx.Exec(context.Background(), "SELECT pg_advisory_xact_lock(hashtext('streamd.tenant_roles'))")
+			_, _ = tx.Exec(context.Background(), "DROP OWNED BY "+ident)
+			_, err := tx.Exec(context.Background(), "DROP ROLE IF EXISTS "+ident)
+			return err
+		})
+	})
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('streamd.tenant_roles'))")
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, "GRANT USAGE ON SCHEMA streamd TO "+ident+
+			"; GRANT SELECT ON streamd.queues TO "+ident+
+			"; GRANT INSERT ON streamd.queue_messages TO "+ident+
+			"; GRANT USAGE ON ALL SEQUENCES IN SCHEMA streamd TO "+ident)
+		return err
+	})
+	require.NoError(t, err)
+
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.User = role
+	cfg.ConnConfig.Password = ""
+	rolePool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(rolePool.Close)
+
+	c := newClient(t, rolePool, nil)
+	var canSelect bool
+	require.NoError(t, rolePool.QueryRow(ctx, "SELECT has_table_privilege('streamd.queue_messages', 'SELECT')").Scan(&canSelect))
+	require.False(t, canSelect, "the role must not read the queue's storage")
+	res, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1)}, messages.OutgoingMessage{Data: data(2)})
+	require.NoError(t, err)
+	require.Len(t, res, 2)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.queue_messages WHERE stream_name = $1 AND (\"offset\", message_id) IN (($2, $3), ($4, $5))",
+		q, res[0].Offset, res[0].MessageID, res[1].Offset, res[1].MessageID).Scan(&n))
+	require.Equal(t, 2, n, "each result names its stored message")
+	require.Less(t, res[0].Offset, res[1].Offset, "offsets in batch order")
 }

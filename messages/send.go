@@ -263,30 +263,43 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 }
 
 // sendDirectSQL is the common send (ids made by the client, JSON data and nothing
-// else, a standard queue) as one INSERT, prepared once per connection, instead of a
-// call of queue_send: the function's call, its RETURN QUERY and the outer SELECT cost
-// the server about a quarter of a send of 100, and this statement saves most of it
-// (bench/RESULTS.md, "Issue 22, session 11"). It does what queue_send's common path does: queue_send_target takes the
-// queue's lock and reads its row; the offsets come from the queue's sequence in batch
-// order; a message over the queue's max payload (or without data) hands the batch to
-// queue_send_check, which raises its typed error, so nothing is stored. A queue that
-// does not exist, or is FIFO, inserts nothing: the caller then calls queue_send. The
+// else, a standard queue) as one statement, prepared once per connection, instead of
+// a call of queue_send: the function's call, its RETURN QUERY and the outer SELECT
+// cost the server about a quarter of a send of 100, and this statement saves most of
+// it (bench/RESULTS.md, "Issue 22, session 11"). It does what queue_send's common path
+// does: queue_send_target takes the queue's lock and reads its row; t takes the
+// offsets from the queue's sequence in batch order; a message over the queue's max
+// payload (or without data) hands the batch to queue_send_check, which raises its
+// typed error, so nothing is stored. A queue that does not exist, or is FIFO, gives t
+// no row, so nothing is inserted or returned: the caller then calls queue_send. The
 // time ($4, or the clock) and the tenant are read once, after the lock (the lateral
-// subquery n runs once, for the queue's one row). It returns each
-// message's offset and id in batch order (ModifyTable returns rows as it inserts
-// them, in its input's order; the client checks the ids anyway).
-const sendDirectSQL = `INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, enqueued_at,
-		visibility_timeout, tenant_id)
-	SELECT q.queue_name, nextval(q.offset_seq),
-	       CASE WHEN u.d IS NULL OR octet_length(u.d) > q.max_payload_bytes
-	            THEN streamd.queue_send_check(q, $2, $3, NULL, NULL, NULL, NULL) ELSE u.id END,
-	       u.d::jsonb, n.now, n.now, n.tenant
-	FROM streamd.queue_send_target($1) q
-	CROSS JOIN LATERAL (SELECT coalesce($4::timestamptz, clock_timestamp()) AS now,
-	                           nullif(current_setting('streamd.tenant_id', true), '') AS tenant
-	                    WHERE q.queue_name IS NOT NULL AND NOT q.fifo) n
-	CROSS JOIN unnest($2::text[], $3::text[]) u(id, d)
-	RETURNING m."offset", m.message_id`
+// subquery n runs once, for the queue's one row).
+//
+// The INSERT has no RETURNING, and the offsets and ids come back from t's arrays, in
+// batch order: RETURNING would need SELECT on queue_messages, and a role granted only
+// INSERT (a send-only producer, docs/tenants.md) can call queue_send, so it must be
+// able to send this way too (TestSendOnlyRoleSends). A data-modifying WITH runs to
+// its end whether or not the outer query reads it.
+//
+// This statement names queue_messages' columns: the layout is a contract of the
+// client as well as of the functions (DESIGN.md, "The queue's storage").
+const sendDirectSQL = `WITH t AS MATERIALIZED (
+		SELECT q AS qr, n.now, n.tenant,
+		       ARRAY(SELECT nextval(q.offset_seq) FROM generate_series(1, cardinality($2::text[]))) AS offs
+		FROM streamd.queue_send_target($1) q
+		CROSS JOIN LATERAL (SELECT coalesce($4::timestamptz, clock_timestamp()) AS now,
+		                           nullif(current_setting('streamd.tenant_id', true), '') AS tenant
+		                    WHERE q.queue_name IS NOT NULL AND NOT q.fifo) n
+	), ins AS (
+		INSERT INTO streamd.queue_messages (stream_name, "offset", message_id, data, enqueued_at,
+			visibility_timeout, tenant_id)
+		SELECT (t.qr).queue_name, u.o,
+		       CASE WHEN u.d IS NULL OR octet_length(u.d) > (t.qr).max_payload_bytes
+		            THEN streamd.queue_send_check(t.qr, $2, $3, NULL, NULL, NULL, NULL) ELSE u.id END,
+		       u.d::jsonb, t.now, t.now, t.tenant
+		FROM t CROSS JOIN LATERAL unnest(t.offs, $2::text[], $3::text[]) u(o, id, d)
+	)
+	SELECT u.o, u.id FROM t CROSS JOIN LATERAL unnest(t.offs, $2::text[]) u(o, id)`
 
 // sendDirect sends the common batch with sendDirectSQL; ok is false when it stored
 // nothing because the queue is missing or FIFO (the caller falls back on queue_send).
@@ -312,21 +325,7 @@ func (c *Client) sendDirect(ctx context.Context, db streams.DBTX, queue string, 
 		return nil, false, nil
 	}
 	if len(out) != len(ids) {
-		return nil, false, fmt.Errorf("send to queue %s: stored %d of %d messages", queue, len(out), len(ids))
-	}
-	for i := range out {
-		if out[i].MessageID != *ids[i] {
-			// Not in batch order (never seen): place each by its id, which is unique.
-			at := make(map[string]int, len(ids))
-			for j, id := range ids {
-				at[*id] = j
-			}
-			sorted := make([]SendResult, len(ids))
-			for _, r := range out {
-				sorted[at[r.MessageID]] = r
-			}
-			return sorted, true, nil
-		}
+		return nil, false, fmt.Errorf("send to queue %s: %d results for %d messages", queue, len(out), len(ids))
 	}
 	return out, true, nil
 }
