@@ -80,3 +80,27 @@ func TestMigration0175KeepsTheFIFOGroups(t *testing.T) {
 	require.Equal(t, 1, acked, "the lease taken before the migration settles")
 	require.Equal(t, []string{"leased-2"}, receive(10), "its group's next message, in order")
 }
+
+// TestMigration0175RebuildsAnInvalidIndex: an index named message_groups_ready left
+// INVALID (a CREATE INDEX CONCURRENTLY built beforehand, as docs/operations.md
+// suggests, that failed) is built again by migration 0175, so the migration never
+// drops the old index without a usable new one.
+func TestMigration0175RebuildsAnInvalidIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testdb.FreshDatabase(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+
+	migrateBefore(ctx, t, conn, 175)
+	// What a failed concurrent build leaves: the index, marked invalid.
+	_, err = conn.Exec(ctx, `CREATE INDEX message_groups_ready ON streamd.message_groups (stream_name, visible_at, group_key);
+		UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'streamd.message_groups_ready'::regclass`)
+	require.NoError(t, err)
+
+	_, err = schema.MigrateConn(ctx, conn)
+	require.NoError(t, err)
+	var valid bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT indisvalid FROM pg_index WHERE indexrelid = 'streamd.message_groups_ready'::regclass`).Scan(&valid))
+	require.True(t, valid, "the ready index is usable after the migration")
+}

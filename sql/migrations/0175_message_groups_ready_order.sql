@@ -13,7 +13,21 @@
 --
 -- Locks: the build takes message_groups' SHARE lock (FIFO sends, receives and
 -- settlements wait) for the time it reads the table, which is small: a row per FIFO
--- group that holds messages. The DROP INDEX takes the ACCESS EXCLUSIVE lock for a
--- moment. Nothing moves: groups, messages and leases in flight are untouched.
+-- group that holds messages. The DROP INDEX takes the ACCESS EXCLUSIVE lock, held
+-- until the migration's transaction commits (after the function files are applied
+-- again). Nothing moves: groups, messages and leases in flight are untouched.
+--
+-- An index of that name left INVALID by a failed CREATE INDEX CONCURRENTLY (built
+-- beforehand, as docs/operations.md suggests) is dropped and built again, so the old
+-- index is never dropped without a usable new one.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+               WHERE c.relname = 'message_groups_ready' AND c.relnamespace = 'streamd'::regnamespace
+                 AND NOT i.indisvalid) THEN
+        DROP INDEX streamd.message_groups_ready;
+    END IF;
+END
+$$;
 CREATE INDEX IF NOT EXISTS message_groups_ready ON streamd.message_groups (stream_name, visible_at, group_key);
 DROP INDEX IF EXISTS streamd.message_groups_visible;
