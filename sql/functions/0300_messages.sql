@@ -1176,14 +1176,15 @@ BEGIN
     END IF;
     PERFORM streamd.queue_lock_shared(ARRAY(SELECT DISTINCT m.origin_stream FROM streamd.queue_messages m
                                             WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)));
-    -- FIFO origins: lock (or create) the groups first, as a send does; a message goes
-    -- back to its own tenant's group.
+    -- FIFO origins: lock (or create) the groups first, as a send does (WHERE false:
+    -- an existing group is locked, not rewritten); a message goes back to its own
+    -- tenant's group.
     INSERT INTO streamd.message_groups AS g (stream_name, group_key, tenant_id, visible_at)
     SELECT DISTINCT m.origin_stream, coalesce(m.group_key, ''), coalesce(m.tenant_id, ''), v_now
     FROM streamd.queue_messages m JOIN streamd.queues oq ON oq.queue_name = m.origin_stream AND oq.fifo
     WHERE m.stream_name = p_dlq AND m."offset" = ANY(v_offs)
     ORDER BY 1, 2, 3
-    ON CONFLICT (stream_name, group_key, tenant_id) DO UPDATE SET visible_at = g.visible_at;
+    ON CONFLICT (stream_name, group_key, tenant_id) DO UPDATE SET visible_at = g.visible_at WHERE false;
 
     -- Only rows whose origin exists in this statement's snapshot: the insert below
     -- joins the same snapshot's queues, so a row is deleted only when it is inserted.
