@@ -45,8 +45,9 @@ type ClientConfig struct {
 	// wait, and are then appended together, in one transaction and one round trip,
 	// each still all or nothing with its own result (see Produce). Negative turns
 	// the coalescing off: every call is a transaction of its own. Defaults to the
-	// pool's MaxConns: a call then waits only when the client's appends hold every
-	// connection, when it would have waited for a connection anyway. A lower value
+	// pool's MaxConns: a call then waits only when that many transactions of such
+	// calls run (they count slots, not connections: calls running alone, larger and
+	// multi-partition calls do not take one). A lower value
 	// saves server CPU (a commit and a round trip per call shared) at the cost of
 	// parallelism: on 2 cores, 2 in flight halved the server CPU per record with 8
 	// concurrent one-record callers, but lowered the rate with 4 (bench/RESULTS.md,

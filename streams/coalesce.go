@@ -47,9 +47,15 @@ const coalesceMax = 16
 // transaction (the leader) sends it, then hands the calls that waited meanwhile to the
 // goroutine of the first of them, which becomes the next leader, and only then wakes
 // the calls it appended. A waiting call whose ctx ends before a leader took it leaves
-// the queue and returns ctx's error, having written nothing; once taken, it waits for
-// the outcome. The statements of a shared transaction lock head rows in (stream,
-// partition) order, the order every multi-partition append takes.
+// the queue and returns ctx's error, having written nothing. A shared transaction runs
+// under a context that ends when the ctx of any of its calls ends: the transaction
+// then rolls back and every call is appended again alone under its own ctx, so a call
+// whose ctx ended returns its error as it would have alone, and no call waits past its
+// deadline for another's (a statement waiting for a head row another transaction
+// holds, say). A leader that panics first sends the calls it took to be appended
+// alone and hands on, so no call and no slot is stranded. The statements of a shared
+// transaction lock head rows in (stream, partition) order, the order every
+// multi-partition append takes.
 type appendQueue struct {
 	pool *pgxpool.Pool
 	max  int
@@ -63,6 +69,7 @@ type appendQueue struct {
 // the leader that took the call before it closes done, and read by the call's
 // goroutine after.
 type appendCall struct {
+	ctx       context.Context // the caller's: a shared transaction ends with it
 	stream    string
 	partition int32
 	recs      []Record
@@ -99,7 +106,7 @@ func (q *appendQueue) produce(ctx context.Context, stream string, partition int3
 	if err != nil {
 		return nil, err
 	}
-	c := &appendCall{stream: stream, partition: partition, recs: recs, st: st, done: make(chan struct{})}
+	c := &appendCall{ctx: ctx, stream: stream, partition: partition, recs: recs, st: st, done: make(chan struct{})}
 	q.mu.Lock()
 	if q.inFlight < q.max {
 		q.inFlight++
@@ -141,18 +148,43 @@ func (q *appendQueue) finish(ctx context.Context, c *appendCall) ([]Position, er
 func (q *appendQueue) lead(ctx context.Context, own *appendCall, batch []*appendCall) ([]Position, error) {
 	if len(batch) == 1 {
 		// Alone: today's path, statement and fallbacks unchanged.
-		pos, err := appendOwnTx(ctx, q.pool, own.stream, own.recs)
-		q.handOn()
-		return pos, err
+		defer q.handOn()
+		return appendOwnTx(ctx, q.pool, own.stream, own.recs)
 	}
-	q.appendShared(ctx, batch)
+	panicked := q.appendSharedUntilAnyEnds(batch)
 	q.handOn()
 	for _, c := range batch {
 		if c != own {
 			close(c.done)
 		}
 	}
+	if panicked != nil {
+		panic(panicked)
+	}
 	return q.finish(ctx, own)
+}
+
+// appendSharedUntilAnyEnds runs appendShared under a context that ends when the ctx
+// of any call of batch ends (the transaction then fails and every call is appended
+// alone, under its own ctx). If appendShared panics, every call is sent to be
+// appended alone and the panic's value is returned, for the leader to raise once it
+// has handed on and woken the others.
+func (q *appendQueue) appendSharedUntilAnyEnds(batch []*appendCall) (panicked any) {
+	bctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
+	defer cancel()
+	for _, c := range batch {
+		stop := context.AfterFunc(c.ctx, cancel)
+		defer stop()
+	}
+	defer func() {
+		if panicked = recover(); panicked != nil {
+			for _, c := range batch {
+				c.next, c.pos, c.err = callAlone, nil, nil
+			}
+		}
+	}()
+	q.appendShared(bctx, batch)
+	return nil
 }
 
 // appendShared appends batch in one transaction: one statement per call, in (stream,

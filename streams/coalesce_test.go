@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -285,4 +286,119 @@ func TestDefaultSharesWhenEveryConnectionAppends(t *testing.T) {
 	require.Equal(t, ids["c"], ids["d"], "the calls that waited did not share a transaction")
 	require.NotEqual(t, ids["a"], ids["b"])
 	requireGapless(t, c, s, 2)
+}
+
+// A call taken into a shared transaction keeps its own ctx: when it ends, the shared
+// transaction rolls back (releasing the head rows its statements locked) and the call
+// returns its ctx's error at once, instead of waiting for another call's statement
+// that waits for a head row (here partition 2's, held by an outside transaction).
+func TestTakenCallKeepsItsContext(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 3))
+	outside, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = outside.Rollback(context.Background()) }()
+	_, err = outside.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 AND partition = 2 FOR UPDATE`, s)
+	require.NoError(t, err)
+
+	tx, first := holdTheLine(t, pool, c, s)
+	blocked := goProduce(ctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(2), EventID: "p2", Data: json.RawMessage(`2`)})
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 1 })
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w := goProduce(wctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "w", Data: json.RawMessage(`1`)})
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 2 })
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, (<-first).err)
+	// The shared transaction: w's statement (partition 1) ran, p2's waits for the head row.
+	testdb.WaitForLockWait(t, pool, outside, "append_one")
+
+	cancel()
+	select {
+	case r := <-w:
+		require.ErrorIs(t, r.err, context.Canceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a call taken into a shared transaction waited past its ctx for another call's head row")
+	}
+	// Partition 1's head row is free again: another client appends to it.
+	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+	defer acancel()
+	_, err = streams.NewClient(pool, nil).Produce(actx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "other", Data: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	require.NoError(t, outside.Commit(ctx))
+	require.NoError(t, (<-blocked).err, "the other call, appended alone")
+	stored := xmins(t, pool, s)
+	require.NotContains(t, stored, "w", "the cancelled call stored nothing")
+	require.Contains(t, stored, "p2")
+	requireGapless(t, c, s, 3)
+}
+
+// panicOnSharedBatch panics in the first batch of more than one statement sent while
+// armed (a shared transaction), as a bug in a tracer or in the path would.
+type panicOnSharedBatch struct{ armed atomic.Bool }
+
+func (*panicOnSharedBatch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (*panicOnSharedBatch) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (p *panicOnSharedBatch) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	if d.Batch.Len() > 1 && p.armed.CompareAndSwap(true, false) {
+		panic("injected")
+	}
+	return ctx
+}
+func (*panicOnSharedBatch) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (*panicOnSharedBatch) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// A leader that panics while sending a shared transaction raises the panic in its own
+// call, and the calls it took are appended alone: none is stranded, and the client's
+// transaction slot is not lost (a later call goes through).
+func TestPanickingLeaderStrandsNoCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	require.NoError(t, err)
+	tracer := &panicOnSharedBatch{}
+	cfg.ConnConfig.Tracer = tracer
+	tracedPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	// Not closed and waited for: the panic leaves the connection pgx acquired for the
+	// batch checked out, and Close waits for every connection to come back.
+	t.Cleanup(func() { go tracedPool.Close() })
+	c := streams.NewClient(tracedPool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 2))
+
+	tx, first := holdTheLine(t, pool, c, s)
+	panicked := make(chan any, 1)
+	go func() { // the leader-to-be: the first call queued
+		defer func() { panicked <- recover() }()
+		_, _ = c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "leader", Data: json.RawMessage(`1`)})
+	}()
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 1 })
+	taken := goProduce(ctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(0), EventID: "taken", Data: json.RawMessage(`0`)})
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 2 })
+	tracer.armed.Store(true)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, (<-first).err)
+
+	require.Equal(t, "injected", <-panicked, "the leader's call raises the panic")
+	select {
+	case r := <-taken:
+		require.NoError(t, r.err, "the taken call, appended alone")
+	case <-time.After(10 * time.Second):
+		t.Fatal("a call taken by a leader that panicked was stranded")
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = c.Produce(actx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "later", Data: json.RawMessage(`1`)})
+	require.NoError(t, err, "the transaction slot is not lost")
+	stored := xmins(t, pool, s)
+	require.Contains(t, stored, "taken")
+	require.NotContains(t, stored, "leader", "the panicking call's shared transaction never ran")
 }

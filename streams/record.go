@@ -59,7 +59,10 @@ type Position struct {
 	// Timestamp is the log's time for the record; monotonic within a partition.
 	Timestamp time.Time `json:"timestamp"`
 	// Duplicate is true when the stream already held the record's EventID and this
-	// append stored nothing; the position is the original one.
+	// append stored nothing; the position is the original one. After an attempt
+	// whose outcome was unknown (a transaction shared with other Produce calls that
+	// lost its connection or ended with another call's ctx at its commit), the
+	// record may have been stored by that attempt of this same call.
 	Duplicate bool `json:"duplicate"`
 }
 
