@@ -243,13 +243,15 @@ type fetchWatch struct {
 // Kafka clients keep one fetch in flight per broker, and an instance is one broker:
 // a fetch reads every partition a client has here. So that a partition's records do
 // not wait for the reads of the others (the native consumer's partition workers read
-// independently), the pass answers as soon as it holds min.bytes. Each read under way
-// then (at most fetchParallelism: a read starts only when it has one of the
+// independently), once the pass holds min.bytes it reads the head rows of the reads
+// still under way and answers when that head read returns (or every read has ended);
+// a read that ends meanwhile joins the answer. Each read still under way then (at most
+// fetchParallelism: a read starts only when it has one of the
 // connection's slots) goes on into the connection's stash, where the next fetch of
 // that partition at that offset finds it (a read that found nothing is dropped
 // there: the next fetch reads again); the reads still waiting for a slot are dropped.
 // The partitions of the reads not done are answered without records, with the
-// watermarks of their head rows read then. Until it answers, a wake-up for a
+// watermarks of that head read. Until it answers, a wake-up for a
 // partition of w.readable starts its read (one being read is read again after that
 // read, if it found nothing): a record whose partition wakes while the pass reads
 // another does not wait for that read, the response and the client's next fetch.

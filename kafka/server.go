@@ -254,7 +254,8 @@ type Server struct {
 
 	// compression caches each topic's fetch codec (fetch_compression.go).
 	compression topicCompression
-	// fetchReads are the Fetch partition reads under way or waiting for a slot
+	// fetchReads are the Fetch partition reads under way or waiting for a slot, and
+	// the head reads for the watermarks of reads still under way at an answer
 	// (01_fetch.go); Serve waits for them after the connections.
 	fetchReads sync.WaitGroup
 
