@@ -102,13 +102,20 @@ func (q *appendQueue) produce(ctx context.Context, stream string, partition int3
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("append to %s: %w", stream, err)
 	}
+	c := &appendCall{ctx: ctx, stream: stream, partition: partition, recs: recs, done: make(chan struct{})}
+	if q.takeSlot() {
+		return q.lead(ctx, c, []*appendCall{c})
+	}
+	// Every slot is in use: the call may share a transaction, which needs its
+	// statement. Built only now, off the lock, so that a call running alone (most
+	// calls) builds it once, in appendOwnTx.
 	st, err := newInsertStatement(stream, partition, recs)
 	if err != nil {
 		return nil, err
 	}
-	c := &appendCall{ctx: ctx, stream: stream, partition: partition, recs: recs, st: st, done: make(chan struct{})}
+	c.st = st
 	q.mu.Lock()
-	if q.inFlight < q.max {
+	if q.inFlight < q.max { // a slot came free meanwhile
 		q.inFlight++
 		q.mu.Unlock()
 		return q.lead(ctx, c, []*appendCall{c})
@@ -128,6 +135,17 @@ func (q *appendQueue) produce(ctx context.Context, stream string, partition int3
 		<-c.done // taken by a leader: its outcome decides
 	}
 	return q.finish(ctx, c)
+}
+
+// takeSlot takes a transaction slot if one is free.
+func (q *appendQueue) takeSlot() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.inFlight < q.max {
+		q.inFlight++
+		return true
+	}
+	return false
 }
 
 // finish does what the leader that took c left to c's goroutine.
