@@ -402,3 +402,46 @@ func TestPanickingLeaderStrandsNoCall(t *testing.T) {
 	require.Contains(t, stored, "taken")
 	require.NotContains(t, stored, "leader", "the panicking call's shared transaction never ran")
 }
+
+// A shared transaction whose connection is lost (its backend terminated while one of
+// its statements waits for a head row) stored nothing; every call in it is appended
+// again alone and succeeds, each record stored once, the offsets gapless (L1, L4).
+func TestSharedTransactionLostConnectionRetriesAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 3))
+	outside, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = outside.Rollback(context.Background()) }()
+	_, err = outside.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 AND partition = 2 FOR UPDATE`, s)
+	require.NoError(t, err)
+
+	tx, first := holdTheLine(t, pool, c, s)
+	p2 := goProduce(ctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(2), EventID: "p2", Data: json.RawMessage(`2`)})
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 1 })
+	p1 := goProduce(ctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "p1", Data: json.RawMessage(`1`)})
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 2 })
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, (<-first).err)
+	testdb.WaitForLockWait(t, pool, outside, "append_one")
+
+	// The shared transaction's backend: the one waiting for outside's lock.
+	var terminated bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE $1 = ANY(pg_blocking_pids(pid))`, outside.Conn().PgConn().PID()).Scan(&terminated))
+	require.True(t, terminated)
+	// Appended again alone: p1 at once, p2 once outside ends.
+	r1 := <-p1
+	require.NoError(t, r1.err)
+	require.NoError(t, outside.Commit(ctx))
+	r2 := <-p2
+	require.NoError(t, r2.err)
+	require.False(t, r1.pos[0].Duplicate || r2.pos[0].Duplicate, "nothing was stored by the lost transaction")
+	stored := xmins(t, pool, s)
+	require.Len(t, stored, 3) // first, p1, p2
+	require.NotEqual(t, stored["p1"], stored["p2"], "appended alone after the lost transaction")
+	requireGapless(t, c, s, 3)
+}
