@@ -244,15 +244,7 @@ func TestFIFOGroupStatementsReadOnlyTheirGroups(t *testing.T) {
 	var offs []int64
 	var toks [][16]byte
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT "offset", lease_token FROM streamd.queue_receive($1, $2, NULL, NULL)`, q, batch)
-		require.NoError(t, err)
-		for rows.Next() {
-			var o int64
-			var tok [16]byte
-			require.NoError(t, rows.Scan(&o, &tok))
-			offs, toks = append(offs, o), append(toks, tok)
-		}
-		require.NoError(t, rows.Err())
+		offs, toks = receiveLeases(t, tx, q, batch)
 		require.Len(t, offs, batch)
 		n := groupFetches(tx)
 		require.Less(t, n, int64(5*batch), "a receive of %d read %d group rows of %d", batch, n, groups)
@@ -321,15 +313,7 @@ func TestFIFOGroupRowsWrittenOnlyWhenTheyChange(t *testing.T) {
 	var offs []int64
 	var toks [][16]byte
 	require.NoError(t, inFreshTx(func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT "offset", lease_token FROM streamd.queue_receive($1, $2, NULL, NULL)`, q, groups)
-		require.NoError(t, err)
-		for rows.Next() {
-			var o int64
-			var tok [16]byte
-			require.NoError(t, rows.Scan(&o, &tok))
-			offs, toks = append(offs, o), append(toks, tok)
-		}
-		require.NoError(t, rows.Err())
+		offs, toks = receiveLeases(t, tx, q, groups)
 		require.Len(t, offs, groups)
 		n := groupWrites(tx)
 		require.Equal(t, int64(groups), n.upd, "%+v", n)
@@ -357,4 +341,20 @@ func TestFIFOGroupRowsWrittenOnlyWhenTheyChange(t *testing.T) {
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM streamd.message_groups WHERE stream_name = $1", q).Scan(&left))
 	require.Zero(t, left, "an empty group's row goes")
+}
+
+// receiveLeases receives up to max messages of q with streamd.queue_receive in tx
+// and returns their offsets and lease tokens.
+func receiveLeases(t *testing.T, tx pgx.Tx, q string, max int) (offs []int64, toks [][16]byte) {
+	t.Helper()
+	rows, err := tx.Query(context.Background(), `SELECT "offset", lease_token FROM streamd.queue_receive($1, $2, NULL, NULL)`, q, max)
+	require.NoError(t, err)
+	for rows.Next() {
+		var o int64
+		var tok [16]byte
+		require.NoError(t, rows.Scan(&o, &tok))
+		offs, toks = append(offs, o), append(toks, tok)
+	}
+	require.NoError(t, rows.Err())
+	return offs, toks
 }
