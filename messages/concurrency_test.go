@@ -374,3 +374,80 @@ func TestFIFOHeadLookupIsIndexedByTenant(t *testing.T) {
 	}))
 	require.NotContains(t, plan, "Rows Removed by Filter", "the head lookup reads past other tenants' rows:\n%s", plan)
 }
+
+// The common send (client-made ids, JSON only: one statement, not queue_send) under
+// concurrency: senders race receivers that ack what they get. Each send's results
+// name the messages it stored (offset and id, in batch order), every message sent is
+// received and acked exactly once, and none is left (Q1).
+func TestConcurrentCommonSendsWithLiveReceivers(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool := testdb.Pool(t)
+	q := newQueue(t, pool, nil)
+	c := newClient(t, pool, nil)
+	const senders, batches, batch = 3, 10, 20
+	const total = senders * batches * batch
+
+	var mu sync.Mutex
+	sent := map[string]int64{} // message id -> offset, from the send's results
+	acked := map[string]int{}
+	received := map[string]int64{} // message id -> offset, as received
+	var wg sync.WaitGroup
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range batches {
+				msgs := make([]messages.OutgoingMessage, batch)
+				for i := range msgs {
+					msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprintf(`{"s":%d,"b":%d,"i":%d}`, s, b, i))}
+				}
+				res, err := c.Send(ctx, q, msgs...)
+				require.NoError(t, err)
+				require.Len(t, res, batch)
+				mu.Lock()
+				for _, r := range res {
+					sent[r.MessageID] = r.Offset
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rctx.Err() == nil {
+				got, err := c.Receive(rctx, q, &messages.ReceiveOpts{Max: 15, Wait: 200 * time.Millisecond})
+				if rctx.Err() != nil {
+					return
+				}
+				require.NoError(t, err)
+				for _, m := range got {
+					require.NoError(t, c.Ack(ctx, m.Receipt))
+					mu.Lock()
+					acked[m.MessageID]++
+					received[m.MessageID] = m.Offset
+					if len(acked) == total {
+						stop()
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, ctx.Err(), "every message received before the deadline")
+	require.Len(t, sent, total, "every send's results name distinct messages")
+	for id, n := range acked {
+		require.Equal(t, 1, n, "message %s acked %d times", id, n)
+		require.Contains(t, sent, id, "a received message no send reported")
+		require.Equal(t, sent[id], received[id], "message %s: the send's offset is the stored one", id)
+	}
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM streamd.queue_messages WHERE stream_name = $1`, q).Scan(&left))
+	require.Zero(t, left)
+}
