@@ -41,24 +41,35 @@ type ReadIndexInfo struct {
 // events. Idempotent. A build that failed before (cancelled, or a deadlock victim)
 // left an invalid index of that name, which CREATE INDEX ... IF NOT EXISTS would keep:
 // EnableReadIndex drops it (CONCURRENTLY) and builds it again. A build that loses a
-// deadlock (a concurrent ANALYZE of streamd.events can make one) is retried, up to
-// readIndexAttempts times with a backoff. Errors: ErrStreamNotFound, ErrInvalidName,
+// deadlock is retried (see retryIndexDDL). Errors: ErrStreamNotFound, ErrInvalidName,
 // ErrInvalidArgument (unknown kind), or the last build's error.
 func (c *Client) EnableReadIndex(ctx context.Context, stream string, kind ReadIndex) error {
+	return retryIndexDDL(ctx, func() error { return c.buildReadIndex(ctx, stream, kind) })
+}
+
+// retryIndexDDL runs a read index's CONCURRENTLY build or drop, again while it loses
+// deadlocks, up to readIndexAttempts times with a backoff. Such a statement waits for
+// every transaction that holds a lock on streamd.events while it holds the table's
+// SHARE UPDATE EXCLUSIVE lock: a transaction that then wants a lock the statement
+// holds or queues for (an ANALYZE of streamd.events, or an append queued behind the
+// index's final ACCESS EXCLUSIVE lock that another append waits for) closes a cycle,
+// and PostgreSQL ends one of them. An append that loses is retried by the append
+// path; the DDL is retried here.
+func retryIndexDDL(ctx context.Context, ddl func() error) error {
 	b := backoff.NewJittered(50*time.Millisecond, 2*time.Second)
 	for attempt := 1; ; attempt++ {
-		err := c.buildReadIndex(ctx, stream, kind)
+		err := ddl()
 		if err == nil || sqlerr.Code(err) != "40P01" || attempt == readIndexAttempts {
 			return err
 		}
 		if !b.Wait(ctx) {
-			return fmt.Errorf("enable read index %s of %s: %w (after %v)", kind, stream, ctx.Err(), err)
+			return fmt.Errorf("%w (after %v)", ctx.Err(), err)
 		}
 	}
 }
 
-// readIndexAttempts is how many times EnableReadIndex builds an index that keeps
-// losing deadlocks.
+// readIndexAttempts is how many times a read index's build or drop runs while it
+// keeps losing deadlocks.
 const readIndexAttempts = 5
 
 // buildReadIndex makes the read index of kind on stream valid: nothing when it is,
@@ -89,9 +100,14 @@ func (c *Client) buildReadIndex(ctx context.Context, stream string, kind ReadInd
 }
 
 // DisableReadIndex drops the read index of kind on stream (valid or not); reads by it
-// then scan the stream. Idempotent. Errors: ErrStreamNotFound, ErrInvalidName,
-// ErrInvalidArgument (unknown kind).
+// then scan the stream. Idempotent. A drop that loses a deadlock is retried (see
+// retryIndexDDL). Errors: ErrStreamNotFound, ErrInvalidName, ErrInvalidArgument
+// (unknown kind), or the last drop's error.
 func (c *Client) DisableReadIndex(ctx context.Context, stream string, kind ReadIndex) error {
+	return retryIndexDDL(ctx, func() error { return c.dropReadIndex(ctx, stream, kind) })
+}
+
+func (c *Client) dropReadIndex(ctx context.Context, stream string, kind ReadIndex) error {
 	var ddl string
 	if err := c.pool.QueryRow(ctx, "SELECT streamd.read_index_ddl($1, $2, false)", stream, string(kind)).Scan(&ddl); err != nil {
 		return fmt.Errorf("disable read index %s of %s: %w", kind, stream, sqlerr.Wrap(err))

@@ -165,3 +165,37 @@ func TestEnableReadIndexRebuildsAnInvalidIndex(t *testing.T) {
 	require.Contains(t, def, "event_type")
 	require.NoError(t, c.DisableReadIndex(ctx, stream, streams.ReadIndexEventType))
 }
+
+// TestDisableReadIndexRetriesALostDeadlock: DROP INDEX CONCURRENTLY waits for the
+// transactions that hold locks on streamd.events while it holds the table's SHARE
+// UPDATE EXCLUSIVE lock; a transaction that then asks for that lock (here a LOCK
+// TABLE, as an ANALYZE does; in CI an append queued behind the drop's final lock did)
+// closes a cycle, and the drop, which waited first, is the one PostgreSQL ends.
+// DisableReadIndex runs it again: the call succeeds once the other transaction is
+// done. (It returned the deadlock; EnableReadIndex already retried its build.)
+func TestDisableReadIndexRetriesALostDeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, stream := setup(t, 1)
+	_, err := c.Produce(ctx, streams.Record{Stream: stream, EventType: "A", Data: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	require.NoError(t, c.EnableReadIndex(ctx, stream, streams.ReadIndexEventType))
+	pool := testdb.Pool(t)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_type, data) VALUES ($1, 'B', '{}')`, stream)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() { done <- c.DisableReadIndex(ctx, stream, streams.ReadIndexEventType) }()
+	// The drop waits for tx; tx then waits for the drop's table lock: a cycle.
+	testdb.WaitForLockWait(t, pool, tx, "DROP INDEX")
+	_, err = tx.Exec(ctx, "LOCK TABLE streamd.events IN SHARE UPDATE EXCLUSIVE MODE")
+	require.NoError(t, err, "the drop lost the deadlock and let go of the table")
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-done)
+	idx, err := c.ReadIndexes(ctx, stream)
+	require.NoError(t, err)
+	require.Empty(t, idx)
+}
