@@ -4,12 +4,14 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/streamd/streamd/internal/pgtext"
 	"github.com/streamd/streamd/internal/sqlerr"
@@ -275,11 +277,13 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 // time ($4, or the clock) and the tenant are read once, after the lock (the lateral
 // subquery n runs once, for the queue's one row).
 //
-// The INSERT has no RETURNING, and the offsets and ids come back from t's arrays, in
-// batch order: RETURNING would need SELECT on queue_messages, and a role granted only
+// The INSERT has no RETURNING, and the offsets come back as t's array, in batch
+// order: RETURNING would need SELECT on queue_messages, and a role granted only
 // INSERT (a send-only producer, docs/tenants.md) can call queue_send, so it must be
 // able to send this way too (TestSendOnlyRoleSends). A data-modifying WITH runs to
-// its end whether or not the outer query reads it.
+// its end whether or not the outer query reads it. The answer is one row, the
+// offsets as one array (the ids are the caller's): a row per message cost the server
+// about a fifth of the send (bench/RESULTS.md, "Issue 22, session 12").
 //
 // This statement names queue_messages' columns: the layout is a contract of the
 // client as well as of the functions (DESIGN.md, "The queue's storage").
@@ -299,33 +303,26 @@ const sendDirectSQL = `WITH t AS MATERIALIZED (
 		       u.d::jsonb, t.now, t.now, t.tenant
 		FROM t CROSS JOIN LATERAL unnest(t.offs, $2::text[], $3::text[]) u(o, id, d)
 	)
-	SELECT u.o, u.id FROM t CROSS JOIN LATERAL unnest(t.offs, $2::text[]) u(o, id)`
+	SELECT t.offs FROM t`
 
 // sendDirect sends the common batch with sendDirectSQL; ok is false when it stored
 // nothing because the queue is missing or FIFO (the caller falls back on queue_send).
 // ids are the client's fresh UUIDs: no dedup key, so no conflict to look for.
 func (c *Client) sendDirect(ctx context.Context, db streams.DBTX, queue string, ids, data []*string) ([]SendResult, bool, error) {
-	rows, err := db.Query(ctx, sendDirectSQL, queue, ids, data, c.sqlNow())
+	var offs []int64
+	err := db.QueryRow(ctx, sendDirectSQL, queue, ids, data, c.sqlNow()).Scan(&offs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
 	}
-	defer rows.Close()
-	out := make([]SendResult, 0, len(ids))
-	for rows.Next() {
-		var r SendResult
-		if err := rows.Scan(&r.Offset, &r.MessageID); err != nil {
-			return nil, false, fmt.Errorf("send to queue %s: %w", queue, err)
-		}
-		out = append(out, r)
+	if len(offs) != len(ids) {
+		return nil, false, fmt.Errorf("send to queue %s: %d offsets for %d messages", queue, len(offs), len(ids))
 	}
-	if err := rows.Err(); err != nil {
-		return nil, false, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
-	}
-	if len(out) == 0 {
-		return nil, false, nil
-	}
-	if len(out) != len(ids) {
-		return nil, false, fmt.Errorf("send to queue %s: %d results for %d messages", queue, len(out), len(ids))
+	out := make([]SendResult, len(ids))
+	for i, id := range ids {
+		out[i] = SendResult{MessageID: *id, Offset: offs[i]}
 	}
 	return out, true, nil
 }
