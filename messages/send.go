@@ -283,7 +283,7 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 // able to send this way too (TestSendOnlyRoleSends). A data-modifying WITH runs to
 // its end whether or not the outer query reads it. The answer is one row, the
 // offsets as one array (the ids are the caller's): a row per message cost the server
-// about a fifth of the send (bench/RESULTS.md, "Issue 22, session 12").
+// 5–18% of the send in a probe (bench/RESULTS.md, "Issue 22, session 12").
 //
 // This statement names queue_messages' columns: the layout is a contract of the
 // client as well as of the functions (DESIGN.md, "The queue's storage").
