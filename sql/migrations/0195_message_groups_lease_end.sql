@@ -13,7 +13,9 @@
 -- ends), and its lease still settles with its token.
 --
 -- Locks: ADD COLUMN without a default changes only the catalog: message_groups'
--- ACCESS EXCLUSIVE lock (FIFO sends, receives and settlements wait, and standard
--- queues do not touch the table) held until the migration's transaction commits,
--- after the function files are applied again; no row is rewritten.
+-- ACCESS EXCLUSIVE lock (FIFO sends, receives and settlements wait, and so do every
+-- redrive, purge and queue deletion, of standard queues too, which touch the table;
+-- standard sends, receives and settlements do not) held until the migration's
+-- transaction commits, after the function files are applied again; no row is
+-- rewritten.
 ALTER TABLE streamd.message_groups ADD COLUMN IF NOT EXISTS lease_end timestamptz;
