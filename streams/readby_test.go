@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -170,20 +171,36 @@ func TestEnableReadIndexRebuildsAnInvalidIndex(t *testing.T) {
 // transactions that hold locks on streamd.events while it holds the table's SHARE
 // UPDATE EXCLUSIVE lock; a transaction that then asks for that lock (here a LOCK
 // TABLE, as an ANALYZE does; in CI an append queued behind the drop's final lock did)
-// closes a cycle, and the drop, which waited first, is the one PostgreSQL ends.
-// DisableReadIndex runs it again: the call succeeds once the other transaction is
-// done. (It returned the deadlock; EnableReadIndex already retried its build.)
+// closes a cycle, and PostgreSQL ends the drop. DisableReadIndex runs it again: the
+// call succeeds once the other transaction is done. (It returned the deadlock;
+// EnableReadIndex already retried its build.)
+//
+// Which side PostgreSQL ends is the one whose deadlock check, run once
+// deadlock_timeout after it began to wait, finds the cycle: the drop's connections
+// check after 5 s, and the test's transaction after 10 minutes, so the drop is the
+// victim as long as the test's LOCK comes within 5 s of the drop's wait (with the
+// default 1 s for both, a loaded machine let the drop's check pass before the cycle
+// formed, and the test's transaction lost).
 func TestDisableReadIndexRetriesALostDeadlock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, stream := setup(t, 1)
-	_, err := c.Produce(ctx, streams.Record{Stream: stream, EventType: "A", Data: json.RawMessage(`{}`)})
+	cfg := testdb.Config(t)
+	cfg.ConnConfig.RuntimeParams["deadlock_timeout"] = "5s"
+	dpool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(dpool.Close)
+	c := streams.NewClient(dpool, nil)
+	stream := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, stream, 1))
+	_, err = c.Produce(ctx, streams.Record{Stream: stream, EventType: "A", Data: json.RawMessage(`{}`)})
 	require.NoError(t, err)
 	require.NoError(t, c.EnableReadIndex(ctx, stream, streams.ReadIndexEventType))
 	pool := testdb.Pool(t)
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SET LOCAL deadlock_timeout = '10min'")
+	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `INSERT INTO streamd.events (stream_name, event_type, data) VALUES ($1, 'B', '{}')`, stream)
 	require.NoError(t, err)
 
