@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -115,6 +116,7 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 	if err != nil && pollCtx.Err() == nil {
 		return nil, err
 	}
+	r.c.stash.noteAnswer(resp)
 	return resp, nil // enough bytes, the deadline, or the drain
 }
 
@@ -177,33 +179,37 @@ func (s *Server) fetchOnce(ctx context.Context, c *conn, req *kmsg.FetchRequest,
 	return s.runFetchJobs(ctx, c, req, resp, jobs, 0, &fetchWatch{sub: sub, readable: readable, deadline: deadline})
 }
 
-// topicRead is one statement of readTopics: the partitions of jobs read (by index in
-// jobs) and what it read.
+// topicRead is one statement of readTopics: the partitions of jobs it reads (by
+// index in jobs), how, and what it read.
 type topicRead struct {
-	topic string
-	idx   []int
-	reads []streams.PartitionRead
-	codec []int8
-	res   []streams.PartitionFetch
-	err   error
+	topic    string
+	idx      []int
+	reads    []streams.PartitionRead
+	limits   []int // the record bytes each partition's batches may take
+	codec    int8
+	headOnly bool // a partition's stashed read waits for this statement's head row
+	res      []streams.PartitionFetch
+	err      error
 }
 
-// readTopics is the first pass's read of every topic with several partitions to read
-// or with a read the connection's previous fetch left running: ONE statement per
-// topic (streams.FetchPartitionsTx, the topics' statements at once) reads each of its
-// partitions from the offset asked for, with its watermarks, or for a partition with
-// a read in the stash at that offset only its head row, which take checks that read
-// against (usableFor). It returns jobs with each read done put in its job (stashed:
-// the pass applies it at once) or the stash's read to wait for; the other jobs (a
-// topic with one partition and no stashed read, a stashed read take refuses, a topic
-// whose statement failed) are read by the pass as before, one statement each.
+// readTopics is the first pass's read of the partitions the connection's last answer
+// left at their log end (as far as it knew: a partition it never answered counts):
+// ONE statement per topic (streams.FetchPartitionsTx) reads all of them, each from
+// the offset asked for, with its watermarks from the same snapshot. A partition with
+// records known to be there (the client asks for an offset below the high watermark
+// the connection last answered for it: a backlog) is read on its own, at once, as
+// before, its read kept in the stash if the pass answers first; a partition with a
+// read in the stash at that offset gets only its head row in the statement, which
+// take checks that read against (usableFor). A statement with no such head row runs
+// beside the pass's other reads, its partitions' jobs waiting for it (a read each,
+// readTopics's own: fresh); one with a head row runs first, as take needs it.
 //
-// It replaced a read of the head rows (to answer the partitions at their log end
-// without reading them) followed by a read of each other partition: two round trips
-// before a fetch's first records, the first at 0.27 / 7.2 ms p50 / p99 in the
-// kafka11 trace, on every fetch of a busy consumer.
+// It replaced a read of the head rows of every topic of several partitions (to
+// answer those at their log end without reading them) followed by a read of each
+// other partition: two round trips before the first records of a consumer that
+// keeps up, the head read at 0.27 / 7.2 ms p50 / p99 in the kafka11 trace.
 func (s *Server) readTopics(ctx context.Context, c *conn, req *kmsg.FetchRequest, jobs []fetchJob) []fetchJob {
-	inStash := c.stash.snapshot()
+	inStash, lastHW := c.stash.snapshot()
 	maxBytes := int(req.MaxBytes)
 	if maxBytes <= 0 {
 		maxBytes = 50 << 20
@@ -211,49 +217,54 @@ func (s *Server) readTopics(ctx context.Context, c *conn, req *kmsg.FetchRequest
 	byTopic := map[string]*topicRead{}
 	var trs []*topicRead
 	for i, j := range jobs {
+		k := partKey{j.topic, j.partition.Partition}
+		sr := inStash[k]
+		stashed := sr != nil && sr.offset == j.partition.FetchOffset && !sr.endedEmpty()
+		if hw, ok := lastHW[k]; ok && j.partition.FetchOffset < hw && !stashed {
+			continue // a backlog: read on its own (a stashed read at another offset is cancelled by take)
+		}
 		tr := byTopic[j.topic]
 		if tr == nil {
-			tr = &topicRead{topic: j.topic}
+			tr = &topicRead{topic: j.topic, codec: s.fetchCodec(ctx, j.topic)}
+			if tr.codec == codecZstd && req.Version < 10 {
+				tr.codec = codecNone // zstd needs Fetch v10+ (KIP-110): an older client gets the records uncompressed
+			}
 			byTopic[j.topic] = tr
 			trs = append(trs, tr)
 		}
 		tr.idx = append(tr.idx, i)
-	}
-	var todo []*topicRead
-	for _, tr := range trs {
-		stashed := false
-		for _, i := range tr.idx {
-			stashed = stashed || inStash[partKey{tr.topic, jobs[i].partition.Partition}] != nil
-		}
-		if len(tr.idx) < 2 && !stashed {
+		p := j.partition
+		limit := min(int(p.PartitionMaxBytes), maxBytes)
+		tr.limits = append(tr.limits, limit)
+		if stashed {
+			tr.headOnly = true
+			tr.reads = append(tr.reads, streams.PartitionRead{Partition: p.Partition, HeadOnly: true})
 			continue
 		}
-		codec := s.fetchCodec(ctx, tr.topic)
-		if codec == codecZstd && req.Version < 10 {
-			codec = codecNone // zstd needs Fetch v10+ (KIP-110): an older client gets the records uncompressed
+		readBytes := limit
+		if tr.codec != codecNone {
+			readBytes = compressedReadBytes(limit)
 		}
-		for _, i := range tr.idx {
-			p := jobs[i].partition
-			if sr := inStash[partKey{tr.topic, p.Partition}]; sr != nil && sr.offset == p.FetchOffset && !sr.endedEmpty() {
-				tr.reads = append(tr.reads, streams.PartitionRead{Partition: p.Partition, HeadOnly: true})
-				tr.codec = append(tr.codec, codec)
-				continue
-			}
-			limit := min(int(p.PartitionMaxBytes), maxBytes)
-			readBytes := limit
-			if codec != codecNone {
-				readBytes = compressedReadBytes(limit)
-			}
-			tr.reads = append(tr.reads, streams.PartitionRead{Partition: p.Partition, Offset: p.FetchOffset,
-				MaxBytes: max(readBytes, 1), MaxRecords: fetchMaxRecords})
-			tr.codec = append(tr.codec, codec)
+		tr.reads = append(tr.reads, streams.PartitionRead{Partition: p.Partition, Offset: p.FetchOffset,
+			MaxBytes: max(readBytes, 1), MaxRecords: fetchMaxRecords})
+	}
+	// The statements with a head row for take run first (at once); the others beside
+	// the pass.
+	var first []*topicRead
+	for _, tr := range trs {
+		switch {
+		case tr.headOnly:
+			first = append(first, tr)
+		case len(tr.idx) > 1:
+			s.readTopicBeside(c, jobs, tr)
 		}
-		todo = append(todo, tr)
+		// A topic with one partition to read: its job reads it (FetchTx, one statement
+		// too).
 	}
 	var wg sync.WaitGroup
-	for n, tr := range todo {
+	for n, tr := range first {
 		run := func() { tr.res, tr.err = streams.FetchPartitionsTx(ctx, s.pool, tr.topic, tr.reads) }
-		if n == len(todo)-1 {
+		if n == len(first)-1 {
 			run() // the last (usually the only) one here
 			continue
 		}
@@ -265,10 +276,8 @@ func (s *Server) readTopics(ctx context.Context, c *conn, req *kmsg.FetchRequest
 	}
 	wg.Wait()
 
-	// The heads the statements read, for take's checks of the stashed reads.
 	heads := map[string][]streams.PartitionInfo{}
-	read := map[int]*stashedRead{} // by index in jobs: a read the statement did
-	for _, tr := range todo {
+	for _, tr := range first {
 		if tr.err != nil {
 			continue // its partitions are read one by one, which reports why
 		}
@@ -291,25 +300,54 @@ func (s *Server) readTopics(ctx context.Context, c *conn, req *kmsg.FetchRequest
 			if tr.reads[n].HeadOnly {
 				continue
 			}
-			j := jobs[tr.idx[n]]
-			sr := &stashedRead{offset: j.partition.FetchOffset, ctx: ctx, cancel: func() {}, done: make(chan struct{}), started: true}
+			j := &jobs[tr.idx[n]]
+			sr := newReadFor(c, *j)
+			sr.n = fillPartition(&sr.rp, pf.Result, pf.Err, tr.codec, tr.limits[n])
 			close(sr.done)
-			sr.rp = kmsg.NewFetchResponseTopicPartition()
-			sr.rp.Partition = j.partition.Partition
-			sr.rp.PreferredReadReplica = -1
-			sr.rp.RecordBatches = []byte{}
-			sr.n = fillPartition(&sr.rp, pf.Result, pf.Err, tr.codec[n], min(int(j.partition.PartitionMaxBytes), maxBytes))
-			read[tr.idx[n]] = sr
+			j.stashed = sr
 		}
 		heads[tr.topic] = h
 	}
-	for i := range jobs {
-		if sr := read[i]; sr != nil {
-			jobs[i].stashed = sr
-		}
-	}
 	stashed, rest := c.stash.take(jobs, heads, time.Now())
 	return append(stashed, rest...)
+}
+
+// newReadFor returns a read of j's partition that readTopics does (fresh: the pass
+// does not read it again when it finds nothing), not done yet.
+func newReadFor(c *conn, j fetchJob) *stashedRead {
+	sr := &stashedRead{offset: j.partition.FetchOffset, ctx: c.ctx, cancel: func() {}, done: make(chan struct{}), started: true, fresh: true}
+	sr.rp = kmsg.NewFetchResponseTopicPartition()
+	sr.rp.Partition = j.partition.Partition
+	sr.rp.HighWatermark, sr.rp.LastStableOffset, sr.rp.LogStartOffset = -1, -1, -1
+	sr.rp.PreferredReadReplica = -1
+	sr.rp.RecordBatches = []byte{}
+	return sr
+}
+
+// readTopicBeside runs tr's statement in a goroutine, its partitions' jobs taking
+// its reads (jobs[i].stashed, done when it returns): the pass applies each as it
+// would a stashed read, the backlog's reads running meanwhile. A statement that
+// fails is each partition's error. It runs on the connection's context, so a read
+// the pass answers before goes on into the stash.
+func (s *Server) readTopicBeside(c *conn, jobs []fetchJob, tr *topicRead) {
+	srs := make([]*stashedRead, len(tr.idx))
+	for n, i := range tr.idx {
+		srs[n] = newReadFor(c, jobs[i])
+		jobs[i].stashed = srs[n]
+	}
+	s.fetchReads.Add(1)
+	go func() { // owner: the pass, then the stash; ends with the statement or the connection; Serve waits for it
+		defer s.fetchReads.Done()
+		res, err := streams.FetchPartitionsTx(c.ctx, s.pool, tr.topic, tr.reads)
+		for n, sr := range srs {
+			if err != nil {
+				sr.rp.ErrorCode = errorCode(err)
+			} else {
+				sr.n = fillPartition(&sr.rp, res[n].Result, res[n].Err, tr.codec, tr.limits[n])
+			}
+			close(sr.done)
+		}
+	}()
 }
 
 // partKey names one partition of a fetch.
@@ -409,7 +447,10 @@ func (s *Server) runFetchJobs(ctx context.Context, c *conn, req *kmsg.FetchReque
 	var heads map[string][]streams.PartitionInfo          // what it read
 	for {
 		p.mu.Lock()
-		if len(p.reading) == 0 || ctx.Err() != nil || p.total >= p.minBytes && heads != nil {
+		// A read that has ended but whose watcher has not applied it yet is no reason
+		// to read head rows: end applies it (the statement of readTopics ends the reads
+		// of all its partitions at once).
+		if len(p.reading) == 0 || ctx.Err() != nil || p.total >= p.minBytes && (heads != nil || !p.running()) {
 			open := p.end()
 			p.mu.Unlock()
 			s.fillWatermarks(ctx, open, heads)
@@ -497,6 +538,19 @@ func (p *fetchPass) end() (open []fetchJob) {
 		open = append(open, j)
 	}
 	return open
+}
+
+// running reports whether a read of the pass is still under way or waiting for a
+// slot (mu held).
+func (p *fetchPass) running() bool {
+	for _, sr := range p.reading {
+		select {
+		case <-sr.done:
+		default:
+			return true
+		}
+	}
+	return false
 }
 
 // readingTopics returns the topics of the reads under way or waiting for a slot (mu
@@ -588,8 +642,11 @@ func (p *fetchPass) start(j fetchJob) {
 			return
 		default:
 			// A record committed after the previous fetch answered and before this one
-			// subscribed woke no one: if the read finds nothing, read again.
-			p.again[k] = true
+			// subscribed woke no one: if the read finds nothing, read again. (Not a read
+			// that started in this fetch, after it subscribed.)
+			if !sr.fresh {
+				p.again[k] = true
+			}
 		}
 	}
 	p.reading[k], p.jobs[k] = sr, j
@@ -702,6 +759,7 @@ type stashedRead struct {
 	at      time.Time // when it went into the stash
 	rp      kmsg.FetchResponseTopicPartition
 	n       int
+	fresh   bool // readTopics' read for this pass: not read again when it finds nothing
 }
 
 // fetchStash holds, by partition, the reads a connection's fetch left running when
@@ -709,6 +767,7 @@ type stashedRead struct {
 type fetchStash struct {
 	mu    sync.Mutex
 	reads map[partKey]*stashedRead
+	hw    map[partKey]int64 // the high watermark of each partition's last answer
 }
 
 func (st *fetchStash) put(k partKey, sr *stashedRead) {
@@ -724,15 +783,32 @@ func (st *fetchStash) put(k partKey, sr *stashedRead) {
 	st.reads[k] = sr
 }
 
-// snapshot returns the reads in the stash, by partition, leaving them there.
-func (st *fetchStash) snapshot() map[partKey]*stashedRead {
+// snapshot returns the reads in the stash, by partition, leaving them there, and the
+// high watermarks of the connection's last answers (noteAnswer).
+func (st *fetchStash) snapshot() (map[partKey]*stashedRead, map[partKey]int64) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	out := make(map[partKey]*stashedRead, len(st.reads))
-	for k, sr := range st.reads {
-		out[k] = sr
+	return maps.Clone(st.reads), maps.Clone(st.hw)
+}
+
+// noteAnswer keeps the high watermark of each partition of resp answered without an
+// error (readTopics: a fetch below it has records to read), forgetting the others.
+func (st *fetchStash) noteAnswer(resp *kmsg.FetchResponse) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.hw == nil {
+		st.hw = map[partKey]int64{}
 	}
-	return out
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			k := partKey{t.Topic, p.Partition}
+			if p.ErrorCode == 0 && p.HighWatermark >= 0 {
+				st.hw[k] = p.HighWatermark
+			} else {
+				delete(st.hw, k)
+			}
+		}
+	}
 }
 
 // take empties the stash and returns the jobs that have a read there they may use

@@ -16,8 +16,9 @@ import (
 )
 
 // TestFirstPassReadsATopicInOneStatement: a fetch of several partitions of a topic
-// reads them all, records and watermarks, in one statement: no head-row read before
-// the reads (a round trip on every fetch's path), no read per partition. Partitions
+// that its connection has not seen with records to read reads them all, records and
+// watermarks, in one statement: no head-row read before the reads (a round trip on
+// every fetch's path), no read per partition. Partitions
 // at their log end get their watermarks from it, one past its log end is
 // OFFSET_OUT_OF_RANGE, one below its log start (DeleteRecords) too.
 func TestFirstPassReadsATopicInOneStatement(t *testing.T) {
@@ -50,7 +51,9 @@ func TestFirstPassReadsATopicInOneStatement(t *testing.T) {
 	require.NoError(t, err)
 	log.take()
 
-	resp, err := req.RequestWith(ctx, cl)
+	// Another connection: this one's last answer said partitions 1 and 3 have records
+	// at these offsets, which it reads on their own (TestBacklogIsReadOnItsOwn).
+	resp, err := req.RequestWith(ctx, newClient(t, []string{ts.addr}))
 	require.NoError(t, err)
 	sqls, _ := log.take()
 	require.Len(t, sqls, 1, "one statement for the topic (statements: %q)", sqls)
@@ -77,5 +80,32 @@ func TestFirstPassReadsATopicInOneStatement(t *testing.T) {
 	require.Equal(t, int32(2), batch.NumRecords)
 	for _, q := range sqls {
 		require.False(t, strings.Contains(q, "ORDER BY partition"), "no head-row read")
+	}
+
+	// TestBacklogIsReadOnItsOwn: on the first connection, whose last answer said
+	// partitions 1 and 3 have records up to offset 2, those two are read on their own
+	// (a backlog keeps its reads beside each other and the stash's pipelining), the
+	// others in one statement; the answer is the same (min.bytes past what there is,
+	// no wait: the pass answers when every read has ended).
+	req.MinBytes = 1 << 20
+	resp2, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	sqls, parts := log.take()
+	var own []any
+	multi := 0
+	for i, q := range sqls {
+		switch {
+		case strings.Contains(q, "unnest"):
+			multi++
+		case strings.Contains(q, "FROM streamd.events"):
+			own = append(own, parts[i])
+		}
+	}
+	require.Equal(t, 1, multi, "statements: %q", sqls)
+	require.ElementsMatch(t, []any{int32(1), int32(3)}, own, "statements: %q", sqls)
+	for i, p := range resp2.Topics[0].Partitions {
+		q := ps[i]
+		require.Equal(t, []any{q.ErrorCode, q.HighWatermark, q.LogStartOffset, len(q.RecordBatches)},
+			[]any{p.ErrorCode, p.HighWatermark, p.LogStartOffset, len(p.RecordBatches)}, "partition %d", p.Partition)
 	}
 }
