@@ -779,6 +779,10 @@ func (st *fetchStash) put(k partKey, sr *stashedRead) {
 	if old := st.reads[k]; old != nil && old != sr {
 		old.cancel()
 	}
+	// No longer the read of a pass that subscribed before it: the fetch that takes it
+	// reads again if it finds nothing (start), or a record committed between its
+	// snapshot and that fetch's subscription waits for the safety-net poll.
+	sr.fresh = false
 	sr.at = time.Now()
 	st.reads[k] = sr
 }
