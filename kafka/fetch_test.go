@@ -588,17 +588,15 @@ func TestLeftReadsKeepFetchMaxBytes(t *testing.T) {
 	for i := range payload {
 		payload[i] = byte(i*7919 + i>>8) // not compressible much, whatever the topic's codec
 	}
-	for p := int32(0); p < partitions; p++ {
-		_, err := sc.AppendPartition(ctx, topic, p, []streams.Record{{Bytes: payload}}, nil)
-		require.NoError(t, err)
-	}
 	cl := newClient(t, []string{ts.addr})
 	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
 	req.MaxBytes = maxBytes
+	all := []int32{0}
 	for p := int32(1); p < partitions; p++ {
 		rp := kmsg.NewFetchRequestTopicPartition()
 		rp.Partition, rp.PartitionMaxBytes = p, 1<<20
 		req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+		all = append(all, p)
 	}
 	sum := func(ps []kmsg.FetchResponseTopicPartition) int {
 		n := 0
@@ -609,9 +607,27 @@ func TestLeftReadsKeepFetchMaxBytes(t *testing.T) {
 		return n
 	}
 
-	resp, err := req.RequestWith(ctx, cl)
-	require.NoError(t, err)
-	ps := resp.Topics[0].Partitions
+	// The fetch waits (the first pass's one statement found nothing); the records come,
+	// and its pass after the wake-up reads the partitions one by one.
+	waiting := ts.srv.fetchesWaiting.Load()
+	type result struct {
+		resp *kmsg.FetchResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := req.RequestWith(ctx, cl)
+		done <- result{resp, err}
+	}()
+	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > waiting }, 10*time.Second, time.Millisecond)
+	for p := int32(0); p < partitions; p++ {
+		_, err := sc.AppendPartition(ctx, topic, p, []streams.Record{{Bytes: payload}}, nil)
+		require.NoError(t, err)
+	}
+	hub.NotifyPartitions(topic, all...)
+	res := <-done
+	require.NoError(t, res.err)
+	ps := res.resp.Topics[0].Partitions
 	require.NotZero(t, sum(ps))
 	for i := 0; i < fetchParallelism-1; i++ {
 		waitStuck(t, stuck)
@@ -626,7 +642,7 @@ func TestLeftReadsKeepFetchMaxBytes(t *testing.T) {
 	// The next fetch waits for every read (min.bytes past what fits, a short wait).
 	releaseAll()
 	req.MinBytes, req.MaxWaitMillis = 1<<30, 500
-	resp, err = req.RequestWith(ctx, cl)
+	resp, err := req.RequestWith(ctx, cl)
 	require.NoError(t, err)
 	ps = resp.Topics[0].Partitions
 	require.LessOrEqual(t, sum(ps), maxBytes, "record bytes of the next fetch")
@@ -661,8 +677,6 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 	ctx := testCtx(t)
 	sc := streams.NewClient(pool, nil)
 	require.NoError(t, sc.CreateStream(ctx, topic, 2))
-	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("a")}, {Bytes: []byte("b")}}, nil)
-	require.NoError(t, err)
 	cl := newClient(t, []string{ts.addr})
 	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
 	rp1 := kmsg.NewFetchRequestTopicPartition()
@@ -673,11 +687,16 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 		err  error
 	}
 	done := make(chan result, 1)
+	waiting := ts.srv.fetchesWaiting.Load()
 	go func() {
 		resp, err := req.RequestWith(ctx, cl)
 		done <- result{resp, err}
 	}()
-	waitStuck(t, stuck) // partition 0's read is under way, and stays
+	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > waiting }, 10*time.Second, time.Millisecond)
+	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("a")}, {Bytes: []byte("b")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 0)
+	waitStuck(t, stuck) // partition 0's read (after the wake-up) is under way, and stays
 	_, err = sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("c")}}, nil)
 	require.NoError(t, err)
 	hub.NotifyPartitions(topic, 1)

@@ -33,6 +33,7 @@ var fetchColumnOIDs = [...]uint32{
 // alive.
 type fetchDecoder struct {
 	fast         bool
+	extra        int                        // columns after fetchColumnOIDs' (scan skips them)
 	jsonbBinary  [len(fetchColumnOIDs)]bool // per column: jsonb in the binary format (a version byte first)
 	arrayFormats [2]int16                   // of header_keys and header_values
 	tm           *pgtype.Map
@@ -50,10 +51,13 @@ type strSpans [5][2]int32
 func newFetchDecoder(rows pgx.Rows) *fetchDecoder {
 	d := &fetchDecoder{tm: rows.Conn().TypeMap()}
 	fds := rows.FieldDescriptions()
-	if len(fds) != len(fetchColumnOIDs) {
+	// fetchPartitionsSQL has one more column, after these: the fast decoding reads
+	// only these, and scan skips it.
+	if len(fds) != len(fetchColumnOIDs) && len(fds) != len(fetchColumnOIDs)+1 {
 		return d
 	}
-	for i, fd := range fds {
+	d.extra = len(fds) - len(fetchColumnOIDs)
+	for i, fd := range fds[:len(fetchColumnOIDs)] {
 		if fd.DataTypeOID != fetchColumnOIDs[i] {
 			return d
 		}
@@ -207,8 +211,12 @@ func (d *fetchDecoder) scan(rows pgx.Rows, res *FetchResult, e *Event) (bool, er
 		hkeys   []string
 		hvals   [][]byte
 	)
-	if err := rows.Scan(&res.LogStartOffset, &res.HighWatermark, &off, &eventID, &typ, &key, &data, &bin, &meta,
-		&ts, &corr, &caus, &version, &hkeys, &hvals, &e.KeyBytes); err != nil {
+	dest := []any{&res.LogStartOffset, &res.HighWatermark, &off, &eventID, &typ, &key, &data, &bin, &meta,
+		&ts, &corr, &caus, &version, &hkeys, &hvals, &e.KeyBytes}
+	for range d.extra {
+		dest = append(dest, nil)
+	}
+	if err := rows.Scan(dest...); err != nil {
 		return false, err
 	}
 	if off == nil {
