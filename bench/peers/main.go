@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -19,6 +20,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,7 +36,8 @@ import (
 
 // options are the sizes of a run; quickOptions is `make bench-peers`.
 type options struct {
-	duration        time.Duration // per produce case
+	duration        time.Duration // per produce case and round
+	repeats         int           // rounds of every produce case
 	latencyDuration time.Duration // per latency case
 	rate            int           // latency cases: messages/s in total
 	latencyProds    int
@@ -45,13 +48,14 @@ type options struct {
 }
 
 func quickOptions() options {
-	return options{duration: 3 * time.Second, latencyDuration: 5 * time.Second, rate: 500, latencyProds: 4,
+	return options{duration: 3 * time.Second, repeats: 3, latencyDuration: 5 * time.Second, rate: 500, latencyProds: 4,
 		batches: []int{1, 100}, producers: []int{1, 4}, out: "../results"}
 }
 
 func main() {
 	o := quickOptions()
-	flag.DurationVar(&o.duration, "duration", o.duration, "duration of each produce case")
+	flag.DurationVar(&o.duration, "duration", o.duration, "duration of each produce case in each round")
+	flag.IntVar(&o.repeats, "repeats", o.repeats, "rounds of every produce case (the systems take turns in each; the table gives medians)")
 	flag.DurationVar(&o.latencyDuration, "latency-duration", o.latencyDuration, "duration of each latency case")
 	flag.IntVar(&o.rate, "rate", o.rate, "latency cases: messages per second in total")
 	only := flag.String("systems", "", "comma-separated systems to run (streamd,watermill-sql,nats-jetstream,redis-streams); default all")
@@ -132,7 +136,7 @@ func cpuModel() string {
 func run(ctx context.Context, logger *slog.Logger, o options) (*report, error) {
 	t0 := time.Now()
 	rep := &report{Date: t0.UTC(), Postgres: map[string]string{}, Servers: map[string]string{}, Skipped: map[string]string{},
-		Durations: map[string]string{"produce_case": o.duration.String(), "latency_case": o.latencyDuration.String()}}
+		Durations: map[string]string{"produce_case": o.duration.String(), "produce_rounds": strconv.Itoa(max(1, o.repeats)), "latency_case": o.latencyDuration.String()}}
 	rep.Machine = machine{CPUModel: cpuModel(), Cores: runtime.NumCPU(), GoVersion: runtime.Version(), LoadAvgStart: loadAvg()}
 	rep.Machine.Hostname, _ = os.Hostname()
 	if out, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
@@ -233,26 +237,44 @@ func run(ctx context.Context, logger *slog.Logger, o options) (*report, error) {
 		rep.Results = append(rep.Results, r)
 	}
 
-	// Produce: the systems take turns within each case, so that background load on
-	// the shared machine hits them alike. The topics of the last case (4 producers,
-	// largest batch) are kept for the consume case.
+	// Produce: every case runs in o.repeats rounds, and the systems take turns within
+	// each round (the first system of a round rotating), so that background load on
+	// the shared machine hits them alike; a system's row is its median round, and its
+	// ratio to streamd the median of the rounds' ratios (each against streamd's run of
+	// the same round, next to it in time). The topics of the last case's last round (4
+	// producers, largest batch) are kept for the consume case.
 	keep := map[string]string{}
 	keepN := map[string]int64{}
+	rounds := max(1, o.repeats)
 	for _, b := range o.batches {
 		for _, p := range o.producers {
 			last := b == o.batches[len(o.batches)-1] && p == o.producers[len(o.producers)-1]
-			for _, sys := range systems {
-				if ctx.Err() != nil {
-					return rep, ctx.Err()
+			runs := make([][]result, len(systems)) // [system][round]
+			for round := 0; round < rounds; round++ {
+				for k := range systems {
+					i := (k + round) % len(systems)
+					sys := systems[i]
+					if ctx.Err() != nil {
+						return rep, ctx.Err()
+					}
+					topic := topicName(sys, "produce")
+					r, err := produceCase(ctx, sys, topic, p, b, o.duration)
+					if err != nil {
+						r.Error = err.Error()
+						logger.Warn("case failed", "system", r.System, "case", r.Case, "round", round+1, "error", err)
+					} else {
+						logger.Info("case", "system", r.System, "case", r.Case, "round", round+1, "records_per_sec", int(r.RecordsPerSec))
+					}
+					runs[i] = append(runs[i], r)
+					if last && round == rounds-1 && err == nil {
+						keep[sys.name()], keepN[sys.name()] = topic, r.Records
+					} else {
+						drop(sys, topic)
+					}
 				}
-				topic := topicName(sys, "produce")
-				r, err := produceCase(ctx, sys, topic, p, b, o.duration)
-				add(r, err)
-				if last && err == nil {
-					keep[sys.name()], keepN[sys.name()] = topic, r.Records
-				} else {
-					drop(sys, topic)
-				}
+			}
+			for i := range systems {
+				rep.Results = append(rep.Results, medianRounds(runs[i], runs[0]))
 			}
 		}
 	}
@@ -344,7 +366,8 @@ func startTailer(ctx context.Context, logger *slog.Logger, url string) (*wakeup.
 	return hub, stop, nil
 }
 
-// addRatios sets each row's ratio to streamd's row of the same case.
+// addRatios sets each row's ratio to streamd's row of the same case, except the
+// produce cases' rows, whose ratio medianRounds set from the rounds.
 func addRatios(rs []result) {
 	ref := map[string]result{}
 	for _, r := range rs {
@@ -354,7 +377,7 @@ func addRatios(rs []result) {
 	}
 	for i := range rs {
 		s, ok := ref[rs[i].Case]
-		if !ok || rs[i].Error != "" {
+		if !ok || rs[i].Error != "" || rs[i].RoundRatios != nil {
 			continue
 		}
 		switch {
@@ -366,11 +389,48 @@ func addRatios(rs []result) {
 	}
 }
 
+// medianRounds makes one row of a system's rounds of a produce case: the round of
+// median records/s (the lower of the two middle ones for an even count), every
+// round's rate, and its ratio to streamd as the median of the rounds' ratios, each
+// round against streamd's run of the same round (ref, index for index). A round
+// that failed counts in neither; a case whose every round failed is the first
+// round's error.
+func medianRounds(runs, ref []result) result {
+	var ok []result
+	var rates, ratios []float64
+	for j, r := range runs {
+		if r.Error != "" {
+			continue
+		}
+		ok = append(ok, r)
+		rates = append(rates, r.RecordsPerSec)
+		if j < len(ref) && ref[j].Error == "" && ref[j].RecordsPerSec > 0 {
+			ratios = append(ratios, round3(r.RecordsPerSec/ref[j].RecordsPerSec))
+		}
+	}
+	if len(ok) == 0 {
+		return runs[0]
+	}
+	slices.SortFunc(ok, func(a, b result) int { return cmp.Compare(a.RecordsPerSec, b.RecordsPerSec) })
+	out := ok[(len(ok)-1)/2]
+	out.Rounds = rates
+	if len(ratios) > 0 {
+		out.RoundRatios = ratios
+		sorted := slices.Clone(ratios)
+		slices.Sort(sorted)
+		out.RatioToStreamd = sorted[(len(sorted)-1)/2]
+	}
+	if failed := len(runs) - len(ok); failed > 0 {
+		out.Note = fmt.Sprintf("%d of %d rounds failed", failed, len(runs))
+	}
+	return out
+}
+
 func printTable(f *os.File, rep *report) {
 	fmt.Fprintf(f, "\nstreamd peers, %s, %d cores, load average %s -> %s, %.0f s\n", rep.Machine.CPUModel, rep.Machine.Cores, rep.Machine.LoadAvgStart, rep.Machine.LoadAvgEnd, rep.Machine.Seconds)
 	fmt.Fprintf(f, "PostgreSQL %s fsync=%s synchronous_commit=%s\n\n", rep.Postgres["version"], rep.Postgres["fsync"], rep.Postgres["synchronous_commit"])
 	tw := tabwriter.NewWriter(f, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "case\tsystem\trecords/s\tMB/s\tp50 ms\tp99 ms\tvs streamd\t")
+	fmt.Fprintln(tw, "case\tsystem\trecords/s\trounds' records/s\tMB/s\tp50 ms\tp99 ms\tvs streamd\trounds' ratios\t")
 	for _, r := range rep.Results {
 		num := func(x float64, prec int) string {
 			if x == 0 {
@@ -386,7 +446,17 @@ func printTable(f *os.File, rep *report) {
 		if r.Error != "" {
 			rps, mbs, ratio = "error", "-", "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Case, r.System, rps, mbs, num(r.P50Ms, 2), num(r.P99Ms, 2), ratio)
+		list := func(xs []float64, prec int) string {
+			if len(xs) < 2 {
+				return "-"
+			}
+			parts := make([]string, len(xs))
+			for i, x := range xs {
+				parts[i] = strconv.FormatFloat(x, 'f', prec, 64)
+			}
+			return strings.Join(parts, " ")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Case, r.System, rps, list(r.Rounds, 0), mbs, num(r.P50Ms, 2), num(r.P99Ms, 2), ratio, list(r.RoundRatios, 2))
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(f, "\ndurability:")

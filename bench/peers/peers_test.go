@@ -33,7 +33,7 @@ func TestPeersTiny(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	o := options{duration: 200 * time.Millisecond, latencyDuration: 500 * time.Millisecond, rate: 200, latencyProds: 2,
-		batches: []int{1, 10}, producers: []int{1, 2}}
+		repeats: 2, batches: []int{1, 10}, producers: []int{1, 2}}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	rep, err := run(ctx, logger, o)
 	if err != nil {
@@ -56,5 +56,38 @@ func TestPeersTiny(t *testing.T) {
 		if seen[name] == 0 {
 			t.Errorf("no result for %s", name)
 		}
+	}
+}
+
+// TestMedianRounds: a produce case's row is its median round, and its ratio to
+// streamd the median of the rounds' ratios, each round against streamd's run of the
+// same round; a failed round counts in neither.
+func TestMedianRounds(t *testing.T) {
+	t.Parallel()
+	rate := func(xs ...float64) []result {
+		rs := make([]result, len(xs))
+		for i, x := range xs {
+			rs[i] = result{System: "x", RecordsPerSec: x, Records: int64(x)}
+			if x < 0 {
+				rs[i] = result{System: "x", Error: "boom"}
+			}
+		}
+		return rs
+	}
+	ref := rate(100, 100, 400, 50)
+	got := medianRounds(rate(100, 300, 200, -1), ref)
+	if got.RecordsPerSec != 200 || got.Records != 200 {
+		t.Fatalf("median round %v, want the one of 200 records/s", got.RecordsPerSec)
+	}
+	// Ratios 1, 3, 0.5 (the failed fourth round has none): median 1, although the
+	// ratio of the median rates (200 / streamd's median 100) would say 2.
+	if got.RatioToStreamd != 1 || len(got.RoundRatios) != 3 {
+		t.Fatalf("ratio %v from %v, want 1 from 3 rounds", got.RatioToStreamd, got.RoundRatios)
+	}
+	if got.Note != "1 of 4 rounds failed" {
+		t.Fatalf("note %q", got.Note)
+	}
+	if all := medianRounds(rate(-1, -1), ref); all.Error != "boom" {
+		t.Fatalf("every round failed: %+v", all)
 	}
 }

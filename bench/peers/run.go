@@ -29,10 +29,15 @@ type result struct {
 	P99Ms      float64 `json:"p99_ms,omitempty"`
 	MaxMs      float64 `json:"max_ms,omitempty"`
 	// RatioToStreamd is records/s (produce, consume) or p50 (latency) over streamd's
-	// in the same case.
+	// in the same case; for produce, the median of the rounds' ratios.
 	RatioToStreamd float64 `json:"ratio_to_streamd,omitempty"`
-	Note           string  `json:"note,omitempty"`
-	Error          string  `json:"error,omitempty"`
+	// Rounds are a produce case's records/s in each round (the row is the median
+	// round), and RoundRatios each round's ratio to streamd's run in the same round
+	// (RatioToStreamd is their median).
+	Rounds      []float64 `json:"rounds_records_per_sec,omitempty"`
+	RoundRatios []float64 `json:"rounds_ratio_to_streamd,omitempty"`
+	Note        string    `json:"note,omitempty"`
+	Error       string    `json:"error,omitempty"`
 }
 
 func round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }

@@ -702,7 +702,7 @@ BEGIN
         DELETE FROM streamd.message_groups g USING h
         WHERE g.stream_name = p_queue AND g.group_key = h.key AND g.tenant_id = h.ten AND h.vis IS NULL
     )
-    UPDATE streamd.message_groups g SET visible_at = greatest(v_now, h.vis)
+    UPDATE streamd.message_groups g SET visible_at = greatest(v_now, h.vis), lease_end = NULL
     FROM h
     WHERE g.stream_name = p_queue AND g.group_key = h.key AND g.tenant_id = h.ten AND h.vis IS NOT NULL;
 END;
@@ -799,12 +799,16 @@ BEGIN
         -- of its head ends. When a head is not leased (dead-lettered, not visible yet,
         -- or gone), queue_groups_advance below sets its group right. (Locking them
         -- first and writing them after the lease cost a lock record and a second
-        -- statement per receive.)
+        -- statement per receive.) The lease's end goes to lease_end, a column of no
+        -- index, so the write is HOT (migration 0195): a group in flight keeps its
+        -- place in message_groups_ready and receives read past it, as a standard
+        -- receive reads past messages in flight; a settlement moves it to the back.
         WITH u AS (
-            UPDATE streamd.message_groups g SET visible_at = v_lease
+            UPDATE streamd.message_groups g SET lease_end = v_lease
             WHERE g.ctid = ANY(ARRAY(
                 SELECT l.ctid FROM streamd.message_groups l
                 WHERE l.stream_name = p_queue AND l.visible_at <= v_now
+                  AND (l.lease_end IS NULL OR l.lease_end <= v_now)
                 ORDER BY l.visible_at, l.group_key
                 LIMIT p_max
                 FOR UPDATE SKIP LOCKED))
@@ -934,7 +938,7 @@ BEGIN
             DELETE FROM streamd.message_groups g
             WHERE g.ctid = ANY(ARRAY(SELECT h.c FROM h WHERE h.vis IS NULL))
         )
-        UPDATE streamd.message_groups g SET visible_at = greatest(v_now, h.vis)
+        UPDATE streamd.message_groups g SET visible_at = greatest(v_now, h.vis), lease_end = NULL
         FROM h
         WHERE g.ctid = h.c AND h.vis IS NOT NULL;
     END IF;

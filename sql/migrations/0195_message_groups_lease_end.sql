@@ -1,0 +1,19 @@
+-- A FIFO receive's write of its groups is HOT (issue 22, bench/RESULTS.md session 12).
+-- A receive marked each group it took in flight by moving its visible_at to the
+-- lease's end; visible_at is in message_groups_ready, so each of those writes was a
+-- new row version with an entry in both of the table's indexes (PostgreSQL makes an
+-- update HOT only when no indexed column changes). The receive now writes the lease's
+-- end to lease_end, a column of no index: the group keeps its place in the ready
+-- order, a receive reads past the groups in flight (visible_at <= now but lease_end
+-- in the future), and a settlement clears lease_end as it moves the group to the back.
+-- A group may deliver when visible_at <= now and lease_end is NULL or past.
+--
+-- Nothing moves: a group in flight before this migration has visible_at at its lease's
+-- end and lease_end NULL, which means what it meant (it may deliver when the lease
+-- ends), and its lease still settles with its token.
+--
+-- Locks: ADD COLUMN without a default changes only the catalog: message_groups'
+-- ACCESS EXCLUSIVE lock (FIFO sends, receives and settlements wait, and standard
+-- queues do not touch the table) held until the migration's transaction commits,
+-- after the function files are applied again; no row is rewritten.
+ALTER TABLE streamd.message_groups ADD COLUMN IF NOT EXISTS lease_end timestamptz;
