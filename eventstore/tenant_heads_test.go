@@ -52,8 +52,8 @@ func TestTenantHeadRowsMoveOnlyThroughAppends(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	client := streams.NewClient(pool, nil)
-	// 1: the one-statement path's form for one record (append_one); 3: the
-	// one-statement path (append_reserve_row and an INSERT); 300: over the COPY
+	// 1: the one-statement path's form for one record (oneSQL); 3: the
+	// one-statement path (insertSQL: head_reserve and an INSERT); 300: over the COPY
 	// threshold, which a role under row-level security leaves for streamd.append.
 	for _, n := range []int{1, 3, 300} {
 		recs := make([]streams.Record, n)

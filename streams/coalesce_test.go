@@ -46,7 +46,7 @@ func holdTheLine(t *testing.T, pool *pgxpool.Pool, c *streams.Client, stream str
 	_, err = tx.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 AND partition = 0 FOR UPDATE`, stream)
 	require.NoError(t, err)
 	first := goProduce(ctx, c, streams.Record{Stream: stream, Partition: streams.PartitionOf(0), EventID: "first", Data: json.RawMessage(`0`)})
-	testdb.WaitForLockWait(t, pool, tx, "append_one")
+	testdb.WaitForLockWait(t, pool, tx, "head_reserve($1, $2, 1)")
 	return tx, first
 }
 
@@ -269,7 +269,7 @@ func TestDefaultSharesWhenEveryConnectionAppends(t *testing.T) {
 	testdb.WaitFor(t, 20*time.Second, "both appends waiting for the test's locks", func() bool {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND position('append_one' IN query) > 0
+			WHERE datname = current_database() AND position('head_reserve($1, $2, 1)' IN query) > 0
 			  AND $1::int = ANY (pg_blocking_pids(pid))`, blocker).Scan(&n))
 		return n == 2
 	})
@@ -315,7 +315,7 @@ func TestTakenCallKeepsItsContext(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, (<-first).err)
 	// The shared transaction: w's statement (partition 1) ran, p2's waits for the head row.
-	testdb.WaitForLockWait(t, pool, outside, "append_one")
+	testdb.WaitForLockWait(t, pool, outside, "head_reserve($1, $2, 1)")
 
 	cancel()
 	select {
@@ -426,7 +426,7 @@ func TestSharedTransactionLostConnectionRetriesAlone(t *testing.T) {
 	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 2 })
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, (<-first).err)
-	testdb.WaitForLockWait(t, pool, outside, "append_one")
+	testdb.WaitForLockWait(t, pool, outside, "head_reserve($1, $2, 1)")
 
 	// The shared transaction's backend: the one waiting for outside's lock.
 	var terminated bool

@@ -40,3 +40,10 @@ func (c *Client) AppendsWaiting() int {
 	defer c.appends.mu.Unlock()
 	return len(c.appends.pending)
 }
+
+// InsertStatement returns the one-statement path's statement and arguments for recs,
+// all to stream and partition and all with an event id. Tests only.
+func InsertStatement(stream string, partition int32, recs []Record) (string, []any, error) {
+	st, err := newInsertStatement(stream, partition, recs)
+	return st.sql, st.args, err
+}

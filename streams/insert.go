@@ -3,8 +3,10 @@ package streams
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -20,43 +22,78 @@ var insertMax = 256
 // insertAppends counts batches appended by insertSQL (tests check the path was taken).
 var insertAppends atomic.Int64
 
-// insertSQL appends a batch of one partition in one statement, so in one round trip
-// and one implicit transaction: streamd.append_reserve_row takes the offsets on the
-// head row and marks the transaction trusted (the rows then skip the offset trigger,
-// as COPY's do), and the INSERT writes the rows from arrays. The CTE is MATERIALIZED
-// and every inserted row joins its one row, so the reservation runs, once, before the
-// first row is inserted. The base comes back NULL when append_reserve_row declines
-// the batch (a stream with per-key versions or enforced types, a payload over the
-// limit): nothing was written, and the batch goes through streamd.append(). A
-// duplicate event id fails the statement with a unique violation (no ON CONFLICT: a
-// skipped row would leave a hole), and the batch goes through streamd.append(), which
-// deduplicates (L4).
+// insertSQL appends a batch of one partition in one statement the client prepares,
+// so in one round trip and one implicit transaction, with no PL/pgSQL function of
+// its own around it (session 12 replaced streamd.append_reserve_row and
+// streamd.append_one, which the client no longer calls; bench/RESULTS.md, issue 21
+// §2). In this order:
+//   - r reads the stream's row and yields it only when the batch can take this path:
+//     the stream exists, has the partition, is not read-only, keeps no per-key
+//     versions and enforces no event types, and the largest payload ($4) is within
+//     its limit. For that row it reserves the offsets through streamd.head_reserve
+//     (SECURITY DEFINER: the appending role needs no write privilege on head rows),
+//     which locks the head row until the transaction ends (L1) and takes the log time
+//     from the clock under that lock (the clock rule); its base is NULL when the
+//     partition is gone (the stream was deleted while this waited). OFFSET 0 keeps
+//     the subquery, so head_reserve runs once, not once per field taken from it;
+//   - t keeps a reservation that was made, re-checks the event sourcing settings
+//     after the lock (streamd.append_recheck_rules, 40001 when they changed
+//     meanwhile: a function, so it reads with a snapshot taken after the lock, where
+//     this statement's own reads use the one taken before it waited) and marks the
+//     transaction trusted, so the rows skip the offset trigger, as COPY's do;
+//   - ins writes the rows from arrays unnested in a target list (no tuplestore per
+//     array), each joined to t's one row. It has no RETURNING (that would need SELECT
+//     on events) and the outer query does not read it, so PostgreSQL runs it when the
+//     outer query is done, after t, whose row the outer query read: nothing is
+//     written before the reservation and the mark.
 //
-// The arrays are unnested in a target list (value per call), not in FROM, and the
-// reservation is a plain function in a target list: a function in FROM materialises
-// its rows in a tuplestore of its own, and the nine of the statement before (with the
-// reservation's) cost a small batch two to three times the server CPU of a plain
-// INSERT (sql/functions/0100_log.sql, append_reserve_row; bench/RESULTS.md).
-const insertSQL = `WITH r AS MATERIALIZED (SELECT streamd.append_reserve_row($1, $2, $3, $4) AS h),
+// When r or t yields nothing, the statement returns no row and wrote nothing: the
+// batch goes through streamd.append(), which raises the typed error the condition
+// calls for (SD001, SD002, SD003, SD004, read-only) or appends on the event sourcing
+// path. A duplicate event id fails the statement with a unique violation (no ON
+// CONFLICT: a skipped row would leave a hole), and the batch goes through
+// streamd.append(), which deduplicates and answers Duplicate (L4).
+//
+// The trusted mark stays on until the transaction ends: the statement runs in an
+// implicit transaction of its own, or in a shared transaction of such statements only
+// (coalesce.go), every row of which lies in offsets that transaction reserved.
+//
+// No row estimate depends on a parameter, so PostgreSQL keeps one generic plan per
+// connection (TestOneStatementAppendKeepsAGenericPlan). The statement names events'
+// and streams' columns: they are a contract of the client as well as of the SQL
+// functions (docs/operations.md, "Client library").
+const insertSQL = `WITH t AS MATERIALIZED (
+    SELECT (r.h).base AS base, (r.h).ts AS ts, streamd.append_recheck_rules($1, false, false) AS recheck,
+           set_config('streamd.append_trusted', 'on', true) AS trusted
+      FROM (SELECT streamd.head_reserve($1, $2, $3) AS h FROM streamd.streams st
+             WHERE st.stream_name = $1 AND $2 >= 0 AND $2 < st.partitions AND $4 <= st.max_payload_bytes
+               AND NOT (st.read_only OR st.key_versions OR st.enforce_event_types) OFFSET 0) r
+     WHERE (r.h).base IS NOT NULL),
 ins AS (
     INSERT INTO streamd.events (stream_name, partition, "offset", event_id, event_type, key, data, data_bytes,
                                 metadata, "timestamp", correlation_id, causation_id, version)
-    SELECT $1, $2, (r.h).base + u.i, u.e, u.t, u.k, u.d::jsonb, u.b, u.m::jsonb, (r.h).ts, u.c, u.ca, u.v
-      FROM r, (SELECT unnest($5::text[]) AS e, unnest($6::text[]) AS t, unnest($7::text[]) AS k,
+    SELECT $1, $2, t.base + u.i, u.e, u.t, u.k, u.d::jsonb, u.b, u.m::jsonb, t.ts, u.c, u.ca, u.v
+      FROM t, (SELECT unnest($5::text[]) AS e, unnest($6::text[]) AS t, unnest($7::text[]) AS k,
                       unnest($8::text[]) AS d, unnest($9::bytea[]) AS b, unnest($10::text[]) AS m,
                       unnest($11::text[]) AS c, unnest($12::text[]) AS ca, unnest($13::integer[]) AS v,
-                      unnest($14::integer[]) AS i) u
-     WHERE (r.h).base IS NOT NULL
-    RETURNING 1)
-SELECT (r.h).base, (r.h).ts, (SELECT count(*) FROM ins) FROM r`
+                      unnest($14::integer[]) AS i) u)
+SELECT t.base, t.ts FROM t`
 
-// oneSQL is insertSQL's form for a single record: streamd.append_one reserves and
-// inserts with scalar arguments, which costs the server less than receiving and
-// unnesting arrays in a statement with a CTE (bench/RESULTS.md, issue 21 §2). OFFSET 0
-// keeps the subquery, so the function runs once, not once per column taken from its
-// result.
-const oneSQL = `SELECT (a.h).base, (a.h).ts
-FROM (SELECT streamd.append_one($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) AS h OFFSET 0) a`
+// oneSQL is insertSQL for a single record, with scalar parameters instead of arrays
+// (none to receive and unnest): the same steps, checks and fallbacks.
+const oneSQL = `WITH t AS MATERIALIZED (
+    SELECT (r.h).base AS base, (r.h).ts AS ts, streamd.append_recheck_rules($1, false, false) AS recheck,
+           set_config('streamd.append_trusted', 'on', true) AS trusted
+      FROM (SELECT streamd.head_reserve($1, $2, 1) AS h FROM streamd.streams st
+             WHERE st.stream_name = $1 AND $2 >= 0 AND $2 < st.partitions AND $3 <= st.max_payload_bytes
+               AND NOT (st.read_only OR st.key_versions OR st.enforce_event_types) OFFSET 0) r
+     WHERE (r.h).base IS NOT NULL),
+ins AS (
+    INSERT INTO streamd.events (stream_name, partition, "offset", event_id, event_type, key, data, data_bytes,
+                                metadata, "timestamp", correlation_id, causation_id, version)
+    SELECT $1, $2, t.base, $4, $5, $6, $7::text::jsonb, $8, $9::text::jsonb, t.ts, $10, $11, $12
+      FROM t)
+SELECT t.base, t.ts FROM t`
 
 // insertStatement is the statement (oneSQL for a single record, insertSQL for more)
 // and the arguments that append recs, all to stream and partition and all with an
@@ -105,8 +142,8 @@ func newInsertStatement(stream string, partition int32, recs []Record) (insertSt
 		ords[i] = int32(i)
 	}
 	if n == 1 {
-		return insertStatement{sql: oneSQL, n: 1, args: []any{stream, partition, ids[0], types[0], keys[0], data[0], bin[0],
-			meta[0], corr[0], caus[0], versions[0]}}, nil
+		return insertStatement{sql: oneSQL, n: 1, args: []any{stream, partition, maxPayload, ids[0], types[0], keys[0], data[0],
+			bin[0], meta[0], corr[0], caus[0], versions[0]}}, nil
 	}
 	return insertStatement{sql: insertSQL, n: n, args: []any{stream, partition, n, maxPayload,
 		ids, types, keys, data, bin, meta, corr, caus, versions, ords}}, nil
@@ -116,31 +153,22 @@ func newInsertStatement(stream string, partition int32, recs []Record) (insertSt
 // records: ok=false, with nothing written, when the batch must take streamd.append()
 // instead (declined, or a duplicate event id).
 func (s insertStatement) scan(row pgx.Row, stream string, partition int32) (pos []Position, ok bool, err error) {
-	var base pgtype.Int8
-	var ts pgtype.Timestamptz
-	count := int64(1)
-	if s.n == 1 {
-		err = row.Scan(&base, &ts)
-	} else {
-		err = row.Scan(&base, &ts, &count)
-	}
+	var base int64
+	var ts time.Time
+	err = row.Scan(&base, &ts)
 	switch {
 	case err == nil:
+	case errors.Is(err, pgx.ErrNoRows): // declined: nothing reserved, nothing written
+		return nil, false, nil
 	case sqlerr.Code(err) == "23505": // a duplicate event id
 		return nil, false, nil
 	default:
 		return nil, false, fmt.Errorf("append to %s: %w", stream, sqlerr.Wrap(err))
 	}
-	if !base.Valid { // declined: nothing reserved, nothing written
-		return nil, false, nil
-	}
-	if count != int64(s.n) {
-		return nil, false, fmt.Errorf("append to %s: %d rows inserted for %d records", stream, count, s.n)
-	}
 	insertAppends.Add(1)
 	pos = make([]Position, s.n)
 	for i := range pos {
-		pos[i] = Position{Partition: partition, Offset: base.Int64 + int64(i), Timestamp: ts.Time}
+		pos[i] = Position{Partition: partition, Offset: base + int64(i), Timestamp: ts}
 	}
 	return pos, true, nil
 }

@@ -59,7 +59,7 @@ func TestOneStatementAppendKeepsAGenericPlan(t *testing.T) {
 }
 
 // TestOneRecordAppend: a one-record Produce with an explicit partition takes the
-// one-statement path (streamd.append_one), gets the next offset, and every field
+// one-statement path (oneSQL), gets the next offset, and every field
 // reads back as written; a retry of it (the same event id) falls back to
 // streamd.append and is a duplicate at the original position; a payload over the
 // limit and a partition the stream lacks fail with their typed errors and write

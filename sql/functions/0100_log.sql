@@ -424,7 +424,10 @@ BEGIN
 END;
 $$;
 
--- streamd.append_reserve for the one-statement path (streams/insert.go), with the same
+-- streamd.append_reserve for a one-statement append of SQL's own (the Go client's
+-- one-statement path used it until session 12 and now sends a statement of its own,
+-- streams/insert.go, with the same checks; this stays for SQL callers and for clients
+-- of earlier versions), with the same
 -- checks and effects, but a plain function rather than a set-returning one: called in
 -- a target list, it returns its row without a tuplestore, and it calls head_reserve
 -- and set_config as expressions, not as FROM items. Each tuplestore costs a separate
@@ -464,8 +467,10 @@ BEGIN
 END;
 $$;
 
--- Appends one event to partition p_partition of p_stream_name: the one-statement
--- path's form for a batch of one record (streams/insert.go), where the statement
+-- Appends one event to partition p_partition of p_stream_name: what the Go client's
+-- one-statement path called for a batch of one record until session 12 (it now sends
+-- a statement of its own, streams/insert.go, with the same checks; this stays for SQL
+-- callers and for clients of earlier versions), where the statement
 -- around a reservation and an INSERT of arrays cost more than the event itself. The
 -- same checks and effects as append_reserve_row followed by the INSERT, in one call
 -- with scalar arguments: no arrays to receive and unnest, no CTE, and plans that
