@@ -23,8 +23,9 @@ import (
 var fetchHandler = handler{key: 1, min: 4, max: 16, fn: handleFetch}
 
 const (
-	// fetchParallelism bounds the partition reads of one connection at once (those
-	// a Fetch left running for the next included).
+	// fetchParallelism bounds the partition reads of their own of one connection at
+	// once (those a Fetch left running for the next included; readTopics' one
+	// statement per topic takes no slot).
 	fetchParallelism = 4
 	// fetchMaxRecords bounds the records read from one partition per Fetch.
 	fetchMaxRecords = 5000
@@ -248,6 +249,32 @@ func (s *Server) readTopics(ctx context.Context, c *conn, req *kmsg.FetchRequest
 		tr.reads = append(tr.reads, streams.PartitionRead{Partition: p.Partition, Offset: p.FetchOffset,
 			MaxBytes: max(readBytes, 1), MaxRecords: fetchMaxRecords})
 	}
+	// The statements' reads share fetch.max.bytes: a partition reads at most its
+	// share of it (at least one record), so that what they read together stays about
+	// that bound however many partitions they name (each up to its partition max
+	// bytes, a consumer's first fetch of 1,000 partitions read a gigabyte for a 50 MiB
+	// answer). A partition its share cut short has a backlog at the next fetch, read
+	// on its own.
+	n := 0
+	for _, tr := range trs {
+		for _, r := range tr.reads {
+			if !r.HeadOnly {
+				n++
+			}
+		}
+	}
+	if n > 0 {
+		share := max(maxBytes/n, 1)
+		for _, tr := range trs {
+			shareBytes := share
+			if tr.codec != codecNone {
+				shareBytes = compressedReadBytes(share)
+			}
+			for i := range tr.reads {
+				tr.reads[i].MaxBytes = min(tr.reads[i].MaxBytes, max(shareBytes, 1))
+			}
+		}
+	}
 	// The statements with a head row for take run first (at once); the others beside
 	// the pass.
 	var first []*topicRead
@@ -413,8 +440,9 @@ type fetchWatch struct {
 // independently), once the pass holds min.bytes it reads the head rows of the reads
 // still under way and answers when that head read returns (or every read has ended);
 // a read that ends meanwhile joins the answer. Each read still under way then (at most
-// fetchParallelism: a read starts only when it has one of the
-// connection's slots) goes on into the connection's stash, where the next fetch of
+// fetchParallelism of its own: such a read starts only when it has one of the
+// connection's slots; and readTopics' statements' partitions, which share the
+// request's byte bound) goes on into the connection's stash, where the next fetch of
 // that partition at that offset finds it (a read that found nothing is dropped
 // there: the next fetch reads again); the reads still waiting for a slot are dropped.
 // The partitions of the reads not done are answered without records, with the
@@ -796,23 +824,22 @@ func (st *fetchStash) snapshot() (map[partKey]*stashedRead, map[partKey]int64) {
 }
 
 // noteAnswer keeps the high watermark of each partition of resp answered without an
-// error (readTopics: a fetch below it has records to read), forgetting the others.
+// error (readTopics: a fetch below it has records to read), and only those: a full
+// fetch (the server has no fetch sessions) names every partition the client still
+// reads from this connection, so a partition it no longer asks for (a rebalance, a
+// deleted topic) is forgotten and the map stays the size of one fetch.
 func (st *fetchStash) noteAnswer(resp *kmsg.FetchResponse) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.hw == nil {
-		st.hw = map[partKey]int64{}
-	}
+	hw := map[partKey]int64{}
 	for _, t := range resp.Topics {
 		for _, p := range t.Partitions {
-			k := partKey{t.Topic, p.Partition}
 			if p.ErrorCode == 0 && p.HighWatermark >= 0 {
-				st.hw[k] = p.HighWatermark
-			} else {
-				delete(st.hw, k)
+				hw[partKey{t.Topic, p.Partition}] = p.HighWatermark
 			}
 		}
 	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.hw = hw
 }
 
 // take empties the stash and returns the jobs that have a read there they may use

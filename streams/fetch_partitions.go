@@ -2,6 +2,7 @@ package streams
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -67,25 +68,29 @@ const fetchPartitionsSQL = `SELECT h.log_start_offset, h.next_offset,
 // (PartitionRead.HeadOnly). It returns one PartitionFetch per read, in the order
 // given: what a reader of several partitions (the Kafka fetch) needs in one round
 // trip instead of a head-row read and then a read of each partition with something
-// new. A partition named twice is read twice. Bad input (a negative partition or
-// offset) fails the whole call with ErrInvalidArgument / ErrPartitionNotFound and
-// reads nothing; a partition or stream that does not exist, or an offset out of
-// range, is that partition's Err.
+// new. A partition named twice is read twice. Each partition's bad input (a
+// negative partition or offset: ErrPartitionNotFound / ErrInvalidArgument), a
+// partition or stream that does not exist, or an offset out of range, is that
+// partition's Err; the others are read. On a transaction, a partition or stream that
+// does not exist aborts it, as it does FetchTx's.
 func FetchPartitionsTx(ctx context.Context, db DBTX, stream string, reads []PartitionRead) ([]PartitionFetch, error) {
 	if len(reads) == 0 {
 		return nil, nil
 	}
-	parts := make([]int32, len(reads))
-	offs := make([]int64, len(reads))
-	maxRecs := make([]int64, len(reads))
-	maxBytes := make([]int64, len(reads))
+	out := make([]PartitionFetch, len(reads))
+	var idx []int // the reads the statement takes, by their place in reads
+	var parts []int32
+	var offs, maxRecs, maxBytes []int64
 	opts := make([]FetchOpts, len(reads))
 	for i, r := range reads {
+		out[i].Partition = r.Partition
 		if r.Partition < 0 {
-			return nil, invalid(ErrPartitionNotFound, "fetch %s: partition %d is negative", stream, r.Partition)
+			out[i].Err = invalid(ErrPartitionNotFound, "fetch %s: partition %d is negative", stream, r.Partition)
+			continue
 		}
 		if r.Offset < 0 && !r.HeadOnly {
-			return nil, invalid(ErrInvalidArgument, "fetch %s/%d: offset %d is negative", stream, r.Partition, r.Offset)
+			out[i].Err = invalid(ErrInvalidArgument, "fetch %s/%d: offset %d is negative", stream, r.Partition, r.Offset)
+			continue
 		}
 		o := FetchOpts{MaxBytes: r.MaxBytes, MaxRecords: r.MaxRecords}
 		if o.MaxBytes <= 0 {
@@ -95,12 +100,17 @@ func FetchPartitionsTx(ctx context.Context, db DBTX, stream string, reads []Part
 			o.MaxRecords = 500
 		}
 		opts[i] = o
-		parts[i], offs[i] = r.Partition, max(r.Offset, 0)
+		idx = append(idx, i)
+		parts, offs = append(parts, r.Partition), append(offs, max(r.Offset, 0))
 		// MaxBytes one below the largest bigint: the bound adds one to it.
-		maxRecs[i], maxBytes[i] = int64(o.MaxRecords), min(int64(o.MaxBytes), math.MaxInt64-1)
+		mr := int64(o.MaxRecords)
 		if r.HeadOnly {
-			maxRecs[i] = 0
+			mr = 0
 		}
+		maxRecs, maxBytes = append(maxRecs, mr), append(maxBytes, min(int64(o.MaxBytes), math.MaxInt64-1))
+	}
+	if len(idx) == 0 {
+		return out, nil
 	}
 	rows, err := db.Query(ctx, fetchPartitionsSQL, stream, parts, offs, maxRecs, maxBytes)
 	if err != nil {
@@ -119,9 +129,10 @@ func FetchPartitionsTx(ctx context.Context, db DBTX, stream string, reads []Part
 		if err != nil {
 			return nil, fmt.Errorf("fetch %s: %w", stream, err)
 		}
-		if i < 1 || int(i) > len(ps) {
-			return nil, fmt.Errorf("fetch %s: row of read %d of %d", stream, i, len(ps))
+		if i < 1 || int(i) > len(idx) {
+			return nil, fmt.Errorf("fetch %s: row of read %d of %d", stream, i, len(idx))
 		}
+		i = int64(idx[i-1]) + 1
 		p := &ps[i-1]
 		p.found = true
 		if p.d == nil {
@@ -144,12 +155,23 @@ func FetchPartitionsTx(ctx context.Context, db DBTX, stream string, reads []Part
 		return nil, fmt.Errorf("fetch %s: %w", stream, sqlerr.Wrap(err))
 	}
 	rows.Close()
-	out := make([]PartitionFetch, len(reads))
-	for i, r := range reads {
-		p := &ps[i]
-		out[i].Partition = r.Partition
+	var missing error // the first missing partition's error
+	for _, i := range idx {
+		r, p := reads[i], &ps[i]
 		if !p.found {
-			out[i].Err = partitionMissing(ctx, db, stream, r.Partition)
+			// One statement asks the database why (its error aborts a transaction, so
+			// it is asked once): the stream is missing, then for every partition, or
+			// the partition, and another missing partition of a stream that exists is
+			// missing too.
+			switch {
+			case missing == nil:
+				missing = partitionMissing(ctx, db, stream, r.Partition)
+				out[i].Err = missing
+			case errors.Is(missing, ErrStreamNotFound):
+				out[i].Err = missing
+			default:
+				out[i].Err = fmt.Errorf("fetch %s/%d: %w: partition %d of %s", stream, r.Partition, ErrPartitionNotFound, r.Partition, stream)
+			}
 			continue
 		}
 		res := &p.res
