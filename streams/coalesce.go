@@ -3,6 +3,7 @@ package streams
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -269,13 +270,18 @@ func (q *appendQueue) handOn() {
 	close(batch[0].done)
 }
 
-// seenRow is a pgx.Row that keeps the error of its Scan.
+// seenRow is a pgx.Row that keeps the error of its Scan, other than no row.
 type seenRow struct {
 	row pgx.Row
 	err error
 }
 
 func (r *seenRow) Scan(dest ...any) error {
-	r.err = r.row.Scan(dest...)
-	return r.err
+	err := r.row.Scan(dest...)
+	if !errors.Is(err, pgx.ErrNoRows) {
+		// No row is a declined statement (insert.go), which failed nothing: the
+		// transaction goes on and commits the other calls' rows.
+		r.err = err
+	}
+	return err
 }
