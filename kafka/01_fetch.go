@@ -357,9 +357,14 @@ func newReadFor(c *conn, j fetchJob) *stashedRead {
 // fails is each partition's error. It runs on the connection's context, so a read
 // the pass answers before goes on into the stash.
 func (s *Server) readTopicBeside(c *conn, jobs []fetchJob, tr *topicRead) {
+	// The partitions' reads end together: one done channel, closed once all are
+	// filled, so that the pass never sees some of them ended and the others still
+	// running (it would read head rows for those, and answer without their records).
+	done := make(chan struct{})
 	srs := make([]*stashedRead, len(tr.idx))
 	for n, i := range tr.idx {
 		srs[n] = newReadFor(c, jobs[i])
+		srs[n].done = done
 		jobs[i].stashed = srs[n]
 	}
 	s.fetchReads.Add(1)
@@ -372,8 +377,8 @@ func (s *Server) readTopicBeside(c *conn, jobs []fetchJob, tr *topicRead) {
 			} else {
 				sr.n = fillPartition(&sr.rp, res[n].Result, res[n].Err, tr.codec, tr.limits[n])
 			}
-			close(sr.done)
 		}
+		close(done)
 	}()
 }
 
