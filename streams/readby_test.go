@@ -20,7 +20,10 @@ import (
 // read index enabled they read the index (its scans count rises), and disabling it
 // drops it. Bad input is refused.
 func TestReadByCorrelationAndType(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the read-index tests build and drop indexes of streamd.events
+	// CONCURRENTLY, and each such statement waits for every transaction on the table,
+	// those of the other read-index tests (one of which holds a transaction open on
+	// purpose) among them: run one at a time, they do not wait for each other.
 	ctx := context.Background()
 	c, stream := setup(t, 3)
 	_, other := setup(t, 1)
@@ -141,7 +144,10 @@ func TestReadByCorrelationAndType(t *testing.T) {
 // looked indexed and every read scanned it. EnableReadIndex drops it and builds the
 // read index.
 func TestEnableReadIndexRebuildsAnInvalidIndex(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the read-index tests build and drop indexes of streamd.events
+	// CONCURRENTLY, and each such statement waits for every transaction on the table,
+	// those of the other read-index tests (one of which holds a transaction open on
+	// purpose) among them: run one at a time, they do not wait for each other.
 	ctx := context.Background()
 	c, stream := setup(t, 1)
 	_, err := c.Produce(ctx, streams.Record{Stream: stream, EventType: "A", Data: json.RawMessage(`{}`)},
@@ -192,7 +198,10 @@ func TestEnableReadIndexRebuildsAnInvalidIndex(t *testing.T) {
 // default 1 s for both, a loaded machine let the drop's check pass before the cycle
 // formed, and the test's transaction lost).
 func TestDisableReadIndexRetriesALostDeadlock(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the read-index tests build and drop indexes of streamd.events
+	// CONCURRENTLY, and each such statement waits for every transaction on the table,
+	// those of the other read-index tests (one of which holds a transaction open on
+	// purpose) among them: run one at a time, they do not wait for each other.
 	ctx := context.Background()
 	cfg := testdb.Config(t)
 	cfg.ConnConfig.RuntimeParams["deadlock_timeout"] = "5s"
