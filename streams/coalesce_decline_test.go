@@ -20,10 +20,7 @@ import (
 func TestSharedTransactionWithADeclinedCall(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
-	s := testdb.Name("s")
-	require.NoError(t, c.CreateStream(ctx, s, 2))
+	pool, c, s := oneSlotClient(t, 2)
 	tx, first := holdTheLine(t, pool, c, s)
 	rec := func(p int32, id string) streams.Record {
 		return streams.Record{Stream: s, Partition: streams.PartitionOf(p), EventID: id, Data: json.RawMessage(`2`)}

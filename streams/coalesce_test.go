@@ -40,14 +40,36 @@ func goProduce(ctx context.Context, c *streams.Client, recs ...streams.Record) <
 func holdTheLine(t *testing.T, pool *pgxpool.Pool, c *streams.Client, stream string) (pgx.Tx, <-chan produceResult) {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	_, err = tx.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 AND partition = 0 FOR UPDATE`, stream)
-	require.NoError(t, err)
+	tx := lockHead(t, pool, stream, 0)
 	first := goProduce(ctx, c, streams.Record{Stream: stream, Partition: streams.PartitionOf(0), EventID: "first", Data: json.RawMessage(`0`)})
 	testdb.WaitForLockWait(t, pool, tx, "head_reserve($1, $2, 1)")
 	return tx, first
+}
+
+// oneSlotClient returns the test pool, a client that runs one append transaction at
+// a time (MaxAppendsInFlight 1: calls made meanwhile wait to share the next), and a
+// new stream of the given partitions.
+func oneSlotClient(t *testing.T, partitions int32) (*pgxpool.Pool, *streams.Client, string) {
+	t.Helper()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(context.Background(), s, partitions))
+	return pool, c, s
+}
+
+// lockHead locks partition's head row of stream in a transaction of its own, which
+// the test commits or rolls back (or its cleanup rolls back): appends to that
+// partition wait for it.
+func lockHead(t *testing.T, pool *pgxpool.Pool, stream string, partition int32) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 AND partition = $2 FOR UPDATE`, stream, partition)
+	require.NoError(t, err)
+	return tx
 }
 
 // xmins returns the inserting transaction of each event of stream, by event id.
@@ -86,10 +108,7 @@ func requireGapless(t *testing.T, c *streams.Client, stream string, partitions i
 func TestConcurrentProduceCallsShareTransactions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
-	s := testdb.Name("s")
-	require.NoError(t, c.CreateStream(ctx, s, 2))
+	pool, c, s := oneSlotClient(t, 2)
 	tx, first := holdTheLine(t, pool, c, s)
 
 	before := streams.CoalescedAppends()
@@ -146,10 +165,7 @@ func fetchOne(t *testing.T, c *streams.Client, stream string, pos streams.Positi
 func TestSharedTransactionFailureFailsOnlyItsCall(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
-	s := testdb.Name("s")
-	require.NoError(t, c.CreateStream(ctx, s, 2))
+	pool, c, s := oneSlotClient(t, 2)
 	stored, err := c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "dup", Data: json.RawMessage(`1`)})
 	require.NoError(t, err)
 	tx, first := holdTheLine(t, pool, c, s)
@@ -194,10 +210,7 @@ func TestSharedTransactionFailureFailsOnlyItsCall(t *testing.T) {
 func TestWaitingProduceCallLeavesOnCancel(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
-	s := testdb.Name("s")
-	require.NoError(t, c.CreateStream(ctx, s, 1))
+	pool, c, s := oneSlotClient(t, 1)
 	tx, first := holdTheLine(t, pool, c, s)
 
 	cctx, cancel := context.WithCancel(ctx)
@@ -221,10 +234,7 @@ func TestWaitingProduceCallLeavesOnCancel(t *testing.T) {
 func TestLargeProduceCallRunsAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
-	s := testdb.Name("s")
-	require.NoError(t, c.CreateStream(ctx, s, 2))
+	pool, c, s := oneSlotClient(t, 2)
 	tx, first := holdTheLine(t, pool, c, s)
 
 	recs := make([]streams.Record, 17)
@@ -295,15 +305,8 @@ func TestDefaultSharesWhenEveryConnectionAppends(t *testing.T) {
 func TestTakenCallKeepsItsContext(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
-	s := testdb.Name("s")
-	require.NoError(t, c.CreateStream(ctx, s, 3))
-	outside, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = outside.Rollback(context.Background()) }()
-	_, err = outside.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 AND partition = 2 FOR UPDATE`, s)
-	require.NoError(t, err)
+	pool, c, s := oneSlotClient(t, 3)
+	outside := lockHead(t, pool, s, 2)
 
 	tx, first := holdTheLine(t, pool, c, s)
 	blocked := goProduce(ctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(2), EventID: "p2", Data: json.RawMessage(`2`)})
@@ -327,7 +330,7 @@ func TestTakenCallKeepsItsContext(t *testing.T) {
 	// Partition 1's head row is free again: another client appends to it.
 	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
 	defer acancel()
-	_, err = streams.NewClient(pool, nil).Produce(actx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "other", Data: json.RawMessage(`1`)})
+	_, err := streams.NewClient(pool, nil).Produce(actx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "other", Data: json.RawMessage(`1`)})
 	require.NoError(t, err)
 	require.NoError(t, outside.Commit(ctx))
 	require.NoError(t, (<-blocked).err, "the other call, appended alone")
@@ -409,15 +412,8 @@ func TestPanickingLeaderStrandsNoCall(t *testing.T) {
 func TestSharedTransactionLostConnectionRetriesAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
-	s := testdb.Name("s")
-	require.NoError(t, c.CreateStream(ctx, s, 3))
-	outside, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = outside.Rollback(context.Background()) }()
-	_, err = outside.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 AND partition = 2 FOR UPDATE`, s)
-	require.NoError(t, err)
+	pool, c, s := oneSlotClient(t, 3)
+	outside := lockHead(t, pool, s, 2)
 
 	tx, first := holdTheLine(t, pool, c, s)
 	p2 := goProduce(ctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(2), EventID: "p2", Data: json.RawMessage(`2`)})
