@@ -7,7 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/streamd/streamd/internal/testdb"
 	schema "github.com/streamd/streamd/sql"
 )
 
@@ -21,13 +20,9 @@ import (
 func TestMigration0195KeepsTheGroupsInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testdb.FreshDatabase(t))
-	require.NoError(t, err)
-	defer conn.Close(ctx)
+	conn := connectBefore(t, 195)
 
-	migrateBefore(ctx, t, conn, 195)
-
-	_, err = conn.Exec(ctx, `
+	_, err := conn.Exec(ctx, `
 		INSERT INTO streamd.queues (queue_name, fifo, max_delivery_attempts) VALUES ('f', true, 5);
 		INSERT INTO streamd.message_groups (stream_name, group_key, tenant_id, visible_at) VALUES
 			('f', 'leased', '', now() + interval '1 hour'),

@@ -22,13 +22,9 @@ import (
 func TestMigration0175KeepsTheFIFOGroups(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testdb.FreshDatabase(t))
-	require.NoError(t, err)
-	defer conn.Close(ctx)
+	conn := connectBefore(t, 175)
 
-	migrateBefore(ctx, t, conn, 175)
-
-	_, err = conn.Exec(ctx, `
+	_, err := conn.Exec(ctx, `
 		INSERT INTO streamd.queues (queue_name, fifo, max_delivery_attempts) VALUES ('f', true, 5);
 		INSERT INTO streamd.message_groups (stream_name, group_key, tenant_id, visible_at) VALUES
 			('f', 'b', '', now() - interval '2 min'),

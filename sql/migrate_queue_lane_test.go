@@ -7,7 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/streamd/streamd/internal/testdb"
 	schema "github.com/streamd/streamd/sql"
 )
 
@@ -19,14 +18,10 @@ import (
 func TestMigration0120KeepsTheDelayedLane(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testdb.FreshDatabase(t))
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-
-	migrateBefore(ctx, t, conn, 120)
+	conn := connectBefore(t, 120)
 
 	const lane = 4503599627370496
-	_, err = conn.Exec(ctx, `
+	_, err := conn.Exec(ctx, `
 		INSERT INTO streamd.queues (queue_name, fifo, max_delivery_attempts) VALUES ('q', false, 5);
 		INSERT INTO streamd.queue_messages (stream_name, "offset", message_id, data, enqueued_at, visibility_timeout,
 		                                    delivery_attempts, lease_token) VALUES

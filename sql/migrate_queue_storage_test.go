@@ -27,13 +27,9 @@ import (
 func TestMigration0086MovesEveryMessage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testdb.FreshDatabase(t))
-	require.NoError(t, err)
-	defer conn.Close(ctx)
+	conn := connectBefore(t, 86)
 
-	migrateBefore(ctx, t, conn, 86)
-
-	_, err = conn.Exec(ctx, `
+	_, err := conn.Exec(ctx, `
 		INSERT INTO streamd.queues (queue_name, fifo, max_delivery_attempts, dead_letter_queue) VALUES
 			('dlq', false, 5, NULL), ('q', false, 3, 'dlq'), ('f', true, 5, NULL);
 		SELECT setval('streamd.messages_offset_seq', 100);
@@ -143,6 +139,18 @@ func TestMigration0086MovesEveryMessage(t *testing.T) {
 // migrateBefore brings conn's database to the schema before migration version: the
 // migrations below it and none of the re-applied layer (its functions and views are
 // today's, written for the schema after it).
+// connectBefore returns a connection to a fresh database migrated to the schema
+// before migration version (migrateBefore), closed when the test ends.
+func connectBefore(t *testing.T, version int) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testdb.FreshDatabase(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	migrateBefore(ctx, t, conn, version)
+	return conn
+}
+
 func migrateBefore(ctx context.Context, t *testing.T, conn *pgx.Conn, version int) {
 	t.Helper()
 	old := fstest.MapFS{"functions/none": {}, "views/none": {}}
