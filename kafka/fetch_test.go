@@ -35,6 +35,26 @@ func fetchReq(topic string, partition int32, offset int64, maxWait time.Duration
 	return req
 }
 
+// fetchResult is a Fetch's answer, or its error.
+type fetchResult struct {
+	resp *kmsg.FetchResponse
+	err  error
+}
+
+// fetchWaiting sends req on cl in a goroutine and returns, with the channel of its
+// answer, once the server holds the fetch waiting (its long poll).
+func fetchWaiting(t *testing.T, ctx context.Context, ts *testServer, cl *kgo.Client, req *kmsg.FetchRequest) <-chan fetchResult {
+	t.Helper()
+	waiting := ts.srv.fetchesWaiting.Load()
+	done := make(chan fetchResult, 1)
+	go func() {
+		resp, err := req.RequestWith(ctx, cl)
+		done <- fetchResult{resp, err}
+	}()
+	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > waiting }, 10*time.Second, time.Millisecond)
+	return done
+}
+
 // A long poll returns as soon as a record is appended (woken by the hub), carries
 // the watermarks, and an offset past the log end is OFFSET_OUT_OF_RANGE.
 func TestFetchLongPollAndOffsetOutOfRange(t *testing.T) {
@@ -484,17 +504,7 @@ func TestReadEndingBeforeTheHeadsJoinsTheAnswer(t *testing.T) {
 	rp1 := kmsg.NewFetchRequestTopicPartition()
 	rp1.Partition, rp1.PartitionMaxBytes = 1, 1<<20
 	req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp1)
-	type result struct {
-		resp *kmsg.FetchResponse
-		err  error
-	}
-	done := make(chan result, 1)
-	waiting := ts.srv.fetchesWaiting.Load()
-	go func() {
-		resp, err := req.RequestWith(ctx, cl)
-		done <- result{resp, err}
-	}()
-	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > waiting }, 10*time.Second, time.Millisecond)
+	done := fetchWaiting(t, ctx, ts, cl, req)
 	blocking.Store(true)
 	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("slow")}}, nil)
 	require.NoError(t, err)
@@ -504,7 +514,7 @@ func TestReadEndingBeforeTheHeadsJoinsTheAnswer(t *testing.T) {
 	_, err = sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("fast")}}, nil)
 	require.NoError(t, err)
 	hub.NotifyPartitions(topic, 1)
-	var res result
+	var res fetchResult
 	select {
 	case <-headsStarted: // partition 1's records are in; the pass reads the heads
 		releaseAll() // partition 0's read ends before the head read does
@@ -609,17 +619,7 @@ func TestLeftReadsKeepFetchMaxBytes(t *testing.T) {
 
 	// The fetch waits (the first pass's one statement found nothing); the records come,
 	// and its pass after the wake-up reads the partitions one by one.
-	waiting := ts.srv.fetchesWaiting.Load()
-	type result struct {
-		resp *kmsg.FetchResponse
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		resp, err := req.RequestWith(ctx, cl)
-		done <- result{resp, err}
-	}()
-	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > waiting }, 10*time.Second, time.Millisecond)
+	done := fetchWaiting(t, ctx, ts, cl, req)
 	for p := int32(0); p < partitions; p++ {
 		_, err := sc.AppendPartition(ctx, topic, p, []streams.Record{{Bytes: payload}}, nil)
 		require.NoError(t, err)
@@ -682,17 +682,7 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 	rp1 := kmsg.NewFetchRequestTopicPartition()
 	rp1.Partition, rp1.PartitionMaxBytes = 1, 1<<20
 	req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp1)
-	type result struct {
-		resp *kmsg.FetchResponse
-		err  error
-	}
-	done := make(chan result, 1)
-	waiting := ts.srv.fetchesWaiting.Load()
-	go func() {
-		resp, err := req.RequestWith(ctx, cl)
-		done <- result{resp, err}
-	}()
-	require.Eventually(t, func() bool { return ts.srv.fetchesWaiting.Load() > waiting }, 10*time.Second, time.Millisecond)
+	done := fetchWaiting(t, ctx, ts, cl, req)
 	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("a")}, {Bytes: []byte("b")}}, nil)
 	require.NoError(t, err)
 	hub.NotifyPartitions(topic, 0)
@@ -700,7 +690,7 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 	_, err = sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("c")}}, nil)
 	require.NoError(t, err)
 	hub.NotifyPartitions(topic, 1)
-	var res result
+	var res fetchResult
 	select {
 	case res = <-done:
 	case <-time.After(15 * time.Second):
