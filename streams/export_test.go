@@ -21,10 +21,10 @@ func FetchDecodesItself(ctx context.Context, db DBTX) (bool, error) {
 }
 
 // InsertSQL is the one-statement path's statement. Tests only.
-const InsertSQL = insertSQL
+var InsertSQL = insertSQL
 
 // OneSQL is the one-statement path's statement for a single record. Tests only.
-const OneSQL = oneSQL
+var OneSQL = oneSQL
 
 // CoalescedAppends returns how many Produce calls were appended in a transaction
 // shared with other calls so far. Tests only.

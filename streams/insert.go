@@ -62,13 +62,7 @@ var insertAppends atomic.Int64
 // connection (TestOneStatementAppendKeepsAGenericPlan). The statement names events'
 // and streams' columns: they are a contract of the client as well as of the SQL
 // functions (docs/operations.md, "Client library").
-const insertSQL = `WITH t AS MATERIALIZED (
-    SELECT (r.h).base AS base, (r.h).ts AS ts, streamd.append_recheck_rules($1, false, false) AS recheck,
-           set_config('streamd.append_trusted', 'on', true) AS trusted
-      FROM (SELECT streamd.head_reserve($1, $2, $3) AS h FROM streamd.streams st
-             WHERE st.stream_name = $1 AND $2 >= 0 AND $2 < st.partitions AND $4 <= st.max_payload_bytes
-               AND NOT (st.read_only OR st.key_versions OR st.enforce_event_types) OFFSET 0) r
-     WHERE (r.h).base IS NOT NULL),
+var insertSQL = reserveCTE("$3", "$4") + `,
 ins AS (
     INSERT INTO streamd.events (stream_name, partition, "offset", event_id, event_type, key, data, data_bytes,
                                 metadata, "timestamp", correlation_id, causation_id, version)
@@ -80,20 +74,28 @@ ins AS (
 SELECT t.base, t.ts FROM t`
 
 // oneSQL is insertSQL for a single record, with scalar parameters instead of arrays
-// (none to receive and unnest): the same steps, checks and fallbacks.
-const oneSQL = `WITH t AS MATERIALIZED (
-    SELECT (r.h).base AS base, (r.h).ts AS ts, streamd.append_recheck_rules($1, false, false) AS recheck,
-           set_config('streamd.append_trusted', 'on', true) AS trusted
-      FROM (SELECT streamd.head_reserve($1, $2, 1) AS h FROM streamd.streams st
-             WHERE st.stream_name = $1 AND $2 >= 0 AND $2 < st.partitions AND $3 <= st.max_payload_bytes
-               AND NOT (st.read_only OR st.key_versions OR st.enforce_event_types) OFFSET 0) r
-     WHERE (r.h).base IS NOT NULL),
+// (none to receive and unnest): the same steps, checks and fallbacks (the same t).
+var oneSQL = reserveCTE("1", "$3") + `,
 ins AS (
     INSERT INTO streamd.events (stream_name, partition, "offset", event_id, event_type, key, data, data_bytes,
                                 metadata, "timestamp", correlation_id, causation_id, version)
     SELECT $1, $2, t.base, $4, $5, $6, $7::text::jsonb, $8, $9::text::jsonb, t.ts, $10, $11, $12
       FROM t)
 SELECT t.base, t.ts FROM t`
+
+// reserveCTE is the CTE t of insertSQL and oneSQL, one text so that the two paths
+// cannot check different things: count and maxPayload are the SQL (a parameter or a
+// literal) of the batch's record count and its largest payload; $1 and $2 are the
+// stream and the partition.
+func reserveCTE(count, maxPayload string) string {
+	return `WITH t AS MATERIALIZED (
+    SELECT (r.h).base AS base, (r.h).ts AS ts, streamd.append_recheck_rules($1, false, false) AS recheck,
+           set_config('streamd.append_trusted', 'on', true) AS trusted
+      FROM (SELECT streamd.head_reserve($1, $2, ` + count + `) AS h FROM streamd.streams st
+             WHERE st.stream_name = $1 AND $2 >= 0 AND $2 < st.partitions AND ` + maxPayload + ` <= st.max_payload_bytes
+               AND NOT (st.read_only OR st.key_versions OR st.enforce_event_types) OFFSET 0) r
+     WHERE (r.h).base IS NOT NULL)`
+}
 
 // insertStatement is the statement (oneSQL for a single record, insertSQL for more)
 // and the arguments that append recs, all to stream and partition and all with an
