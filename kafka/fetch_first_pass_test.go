@@ -43,9 +43,7 @@ func TestFirstPassReadsATopicInOneStatement(t *testing.T) {
 	cl := newClient(t, []string{ts.addr})
 	req := fetchReq(topic, 0, 0, 0, 1)
 	for _, po := range [][2]int64{{1, 1}, {2, 5}, {3, 0}, {4, 1}} {
-		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = int32(po[0]), po[1], 1<<20
-		req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+		addFetchPartition(req, int32(po[0]), po[1])
 	}
 	_, err = req.RequestWith(ctx, cl) // the topic's first fetch also reads its configuration
 	require.NoError(t, err)

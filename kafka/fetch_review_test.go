@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
@@ -30,9 +29,7 @@ func TestBadOffsetFailsOnlyItsPartition(t *testing.T) {
 	_, err := sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("a")}}, nil)
 	require.NoError(t, err)
 	req := fetchReq(topic, 0, -1, 0, 1)
-	rp := kmsg.NewFetchRequestTopicPartition()
-	rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = 1, 0, 1<<20
-	req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+	addFetchPartition(req, 1, 0)
 	resp, err := req.RequestWith(ctx, newClient(t, []string{ts.addr}))
 	require.NoError(t, err)
 	p1 := resp.Topics[0].Partitions[1]
@@ -94,9 +91,7 @@ func TestFirstFetchReadsAboutFetchMaxBytes(t *testing.T) {
 	req := fetchReq(topic, 0, 0, 0, 1)
 	req.MaxBytes = maxBytes
 	for p := int32(1); p < partitions; p++ {
-		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition, rp.PartitionMaxBytes = p, 1<<20
-		req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+		addFetchPartition(req, p, 0)
 	}
 	resp, err := req.RequestWith(ctx, newClient(t, []string{ts.addr}))
 	require.NoError(t, err)
@@ -129,9 +124,7 @@ func TestLastAnswerForgetsPartitionsNoLongerFetched(t *testing.T) {
 		require.NoError(t, sc.CreateStream(ctx, topic, 3))
 		req := fetchReq(topic, 0, 0, 0, 1)
 		for p := int32(1); p < 3; p++ {
-			rp := kmsg.NewFetchRequestTopicPartition()
-			rp.Partition, rp.PartitionMaxBytes = p, 1<<20
-			req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+			addFetchPartition(req, p, 0)
 		}
 		_, err := req.RequestWith(ctx, cl)
 		require.NoError(t, err)

@@ -35,6 +35,14 @@ func fetchReq(topic string, partition int32, offset int64, maxWait time.Duration
 	return req
 }
 
+// addFetchPartition adds partition of req's first topic to req, from offset, with
+// fetchReq's partition max bytes.
+func addFetchPartition(req *kmsg.FetchRequest, partition int32, offset int64) {
+	rp := kmsg.NewFetchRequestTopicPartition()
+	rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = partition, offset, 1<<20
+	req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+}
+
 // fetchResult is a Fetch's answer, or its error.
 type fetchResult struct {
 	resp *kmsg.FetchResponse
@@ -226,9 +234,7 @@ func TestFetchSeesCommitsBetweenFetchesAndIsWokenWhileWaiting(t *testing.T) {
 	fetch := func(offsets ...int64) *kmsg.FetchRequest {
 		req := fetchReq(topic, 0, offsets[0], 30*time.Second, 1)
 		for p := 1; p < len(offsets); p++ {
-			rp := kmsg.NewFetchRequestTopicPartition()
-			rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = int32(p), offsets[p], 1<<20
-			req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+			addFetchPartition(req, int32(p), offsets[p])
 		}
 		return req
 	}
@@ -328,9 +334,7 @@ func TestWokenFetchReadsOnlyTheWokenPartition(t *testing.T) {
 	cl := newClient(t, []string{ts.addr})
 	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
 	for p := int32(1); p < 4; p++ {
-		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition, rp.PartitionMaxBytes = p, 1<<20
-		req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+		addFetchPartition(req, p, 0)
 	}
 	type result struct {
 		resp *kmsg.FetchResponse
@@ -413,9 +417,7 @@ func TestSlowReadDoesNotHoldUpAnotherPartition(t *testing.T) {
 	require.NoError(t, sc.CreateStream(ctx, topic, 2))
 	cl := newClient(t, []string{ts.addr})
 	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
-	rp1 := kmsg.NewFetchRequestTopicPartition()
-	rp1.Partition, rp1.PartitionMaxBytes = 1, 1<<20
-	req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp1)
+	addFetchPartition(req, 1, 0)
 	type result struct {
 		resp *kmsg.FetchResponse
 		err  error
@@ -501,9 +503,7 @@ func TestReadEndingBeforeTheHeadsJoinsTheAnswer(t *testing.T) {
 	require.NoError(t, sc.CreateStream(ctx, topic, 2))
 	cl := newClient(t, []string{ts.addr})
 	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
-	rp1 := kmsg.NewFetchRequestTopicPartition()
-	rp1.Partition, rp1.PartitionMaxBytes = 1, 1<<20
-	req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp1)
+	addFetchPartition(req, 1, 0)
 	done := fetchWaiting(t, ctx, ts, cl, req)
 	blocking.Store(true)
 	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("slow")}}, nil)
@@ -603,9 +603,7 @@ func TestLeftReadsKeepFetchMaxBytes(t *testing.T) {
 	req.MaxBytes = maxBytes
 	all := []int32{0}
 	for p := int32(1); p < partitions; p++ {
-		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition, rp.PartitionMaxBytes = p, 1<<20
-		req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp)
+		addFetchPartition(req, p, 0)
 		all = append(all, p)
 	}
 	sum := func(ps []kmsg.FetchResponseTopicPartition) int {
@@ -679,9 +677,7 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 	require.NoError(t, sc.CreateStream(ctx, topic, 2))
 	cl := newClient(t, []string{ts.addr})
 	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
-	rp1 := kmsg.NewFetchRequestTopicPartition()
-	rp1.Partition, rp1.PartitionMaxBytes = 1, 1<<20
-	req.Topics[0].Partitions = append(req.Topics[0].Partitions, rp1)
+	addFetchPartition(req, 1, 0)
 	done := fetchWaiting(t, ctx, ts, cl, req)
 	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("a")}, {Bytes: []byte("b")}}, nil)
 	require.NoError(t, err)
