@@ -57,21 +57,34 @@ type FetchResult struct {
 // still be over-read by their compression ratio; a stream of mixed sizes gets shorter
 // fetches while a large event is among the first 8. The estimate is one short index
 // read; a running sum over the rows (a window) cost 15% of a 500-event fetch.
-const fetchSQL = `SELECT h.log_start_offset, h.next_offset,
-       e."offset", e.event_id, e.event_type, e.key, e.data, e.data_bytes, e.metadata,
-       e."timestamp", e.correlation_id, e.causation_id, e.version, e.header_keys, e.header_values, e.key_bytes
+var fetchSQL = `SELECT ` + fetchColumnsSQL + `
   FROM streamd.stream_partitions h
-  LEFT JOIN LATERAL (
+  LEFT JOIN LATERAL (` + eventsFromSQL("", "$2", "$3", "$4::bigint", "$5::bigint") + `) e ON true
+ WHERE h.stream_name = $1 AND h.partition = $2`
+
+// fetchColumnsSQL are a fetch's columns, fetchColumnOIDs' (fetch_decode.go): the head
+// row's log start and log end, then the event's.
+const fetchColumnsSQL = `h.log_start_offset, h.next_offset,
+       e."offset", e.event_id, e.event_type, e.key, e.data, e.data_bytes, e.metadata,
+       e."timestamp", e.correlation_id, e.causation_id, e.version, e.header_keys, e.header_values, e.key_bytes`
+
+// eventsFromSQL is the LATERAL read of head row h's events (fetchSQL's, and each
+// partition's of fetchPartitionsSQL): those from offset on, in offset order, at most
+// maxRecords and about maxBytes by the estimate above; guard (SQL ending in AND, or
+// empty) is a condition of the read's own. One text for both statements, so that the
+// read of one partition and the read of several cannot differ.
+func eventsFromSQL(guard, partition, offset, maxRecords, maxBytes string) string {
+	return `
         SELECT * FROM streamd.events e
-         WHERE e.stream_name = h.stream_name AND e.partition = h.partition AND e."offset" >= $3
+         WHERE ` + guard + `e.stream_name = h.stream_name AND e.partition = h.partition AND e."offset" >= ` + offset + `
          ORDER BY e."offset"
-         LIMIT least($4::bigint, $5::bigint / greatest((
+         LIMIT least(` + maxRecords + `, ` + maxBytes + ` / greatest((
                SELECT max(coalesce(pg_column_size(f.data), 0) + coalesce(octet_length(f.data_bytes), 0)
                           + coalesce(octet_length(f.key), 0) + coalesce(octet_length(f.key_bytes), 0))
                  FROM (SELECT f.data, f.data_bytes, f.key, f.key_bytes FROM streamd.events f
-                        WHERE f.stream_name = $1 AND f.partition = $2 AND f."offset" >= $3
-                        ORDER BY f."offset" LIMIT 8) f), 1) + 1)) e ON true
- WHERE h.stream_name = $1 AND h.partition = $2`
+                        WHERE f.stream_name = $1 AND f.partition = ` + partition + ` AND f."offset" >= ` + offset + `
+                        ORDER BY f."offset" LIMIT 8) f), 1) + 1)`
+}
 
 // Fetch reads the events of one partition from offset on, in offset order. An offset
 // below the log start (deleted by retention) or past the log end fails with an

@@ -44,22 +44,11 @@ type PartitionFetch struct {
 // same index in offset order; the partitions' rows come one partition after the
 // other in practice (a nested loop over the arrays), and the decoding does not rely
 // on it.
-const fetchPartitionsSQL = `SELECT h.log_start_offset, h.next_offset,
-       e."offset", e.event_id, e.event_type, e.key, e.data, e.data_bytes, e.metadata,
-       e."timestamp", e.correlation_id, e.causation_id, e.version, e.header_keys, e.header_values, e.key_bytes,
+var fetchPartitionsSQL = `SELECT ` + fetchColumnsSQL + `,
        q.i
   FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::bigint[]) WITH ORDINALITY AS q(partition, off, max_records, max_bytes, i)
   JOIN streamd.stream_partitions h ON h.stream_name = $1 AND h.partition = q.partition
-  LEFT JOIN LATERAL (
-        SELECT * FROM streamd.events e
-         WHERE q.max_records > 0 AND e.stream_name = h.stream_name AND e.partition = h.partition AND e."offset" >= q.off
-         ORDER BY e."offset"
-         LIMIT least(q.max_records, q.max_bytes / greatest((
-               SELECT max(coalesce(pg_column_size(f.data), 0) + coalesce(octet_length(f.data_bytes), 0)
-                          + coalesce(octet_length(f.key), 0) + coalesce(octet_length(f.key_bytes), 0))
-                 FROM (SELECT f.data, f.data_bytes, f.key, f.key_bytes FROM streamd.events f
-                        WHERE f.stream_name = $1 AND f.partition = q.partition AND f."offset" >= q.off
-                        ORDER BY f."offset" LIMIT 8) f), 1) + 1)) e ON true`
+  LEFT JOIN LATERAL (` + eventsFromSQL("q.max_records > 0 AND ", "q.partition", "q.off", "q.max_records", "q.max_bytes") + `) e ON true`
 
 // FetchPartitionsTx reads several partitions of stream in one statement on db (a
 // pool, connection or transaction): each partition's events from its offset, as
