@@ -50,12 +50,7 @@ func TestFIFOWorkerKill9AndStop(t *testing.T) {
 	_, err = c.Send(ctx, q, batch...)
 	require.NoError(t, err)
 
-	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run", "^TestWorkerKill9Child$", "-test.count", "1")
-		cmd.Env = append(os.Environ(), childQueueEnv+"="+q, childTableEnv+"="+table, "STREAMD_DATABASE_URL="+testdb.URL(t))
-		require.NoError(t, cmd.Start())
-		return cmd
-	}
+	start := func() *exec.Cmd { return startWorkerChild(t, q, table) }
 	children := []*exec.Cmd{start(), start(), start()}
 	frozen := children[0]
 	defer func() {
@@ -65,11 +60,7 @@ func TestFIFOWorkerKill9AndStop(t *testing.T) {
 			_ = ch.Wait()
 		}
 	}()
-	acks := func() int {
-		var k int
-		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()).Scan(&k))
-		return k
-	}
+	acks := func() int { return countRows(t, pool, table) }
 	waitAcks := func(k int, what string) {
 		testdb.WaitFor(t, 60*time.Second, what, func() bool { return acks() >= k })
 	}

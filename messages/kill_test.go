@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -75,6 +76,24 @@ func TestWorkerKill9Child(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// startWorkerChild starts a worker process (TestWorkerKill9Child) on queue, acking
+// into table.
+func startWorkerChild(t *testing.T, queue, table string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestWorkerKill9Child$", "-test.count", "1")
+	cmd.Env = append(os.Environ(), childQueueEnv+"="+queue, childTableEnv+"="+table, "STREAMD_DATABASE_URL="+testdb.URL(t))
+	require.NoError(t, cmd.Start())
+	return cmd
+}
+
+// countRows returns how many rows table holds (the acks the workers committed).
+func countRows(t *testing.T, pool *pgxpool.Pool, table string) int {
+	t.Helper()
+	var k int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()).Scan(&k))
+	return k
+}
+
 // Q1 with crashes: worker processes are killed with SIGKILL (mid-handler, mid-
 // transaction) and replaced while they drain a queue. Every message is acked exactly
 // once (the ack commits with the handler's record) and none is lost: the leases of
@@ -101,12 +120,7 @@ func TestWorkerKill9(t *testing.T) {
 	_, err = c.Send(ctx, q, batch...)
 	require.NoError(t, err)
 
-	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run", "^TestWorkerKill9Child$", "-test.count", "1")
-		cmd.Env = append(os.Environ(), childQueueEnv+"="+q, childTableEnv+"="+table, "STREAMD_DATABASE_URL="+testdb.URL(t))
-		require.NoError(t, cmd.Start())
-		return cmd
-	}
+	start := func() *exec.Cmd { return startWorkerChild(t, q, table) }
 	children := []*exec.Cmd{start(), start(), start()}
 	defer func() {
 		for _, ch := range children {
@@ -114,11 +128,7 @@ func TestWorkerKill9(t *testing.T) {
 			_ = ch.Wait()
 		}
 	}()
-	acks := func() int {
-		var k int
-		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()).Scan(&k))
-		return k
-	}
+	acks := func() int { return countRows(t, pool, table) }
 	// Kill a random worker every time another slice of the queue is acked, until
 	// three quarters are done; then let the survivors finish.
 	rng := rand.New(rand.NewPCG(4, 4))
@@ -228,11 +238,7 @@ func TestWorkerSIGTERMSpendsNoAttempt(t *testing.T) {
 			<-ch.done
 		}
 	}()
-	acks := func() int {
-		var k int
-		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()).Scan(&k))
-		return k
-	}
+	acks := func() int { return countRows(t, pool, table) }
 	// Stop a worker with SIGTERM each time another slice of the queue is acked (the
 	// other half of the messages is sent meanwhile), and start a new one.
 	rng := rand.New(rand.NewPCG(16, 3))
