@@ -823,22 +823,17 @@ BEGIN
         -- queue_groups_advance below looks again, after the lock, and sets the group
         -- right.
         WITH c AS MATERIALIZED (
-            SELECT l.ctid AS gc, l.group_key AS key, l.tenant_id AS ten, h.c, h.o, h.exhausted, n.o IS NOT NULL AS more
+            SELECT l.ctid AS gc, l.group_key AS key, l.tenant_id AS ten, h.c, h.o, h.exhausted, h.more
             FROM streamd.message_groups l
             LEFT JOIN LATERAL (
-                SELECT m.ctid AS c, m."offset" AS o, m.visibility_timeout AS vis,
-                       (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
-                        AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
-                FROM streamd.queue_messages m
-                WHERE m.stream_name = p_queue AND m.group_key = l.group_key AND coalesce(m.tenant_id, '') = l.tenant_id
-                ORDER BY m."offset" LIMIT 1) h ON true
-            -- The message behind the head, if any (a LIMIT 2 with a window over it
-            -- cost four times as much per group).
-            LEFT JOIN LATERAL (
-                SELECT m."offset" AS o FROM streamd.queue_messages m
-                WHERE m.stream_name = p_queue AND m.group_key = l.group_key AND coalesce(m.tenant_id, '') = l.tenant_id
-                  AND m."offset" > h.o
-                ORDER BY m."offset" LIMIT 1) n ON true
+                SELECT x.c, x.o, x.vis, x.exhausted, count(*) OVER () > 1 AS more
+                FROM (SELECT m.ctid AS c, m."offset" AS o, m.visibility_timeout AS vis,
+                             (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
+                              AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
+                      FROM streamd.queue_messages m
+                      WHERE m.stream_name = p_queue AND m.group_key = l.group_key AND coalesce(m.tenant_id, '') = l.tenant_id
+                      ORDER BY m."offset" LIMIT 2) x
+                ORDER BY x.o LIMIT 1) h ON true
             WHERE l.stream_name = p_queue AND l.visible_at <= v_now AND (h.vis IS NULL OR h.vis <= v_now)
             ORDER BY l.visible_at, l.group_key
             LIMIT p_max
