@@ -752,7 +752,6 @@ DECLARE
     v_ctids  tid[];
     v_dead   bigint[];
     v_heads  bigint[]; -- FIFO: the offsets of the heads to lease
-    v_headless boolean; -- FIFO: a group without a message was taken
     v_groups text[];
     v_tens   text[];
     v_tok    bytea := uuid_send(gen_random_uuid()); -- the lease tokens' random base, once per call
@@ -802,54 +801,55 @@ BEGIN
               LIMIT p_max) c;
     ELSE
         -- The groups that may deliver, least recently served first, locked (SKIP
-        -- LOCKED) and written in one statement, with their heads. A group may
-        -- deliver when its visible_at has come and its head (lowest offset) is not in
-        -- flight: an ack writes no group row (migration 0200), so a group is told in
-        -- flight by its head, looked up here for each group the scan meets (a group
-        -- without one is taken too, to be deleted below). Taking a group that holds
-        -- another message moves it to the back of the round robin (visible_at = now:
-        -- the one group write of a delivery, not HOT, as visible_at is in
-        -- message_groups_ready); a group whose head is its last message is only
-        -- locked: its ack deletes it, and a nack or release moves it. A group in
-        -- flight stays where it is and receives read past it (a head lookup each),
-        -- as a standard receive reads past messages in flight.
-        -- The head is the statement's snapshot's: a send to the group only adds
-        -- later offsets, and every call that changes a head but an ack (nack,
-        -- release, extension, termination, another receive) writes the group row
-        -- first, so the lock re-checks the group's new version (EvalPlanQual) and the
-        -- lease below re-checks the head's (v_heads: its offset, still not leased).
-        -- An ack can delete a head whose lease ended under it: the lease finds it
-        -- gone. When a group has no head or its head is dead-lettered,
-        -- queue_groups_advance below looks again, after the lock, and sets the group
-        -- right.
-        WITH c AS MATERIALIZED (
-            SELECT l.ctid AS gc, l.group_key AS key, l.tenant_id AS ten, h.c, h.o, h.exhausted, h.more
-            FROM streamd.message_groups l
-            LEFT JOIN LATERAL (
-                SELECT x.c, x.o, x.vis, x.exhausted, count(*) OVER () > 1 AS more
-                FROM (SELECT m.ctid AS c, m."offset" AS o, m.visibility_timeout AS vis,
-                             (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
-                              AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
-                      FROM streamd.queue_messages m
-                      WHERE m.stream_name = p_queue AND m.group_key = l.group_key AND coalesce(m.tenant_id, '') = l.tenant_id
-                      ORDER BY m."offset" LIMIT 2) x
-                ORDER BY x.o LIMIT 1) h ON true
-            WHERE l.stream_name = p_queue AND l.visible_at <= v_now AND (h.vis IS NULL OR h.vis <= v_now)
-            ORDER BY l.visible_at, l.group_key
-            LIMIT p_max
-            FOR UPDATE OF l SKIP LOCKED
-        ), u AS (
+        -- LOCKED) and written in one statement. A group may deliver when its
+        -- visible_at has come and its head (lowest offset) is not in flight: an ack
+        -- writes no group row (migration 0200), so a group is told in flight by its
+        -- head, looked up here before the lock (a group without one is taken too, to
+        -- be deleted below) and again after it. Taking a group moves it to the back
+        -- of the round robin (visible_at = now: the one group write of a delivery,
+        -- not HOT, as visible_at is in message_groups_ready); a group in flight stays
+        -- there and receives read past it, as a standard receive reads past messages
+        -- in flight. When a head is not leased after all (dead-lettered, not visible
+        -- yet, in flight after all, or gone), queue_groups_advance below sets its
+        -- group right.
+        WITH u AS (
             UPDATE streamd.message_groups g SET visible_at = v_now
-            FROM c
-            WHERE g.ctid = c.gc AND c.more)
-        SELECT array_agg(c.key), array_agg(c.ten),
-               array_agg(c.c) FILTER (WHERE NOT c.exhausted), array_agg(c.o) FILTER (WHERE c.exhausted),
-               array_agg(c.o) FILTER (WHERE NOT c.exhausted), bool_or(c.c IS NULL)
-        INTO v_groups, v_tens, v_ctids, v_dead, v_heads, v_headless
-        FROM c;
+            WHERE g.ctid = ANY(ARRAY(
+                SELECT l.ctid FROM streamd.message_groups l
+                LEFT JOIN LATERAL (
+                    SELECT m.visibility_timeout AS vis FROM streamd.queue_messages m
+                    WHERE m.stream_name = p_queue AND m.group_key = l.group_key AND coalesce(m.tenant_id, '') = l.tenant_id
+                    ORDER BY m."offset" LIMIT 1) h ON true
+                WHERE l.stream_name = p_queue AND l.visible_at <= v_now AND (h.vis IS NULL OR h.vis <= v_now)
+                ORDER BY l.visible_at, l.group_key
+                LIMIT p_max
+                FOR UPDATE OF l SKIP LOCKED))
+            RETURNING g.group_key, g.tenant_id)
+        SELECT array_agg(u.group_key), array_agg(u.tenant_id) INTO v_groups, v_tens FROM u;
         IF v_groups IS NULL THEN
             RETURN;
         END IF;
+        -- A new statement, taken after the group locks: it sees every send, nack,
+        -- release, extension and termination of these groups (they lock the group
+        -- first), and none can start until we commit. An ack takes no group lock; it
+        -- can only delete a head that is in flight here (and so not leased again), or
+        -- one whose lease ended that its holder acks now: the lease below then finds
+        -- it gone. The heads are leased by the ctids found here, as a standard
+        -- receive leases what it locked, not by a second descent of the primary key;
+        -- their offsets are checked there too (v_heads), for the head an ack deletes
+        -- meanwhile.
+        SELECT array_agg(h.c) FILTER (WHERE NOT h.exhausted AND h.vis <= v_now),
+               array_agg(h.o) FILTER (WHERE h.exhausted AND h.vis <= v_now),
+               array_agg(h.o) FILTER (WHERE NOT h.exhausted AND h.vis <= v_now)
+        INTO v_ctids, v_dead, v_heads
+        FROM unnest(v_groups, v_tens) k(key, ten)
+        CROSS JOIN LATERAL (
+            SELECT m.ctid AS c, m."offset" AS o, m.visibility_timeout AS vis,
+                   (m.delivery_attempts >= coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts)
+                    AND streamd.queue_dlq_ok(coalesce(m.dead_letter_stream, v_q.dead_letter_queue))) AS exhausted
+            FROM streamd.queue_messages m
+            WHERE m.stream_name = p_queue AND m.group_key = k.key AND coalesce(m.tenant_id, '') = k.ten
+            ORDER BY m."offset" LIMIT 1) h;
     END IF;
 
     IF v_dead IS NOT NULL THEN
@@ -860,16 +860,15 @@ BEGIN
         UPDATE streamd.queue_messages m
         SET delivery_attempts = m.delivery_attempts + 1, visibility_timeout = v_lease,
             lease_token = encode(v_tok || int8send(v_tok_lo # m."offset"), 'hex')::uuid
-        WHERE m.ctid = ANY(v_ctids)
-          AND (v_heads IS NULL OR (m.stream_name = p_queue AND m."offset" = ANY(v_heads) AND m.visibility_timeout <= v_now))
+        WHERE m.ctid = ANY(v_ctids) AND (v_heads IS NULL OR (m.stream_name = p_queue AND m."offset" = ANY(v_heads)))
         RETURNING m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
                   m.delivery_attempts, coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts), m.lease_token,
                   m.group_key, m.last_error, m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at,
                   m.data_bytes;
     END IF;
-    IF v_q.fifo AND (v_dead IS NOT NULL OR v_headless) THEN
-        -- A head was dead-lettered, or a group had none: those groups deliver at
-        -- their next head's time, or go when empty (looked up after the lock).
+    IF v_q.fifo AND (v_dead IS NOT NULL OR coalesce(cardinality(v_ctids), 0) < cardinality(v_groups)) THEN
+        -- Not every group's head was leased: those groups deliver at their head's
+        -- time, or go when empty.
         PERFORM streamd.queue_groups_advance(p_queue, v_groups, v_tens, v_now);
     END IF;
 END;
