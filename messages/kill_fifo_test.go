@@ -21,8 +21,8 @@ import (
 // Q1 and the FIFO guarantees with crashes and a frozen worker: worker processes drain a
 // FIFO queue of 20 groups; one is frozen (SIGSTOP) holding its leases while the others
 // go on, and workers are killed with SIGKILL and replaced. The frozen worker's groups
-// come back once their leases end (a group in flight is read past until its head's lease
-// ends, migration 0200), and it is let go again (SIGCONT), its late acks refused. Every message
+// come back once their leases end (a group in flight is read past until its lease_end,
+// session 12), and it is let go again (SIGCONT), its late acks refused. Every message
 // is acked exactly once, and within each group in the order sent: the acks' commit
 // order (a serial taken in the acking transaction) follows the send order, which two
 // messages of a group in flight at once, or a group served again before its lease

@@ -264,10 +264,10 @@ func TestFIFOGroupStatementsReadOnlyTheirGroups(t *testing.T) {
 // TestFIFOGroupRowsWrittenOnlyWhenTheyChange: a FIFO queue writes a group row on top of
 // each message (issue 22's FIFO target). A send to a group that already holds
 // messages locks its row and leaves it as it is (the upsert rewrote it unchanged: a
-// row version per group per send); a receive writes each group it takes once, by the
-// ctid of the row it locked, with no second lookup of its key (a lookup read every
-// dead version of the key too); an ack writes no group that keeps a message
-// (migration 0200: it wrote and locked each of them) and deletes those it empties.
+// row version per group per send); a receive and an ack write each group they move
+// once, by the ctid of the row they locked, with no second lookup of its key (a
+// lookup read every dead version of the key too), and the receive's writes are HOT
+// (migration 0195: they change no indexed column).
 // pg_stat_xact_user_tables counts the transaction's own writes and index fetches.
 func TestFIFOGroupRowsWrittenOnlyWhenTheyChange(t *testing.T) {
 	t.Parallel()
@@ -318,6 +318,10 @@ func TestFIFOGroupRowsWrittenOnlyWhenTheyChange(t *testing.T) {
 		require.Len(t, offs, groups)
 		n := groupWrites(tx)
 		require.Equal(t, int64(groups), n.upd, "%+v", n)
+		// HOT: the lease's end goes to lease_end, in no index (migration 0195). A
+		// version that finds no room on its page is not HOT; fillfactor 50 leaves
+		// room for all of them here.
+		require.GreaterOrEqual(t, n.hot, int64(groups*9/10), "a receive's group writes are HOT: %+v", n)
 		require.LessOrEqual(t, n.fetch, int64(groups+groups/10), "a receive of %d groups fetched %d group rows", groups, n.fetch)
 		return nil
 	}))
@@ -326,8 +330,8 @@ func TestFIFOGroupRowsWrittenOnlyWhenTheyChange(t *testing.T) {
 		require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM streamd.queue_ack($1, $2, $3, NULL)`, q, offs, toks).Scan(&settled))
 		require.Equal(t, groups, settled)
 		n := groupWrites(tx)
-		require.Zero(t, n.upd+n.del, "each group holds its second message: %+v", n)
-		require.Zero(t, n.fetch, "an ack of %d groups that keep a message fetched %d group rows", groups, n.fetch)
+		require.Equal(t, int64(groups), n.upd, "each group holds its second message: %+v", n)
+		require.LessOrEqual(t, n.fetch, int64(groups+groups/10), "an ack of %d groups fetched %d group rows", groups, n.fetch)
 		return nil
 	}))
 	got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 2 * groups})
