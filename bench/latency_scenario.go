@@ -32,6 +32,10 @@ import (
 //     the latency is commit → the handler being called with the event, after one
 //     untimed warm-up event per partition (the join is a rebalance, not delivery).
 //
+// The kafka scenario runs two more modes through run (kafkaScenario.endToEnd):
+// kafka-group, a franz-go group consumer over a kafka.Server in group-tailer's place,
+// and kafka-paired, both group consumers at once on the same events (pairedResults).
+//
 // Latency is from the producer's commit returning to the reader's fetch returning the
 // event, both clocks in this process. A reader may see an event before the producer
 // sees its commit acknowledged; such samples count as 0 and are reported in the note.
