@@ -166,6 +166,11 @@ type Result struct {
 	Repeats      int       `json:"repeats,omitempty"`
 	RatioSamples []float64 `json:"ratio_samples,omitempty"`
 	RateSamples  []float64 `json:"rate_samples,omitempty"`
+	// Paired names results measured together (the same events, at the same time)
+	// that must be compared within one repeat: across repeats all of them are taken
+	// from the repeat that is the median of the first of them (in the scenario's
+	// order), not each from its own.
+	Paired string `json:"paired,omitempty"`
 }
 
 // finish computes the rates.
@@ -287,6 +292,7 @@ func aggregateRepeats(reps [][]Result) []Result {
 		}
 	}
 	out := make([]Result, 0, len(order))
+	pairedRepeat := map[string]int{} // Paired → the repeat its first result took
 	for _, c := range order {
 		rs := byCase[c]
 		key := func(r Result) float64 {
@@ -298,9 +304,20 @@ func aggregateRepeats(reps [][]Result) []Result {
 			}
 			return r.RecordsPerSec
 		}
-		sorted := slices.Clone(rs)
-		slices.SortStableFunc(sorted, func(a, b Result) int { return cmpFloat(key(a), key(b)) })
-		med := sorted[(len(sorted)-1)/2]
+		idx := make([]int, len(rs)) // rs's repeats sorted by key
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortStableFunc(idx, func(a, b int) int { return cmpFloat(key(rs[a]), key(rs[b])) })
+		pick := idx[(len(idx)-1)/2]
+		if p := rs[0].Paired; p != "" {
+			if i, ok := pairedRepeat[p]; ok && i < len(rs) {
+				pick = i
+			} else if !ok {
+				pairedRepeat[p] = pick
+			}
+		}
+		med := rs[pick]
 		med.Repeats = len(rs)
 		med.RatioSamples, med.RateSamples = nil, nil
 		for _, r := range rs {

@@ -152,3 +152,28 @@ func TestAggregateRepeatsKeepsTheMedianRepeat(t *testing.T) {
 	require.Equal(t, []float64{0.9, 0.2, 0.5}, out[0].RatioSamples)
 	require.Equal(t, []float64{10, 30, 20}, out[0].RateSamples)
 }
+
+// TestAggregateRepeatsKeepsPairedResultsTogether: results measured together (Paired)
+// come from one repeat, the median of the first of them, not each from its own; the
+// others keep their own median.
+func TestAggregateRepeatsKeepsPairedResultsTogether(t *testing.T) {
+	timed := func(c, paired string, p50, p99 float64) Result {
+		return Result{Case: c, Paired: paired, Timing: &Timing{P50: p50, P99: p99, Count: 1}}
+	}
+	// Repeat by repeat: the baseline's median by p50 is repeat 0, the measured case's
+	// (and so the pair's) repeat 2.
+	reps := [][]Result{
+		{timed("native", "e2e", 2, 10), timed("kafka", "e2e", 1, 30), timed("alone", "", 5, 5)},
+		{timed("native", "e2e", 1, 11), timed("kafka", "e2e", 3, 20), timed("alone", "", 7, 7)},
+		{timed("native", "e2e", 3, 12), timed("kafka", "e2e", 2, 25), timed("alone", "", 6, 6)},
+	}
+	out := aggregateRepeats(reps)
+	require.Len(t, out, 3)
+	// native comes first: its median repeat (p50 2, repeat 0) decides the pair's.
+	require.Equal(t, 10.0, out[0].Timing.P99)
+	require.Equal(t, 30.0, out[1].Timing.P99, "kafka from the same repeat as native, not its own median (p50 2, p99 25)")
+	require.Equal(t, 6.0, out[2].Timing.P99)
+	for _, r := range out {
+		require.Equal(t, 3, r.Repeats)
+	}
+}

@@ -32,6 +32,10 @@ import (
 //     the latency is commit → the handler being called with the event, after one
 //     untimed warm-up event per partition (the join is a rebalance, not delivery).
 //
+// The kafka scenario runs two more modes through run (kafkaScenario.endToEnd):
+// kafka-group, a franz-go group consumer over a kafka.Server in group-tailer's place,
+// and kafka-paired, both group consumers at once on the same events (pairedResults).
+//
 // Latency is from the producer's commit returning to the reader's fetch returning the
 // event, both clocks in this process. A reader may see an event before the producer
 // sees its commit acknowledged; such samples count as 0 and are reported in the note.
@@ -161,7 +165,7 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		start("listener", l.Run)
 		hub = l.Hub
 		ready := func() bool { return l.Connected() }
-		if mode == "tailer" || mode == "group-tailer" || mode == "kafka-group" {
+		if mode == "tailer" || groupMode(mode) {
 			b, err := wakeup.NewBroadcaster(&wakeup.BroadcasterConfig{ConnString: url, Logger: env.Logger})
 			if err != nil {
 				return nil, err
@@ -185,18 +189,20 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 	lanes := make([]*latencyLane, latencyProducers)
 	for i := range lanes {
 		lanes[i] = &latencyLane{partition: int32(i), acked: make([]atomic.Int64, n), seen: make([]atomic.Int64, n)}
+		if mode == "kafka-paired" {
+			lanes[i].kseen = make([]atomic.Int64, n)
+		}
 	}
-	readersDone := make(chan error, len(lanes))
-	switch mode {
-	case "group-tailer":
-		if err := s.startGroup(rctx, env, hub, stream, lanes, n, &wg, readersDone); err != nil {
+	readers := len(lanes) // values readersDone gets: one per lane and consumer
+	readersDone := make(chan error, 2*len(lanes))
+	if groupMode(mode) {
+		if err := s.startGroups(rctx, env, hub, stream, mode, lanes, n, &wg, readersDone); err != nil {
 			return nil, err
 		}
-	case "kafka-group": // the kafka scenario's (kafka_scenario.go)
-		if err := s.startKafkaGroup(rctx, env, hub, stream, lanes, n, &wg, readersDone); err != nil {
-			return nil, err
+		if mode == "kafka-paired" {
+			readers *= 2
 		}
-	default:
+	} else {
 		for _, ln := range lanes {
 			wg.Add(1)
 			go func() { // owner: this run (waited for with wg); exits when rctx ends or its lane is all seen
@@ -244,7 +250,7 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 
 	// Wait for the readers to see everything (or give up after 10s).
 	giveUp := time.After(10 * time.Second)
-	for range lanes {
+	for range readers {
 		select {
 		case err := <-readersDone:
 			if err != nil {
@@ -256,6 +262,9 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		}
 	}
 
+	if mode == "kafka-paired" {
+		return pairedResults(lanes, n, elapsed, params, name)
+	}
 	var samples, wakeSamples []time.Duration
 	var total int64
 	early, missing := 0, 0
@@ -289,22 +298,86 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 	if missing > 0 {
 		return nil, fmt.Errorf("%d of %d events not delivered within 10s", missing, total)
 	}
-	rate := fmt.Sprintf("%d events at %.0f/s (paced at %d/s)", total, float64(total)/elapsed.Seconds(), latencyRate)
+	rate := rateText(total, elapsed)
 	op := "commit returned → fetch returned the event"
 	switch mode {
 	case "group-tailer":
-		op = "commit returned → the group's handler called with the event"
+		op = opNative
 	case "kafka-group":
-		op = "commit returned → a franz-go group consumer's poll returned the event (over a kafka.Server woken by the tailer)"
+		op = opKafka
 	}
 	res := timingResult("latency", mode, name, mode == "listen", params, op, samples)
 	res.Note = fmt.Sprintf("%s; %d seen before the producer's commit returned (counted as 0)", rate, early)
 	out := []Result{res}
-	if hub != nil && mode != "group-tailer" && mode != "kafka-group" {
+	if hub != nil && !groupMode(mode) {
 		wr := timingResult("latency", mode+"-wakeup", name+" wake-up", mode == "listen", params,
 			"commit returned → reader woken, or the event fetched if sooner", wakeSamples)
 		wr.Note = rate
 		out = append(out, wr)
+	}
+	return out, nil
+}
+
+// The group modes' operations.
+const (
+	opNative = "commit returned → the group's handler called with the event"
+	opKafka  = "commit returned → a franz-go group consumer's poll returned the event (over a kafka.Server woken by the tailer)"
+)
+
+// groupMode reports whether mode reads with group consumers (startGroups) rather
+// than with one reader per lane.
+func groupMode(mode string) bool {
+	return mode == "group-tailer" || mode == "kafka-group" || mode == "kafka-paired"
+}
+
+func rateText(total int64, elapsed time.Duration) string {
+	return fmt.Sprintf("%d events at %.0f/s (paced at %d/s)", total, float64(total)/elapsed.Seconds(), latencyRate)
+}
+
+// pairedResults are the kafka-paired mode's three timing results, all over the same
+// events: commit → the native group's handler (system kafka-paired-native), commit →
+// the franz-go group's poll (kafka-paired-kafka), and for each event the second minus
+// the first (kafka-paired-diff, negative when franz-go got it first). Deliveries
+// before the commit returned count as 0 in the first two, as in the other modes; the
+// difference is of the raw stamps.
+func pairedResults(lanes []*latencyLane, n int, elapsed time.Duration, params Params, name string) ([]Result, error) {
+	var native, kafka, diff []time.Duration
+	var total int64
+	early, missing := [2]int{}, 0
+	for _, ln := range lanes {
+		produced := ln.produced.Load()
+		total += produced
+		for i := int64(0); i < produced && i < int64(n); i++ {
+			a, r, k := ln.acked[i].Load(), ln.seen[i].Load(), ln.kseen[i].Load()
+			if a == 0 || r == 0 || k == 0 {
+				missing++
+				continue
+			}
+			for j, got := range [2]int64{r, k} {
+				if got < a {
+					early[j]++
+				}
+			}
+			native = append(native, time.Duration(max(r-a, 0)))
+			kafka = append(kafka, time.Duration(max(k-a, 0)))
+			diff = append(diff, time.Duration(k-r))
+		}
+	}
+	if missing > 0 {
+		return nil, fmt.Errorf("%d of %d events not delivered to both consumers within 10s", missing, total)
+	}
+	rate := rateText(total, elapsed)
+	nr := timingResult("latency", "kafka-paired-native", name+" native", true, params, opNative+", read at the same time as the franz-go group", native)
+	nr.Note = fmt.Sprintf("%s; %d seen before the producer's commit returned (counted as 0)", rate, early[0])
+	kr := timingResult("latency", "kafka-paired-kafka", name+" kafka", false, params, opKafka+", read at the same time as the native group", kafka)
+	kr.Note = fmt.Sprintf("%s; %d seen before the producer's commit returned (counted as 0)", rate, early[1])
+	dr := timingResult("latency", "kafka-paired-diff", name+" kafka−native", false, params,
+		"per event: the franz-go poll's stamp minus the native handler's (negative: franz-go first)", diff)
+	dr.Note = rate
+	kr.RatioTo, kr.Ratio = nr.Case, resultRatio(kr, nr)
+	out := []Result{nr, kr, dr}
+	for i := range out {
+		out[i].Paired = name
 	}
 	return out, nil
 }
@@ -314,7 +387,8 @@ type latencyLane struct {
 	partition int32
 	base      int64          // the offset of the lane's first timed event (after warm-up events)
 	acked     []atomic.Int64 // unix ns when the producer's commit returned, by offset - base
-	seen      []atomic.Int64 // unix ns when the reader's fetch returned it, by offset
+	seen      []atomic.Int64 // unix ns when the reader's fetch returned it, by offset (- base for the group modes)
+	kseen     []atomic.Int64 // kafka-paired: seen's twin for the franz-go group, beside the native one in seen
 	produced  atomic.Int64
 	finished  atomic.Bool // the producer stopped; produced is final
 	mu        sync.Mutex
@@ -487,34 +561,69 @@ func (s latencyScenario) keepUp(ctx context.Context, env *Env, d time.Duration, 
 	return res, nil
 }
 
-// startGroup starts one consumergroup.Consumer of the stream, woken by hub, whose
-// handler stamps each event when it is called with it; it sends one nil to done per
-// lane once every lane's producer stopped and the handler saw all it produced, and
-// returns after the consumer has started (its goroutine is waited for with wg).
-func (latencyScenario) startGroup(ctx context.Context, env *Env, hub *wakeup.Hub, stream string, lanes []*latencyLane, n int,
+// startGroups starts a group mode's consumers of the stream, woken by hub: one
+// consumergroup.Consumer (group-tailer; startGroup), one franz-go group consumer over a
+// kafka.Server (kafka-group; startKafkaGroup), or both at once (kafka-paired: the
+// franz-go group stamps the lanes' kseen, the native one their seen), each in a group
+// of its own. Each partition's first event (offset 0) is an untimed warm-up: a
+// consumer's join and first assignment are a rebalance's cost, not delivery latency.
+// It returns once every consumer got the warm-up events; each then sends one nil to
+// done per lane once every lane's producer stopped and it saw all they produced
+// (their goroutines are waited for with wg).
+func (s latencyScenario) startGroups(ctx context.Context, env *Env, hub *wakeup.Hub, stream, mode string, lanes []*latencyLane, n int,
 	wg *sync.WaitGroup, done chan<- error) error {
+	for _, ln := range lanes {
+		ln.base = 1 // set before any consumer runs: they read it
+	}
+	seen := func(ln *latencyLane) []atomic.Int64 { return ln.seen }
+	var sts []*groupStamps
+	if mode != "kafka-group" {
+		st := newGroupStamps(lanes, n, "the group consumer", seen)
+		if err := s.startGroup(ctx, env, hub, stream, st, wg); err != nil {
+			return err
+		}
+		sts = append(sts, st)
+	}
+	if mode != "group-tailer" {
+		slot := seen
+		if mode == "kafka-paired" {
+			slot = func(ln *latencyLane) []atomic.Int64 { return ln.kseen }
+		}
+		st := newGroupStamps(lanes, n, "the Kafka group consumer", slot)
+		if err := s.startKafkaGroup(ctx, env, hub, stream, st, wg); err != nil {
+			return err
+		}
+		sts = append(sts, st)
+	}
+	for _, ln := range lanes {
+		if _, err := env.Client.Produce(ctx, streams.Record{Stream: stream, Partition: streams.PartitionOf(ln.partition), Data: latencyPayload}); err != nil {
+			return err
+		}
+	}
+	for _, st := range sts {
+		if err := st.await(ctx, wg, done); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startGroup starts one consumergroup.Consumer of the stream, woken by hub, whose
+// handler stamps each event into st when it is called with it (its goroutine is
+// waited for with wg and ends with ctx).
+func (latencyScenario) startGroup(ctx context.Context, env *Env, hub *wakeup.Hub, stream string, st *groupStamps, wg *sync.WaitGroup) error {
 	pool, err := benchPool(ctx, env, 8)
 	if err != nil {
 		return err
 	}
 	c, err := consumergroup.New(pool, &consumergroup.Config{
-		Stream: stream, Group: "bench-latency-" + env.RunID, ConsumerID: "latency",
+		Stream: stream, Group: "bench-latency-" + stream, ConsumerID: "latency",
 		Wakeups: hub, Logger: quietLogger,
 	})
 	if err != nil {
 		pool.Close()
 		return err
 	}
-	// One warm-up event per partition, not timed: the consumer's join and first
-	// assignment are a rebalance's cost, not delivery latency.
-	for _, ln := range lanes {
-		if _, err := env.Client.Produce(ctx, streams.Record{Stream: stream, Partition: streams.PartitionOf(ln.partition), Data: latencyPayload}); err != nil {
-			pool.Close()
-			return err
-		}
-		ln.base = 1
-	}
-	st := newGroupStamps(lanes, n)
 	wg.Add(1)
 	go func() { // owner: this run; exits when ctx ends (the run's stop)
 		defer wg.Done()
@@ -531,23 +640,25 @@ func (latencyScenario) startGroup(ctx context.Context, env *Env, hub *wakeup.Hub
 			env.Logger.Warn("latency group consumer stopped", "error", err)
 		}
 	}()
-	return st.await(ctx, wg, done, "the group consumer")
+	return nil
 }
 
-// groupStamps is what a latency mode's group consumer (native or Kafka) shares with
-// its run: it stamps each event when the consumer gets it, counts the untimed warm-up
-// events, and ends the run once every lane's producer stopped and all it produced
-// was seen.
+// groupStamps is what one of a latency mode's group consumers (native or Kafka)
+// shares with its run: it stamps each event when the consumer gets it, counts the
+// untimed warm-up events, and ends the run once every lane's producer stopped and
+// all it produced was seen.
 type groupStamps struct {
-	lanes      []*latencyLane // by partition
-	n          int
-	seen, warm atomic.Int64
-	all        chan struct{}
-	once       sync.Once
+	lanes       []*latencyLane // by partition
+	n           int
+	who         string                            // the consumer, for errors
+	slot        func(*latencyLane) []atomic.Int64 // where a lane's stamps go (seen, or kseen)
+	count, warm atomic.Int64
+	all         chan struct{}
+	once        sync.Once
 }
 
-func newGroupStamps(lanes []*latencyLane, n int) *groupStamps {
-	return &groupStamps{lanes: lanes, n: n, all: make(chan struct{})}
+func newGroupStamps(lanes []*latencyLane, n int, who string, slot func(*latencyLane) []atomic.Int64) *groupStamps {
+	return &groupStamps{lanes: lanes, n: n, who: who, slot: slot, all: make(chan struct{})}
 }
 
 // stamp records that the consumer got partition's offset at now (unix ns).
@@ -557,8 +668,8 @@ func (g *groupStamps) stamp(partition int32, offset, now int64) {
 		g.warm.Add(1)
 		return
 	}
-	if i := offset - ln.base; i < int64(g.n) && ln.seen[i].CompareAndSwap(0, now) {
-		g.seen.Add(1)
+	if i := offset - ln.base; i < int64(g.n) && g.slot(ln)[i].CompareAndSwap(0, now) {
+		g.count.Add(1)
 	}
 }
 
@@ -572,19 +683,18 @@ func (g *groupStamps) check() {
 		}
 		want += min(ln.produced.Load(), int64(g.n))
 	}
-	if g.seen.Load() >= want {
+	if g.count.Load() >= want {
 		g.once.Do(func() { close(g.all) })
 	}
 }
 
-// await returns once the consumer (who, for the error) got one warm-up event per
-// lane, and starts the goroutine (waited for with wg) that sends one nil to done per
+// await returns once the consumer got one warm-up event per lane, and starts the goroutine (waited for with wg) that sends one nil to done per
 // lane when everything was seen, or ctx's error when ctx ends first.
-func (g *groupStamps) await(ctx context.Context, wg *sync.WaitGroup, done chan<- error, who string) error {
+func (g *groupStamps) await(ctx context.Context, wg *sync.WaitGroup, done chan<- error) error {
 	deadline := time.Now().Add(latencyReadyWait)
 	for g.warm.Load() < int64(len(g.lanes)) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not get its warm-up events within %s", who, latencyReadyWait)
+			return fmt.Errorf("%s did not get its warm-up events within %s", g.who, latencyReadyWait)
 		}
 		time.Sleep(10 * time.Millisecond) // polling interval
 	}
