@@ -159,6 +159,9 @@ type Result struct {
 	Timing *Timing `json:"timing,omitempty"`
 	// Note says anything a reader needs to interpret the figure.
 	Note string `json:"note,omitempty"`
+	// EventRate is the events per second the producers of a latency case committed
+	// (paced at latencyRate; fewer when commits took longer than the pace allows).
+	EventRate float64 `json:"event_rate,omitempty"`
 	// Repeats is how many times the case was measured (its scenario run again, the
 	// baseline back to back with it each time). The figures above are those of the
 	// median repeat (by Ratio, or by rate or p50 for a result without one);
@@ -166,6 +169,8 @@ type Result struct {
 	Repeats      int       `json:"repeats,omitempty"`
 	RatioSamples []float64 `json:"ratio_samples,omitempty"`
 	RateSamples  []float64 `json:"rate_samples,omitempty"`
+	// P99Samples keeps every repeat's Timing.P99, in run order (timing results).
+	P99Samples []float64 `json:"p99_samples,omitempty"`
 	// Paired names results measured together (the same events, at the same time)
 	// that must be compared within one repeat: across repeats all of them are taken
 	// from the repeat that is the median of the first of them (in the scenario's
@@ -319,8 +324,11 @@ func aggregateRepeats(reps [][]Result) []Result {
 		}
 		med := rs[pick]
 		med.Repeats = len(rs)
-		med.RatioSamples, med.RateSamples = nil, nil
+		med.RatioSamples, med.RateSamples, med.P99Samples = nil, nil, nil
 		for _, r := range rs {
+			if r.Timing != nil {
+				med.P99Samples = append(med.P99Samples, r.Timing.P99)
+			}
 			if r.Ratio != 0 {
 				med.RatioSamples = append(med.RatioSamples, r.Ratio)
 			}

@@ -308,6 +308,7 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 	}
 	res := timingResult("latency", mode, name, mode == "listen", params, op, samples)
 	res.Note = fmt.Sprintf("%s; %d seen before the producer's commit returned (counted as 0)", rate, early)
+	res.EventRate = round3(float64(total) / elapsed.Seconds())
 	out := []Result{res}
 	if hub != nil && !groupMode(mode) {
 		wr := timingResult("latency", mode+"-wakeup", name+" wake-up", mode == "listen", params,
@@ -378,6 +379,7 @@ func pairedResults(lanes []*latencyLane, n int, elapsed time.Duration, params Pa
 	out := []Result{nr, kr, dr}
 	for i := range out {
 		out[i].Paired = name
+		out[i].EventRate = round3(float64(total) / elapsed.Seconds())
 	}
 	return out, nil
 }
@@ -653,19 +655,22 @@ type groupStamps struct {
 	who         string                            // the consumer, for errors
 	slot        func(*latencyLane) []atomic.Int64 // where a lane's stamps go (seen, or kseen)
 	count, warm atomic.Int64
+	warmed      []atomic.Bool // by partition: its warm-up counted once, however often delivered
 	all         chan struct{}
 	once        sync.Once
 }
 
 func newGroupStamps(lanes []*latencyLane, n int, who string, slot func(*latencyLane) []atomic.Int64) *groupStamps {
-	return &groupStamps{lanes: lanes, n: n, who: who, slot: slot, all: make(chan struct{})}
+	return &groupStamps{lanes: lanes, n: n, who: who, slot: slot, warmed: make([]atomic.Bool, len(lanes)), all: make(chan struct{})}
 }
 
 // stamp records that the consumer got partition's offset at now (unix ns).
 func (g *groupStamps) stamp(partition int32, offset, now int64) {
 	ln := g.lanes[partition]
 	if offset < ln.base {
-		g.warm.Add(1)
+		if g.warmed[partition].CompareAndSwap(false, true) {
+			g.warm.Add(1)
+		}
 		return
 	}
 	if i := offset - ln.base; i < int64(g.n) && g.slot(ln)[i].CompareAndSwap(0, now) {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,4 +61,14 @@ func TestLatencyScenario(t *testing.T) {
 		t.Logf("%-32s %6d events  p50 %6.3f ms  p99 %6.3f ms  max %7.3f ms  ratio %.2f  (%s)",
 			r.Case, r.Timing.Count, r.Timing.P50, r.Timing.P99, r.Timing.Max, r.Ratio, r.Note)
 	}
+}
+
+// TestGroupStampsWarmUpIsPerPartition: a warm-up event delivered twice (a rebalance
+// before the consumer's first commit) must not stand in for another partition's.
+func TestGroupStampsWarmUpIsPerPartition(t *testing.T) {
+	lanes := []*latencyLane{{partition: 0, base: 1, seen: make([]atomic.Int64, 4)}, {partition: 1, base: 1, seen: make([]atomic.Int64, 4)}}
+	st := newGroupStamps(lanes, 4, "test", func(ln *latencyLane) []atomic.Int64 { return ln.seen })
+	st.stamp(0, 0, 1)
+	st.stamp(0, 0, 2) // partition 0's warm-up again; partition 1's not yet delivered
+	require.Less(t, st.warm.Load(), int64(len(lanes)), "await would start the timed part before partition 1 was read")
 }
