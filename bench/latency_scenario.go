@@ -65,6 +65,8 @@ const latencyReadyWait = 2 * time.Minute
 const (
 	latencyRate      = 1000 // events per second
 	latencyProducers = 4
+	// latencyInFlight bounds the appends of one lane started and not yet returned.
+	latencyInFlight = 16
 )
 
 var latencyPayload = []byte(`{"k":1}`)
@@ -182,9 +184,10 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 		}
 	}
 
-	// One lane per partition: a producer (one event per transaction, paced at its
-	// share of latencyRate; a commit that waits for its WAL flush takes longer than
-	// 1ms, and appends to one partition serialise) and a reader.
+	// One lane per partition: a producer (one event per append, paced open loop at its
+	// share of latencyRate: a commit that waits for its WAL flush can take longer than
+	// the pace, and appends to one partition serialise, so up to latencyInFlight of a
+	// lane's appends run at once) and a reader.
 	n := int(d/time.Second*latencyRate/latencyProducers) + latencyRate
 	lanes := make([]*latencyLane, latencyProducers)
 	for i := range lanes {
@@ -214,30 +217,53 @@ func (s latencyScenario) run(ctx context.Context, env *Env, mode string, d time.
 	t0 := time.Now()
 	end := t0.Add(d)
 	var pwg sync.WaitGroup
-	perr := make(chan error, len(lanes))
+	perr := make(chan error, 2*len(lanes)) // a lane sends at most twice: its first failed append, then ctx
 	for _, ln := range lanes {
 		pwg.Add(1)
-		go func() { // owner: this run; exits at end, or on ctx or an error
+		go func() { // owner: this run; exits at end, or on ctx or an error, once its appends returned
 			defer pwg.Done()
+			// The pace is kept open loop: each tick starts its event's append without
+			// waiting for the one before to commit (up to latencyInFlight at once), so a
+			// slow commit (a WAL flush, a stall) does not lower the rate the consumers
+			// see, nor leave the stall's seconds with fewer events in the samples
+			// (coordinated omission). The appends of one partition still serialise on its
+			// head row; latency is measured from each commit's return.
+			var inFlight sync.WaitGroup
 			defer ln.finished.Store(true)
+			defer inFlight.Wait()
+			slots := make(chan struct{}, latencyInFlight)
+			var failed atomic.Bool
 			tick := time.NewTicker(time.Second * latencyProducers / latencyRate)
 			defer tick.Stop()
-			for time.Now().Before(end) && int(ln.produced.Load()) < n {
+			for started := 0; time.Now().Before(end) && started < n && !failed.Load(); started++ {
 				select {
 				case <-ctx.Done():
 					perr <- ctx.Err()
 					return
 				case <-tick.C:
 				}
-				off, err := s.produce(ctx, env, stream, ln.partition, mode)
-				if err != nil {
-					perr <- err
+				select {
+				case slots <- struct{}{}:
+				case <-ctx.Done():
+					perr <- ctx.Err()
 					return
 				}
-				if i := off - ln.base; i >= 0 && i < int64(n) {
-					ln.acked[i].Store(time.Now().UnixNano())
-				}
-				ln.produced.Add(1)
+				inFlight.Add(1)
+				go func() { // owner: this lane's producer, which waits for it
+					defer inFlight.Done()
+					defer func() { <-slots }()
+					off, err := s.produce(ctx, env, stream, ln.partition, mode)
+					if err != nil {
+						if failed.CompareAndSwap(false, true) {
+							perr <- err
+						}
+						return
+					}
+					if i := off - ln.base; i >= 0 && i < int64(n) {
+						ln.acked[i].Store(time.Now().UnixNano())
+					}
+					ln.produced.Add(1)
+				}()
 			}
 		}()
 	}

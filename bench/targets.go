@@ -248,9 +248,9 @@ func (r *Report) p99Headline(t target, c Result) string {
 		ok = false
 		rate = fmt.Sprintf(" (at %.0f events/s: the producers did not reach the %.0f/s the verdict needs)", c.EventRate, t.MinEventRate)
 	}
-	return fmt.Sprintf("%s — `%s`: p50 %s ms, p99 %s ms; `%s`: p50 %s ms, p99 %s ms%s%s: **%s**%s",
+	return fmt.Sprintf("%s — `%s`: p50 %s ms, p99 %s ms; `%s`: p50 %s ms, p99 %s ms%s%s%s: **%s**",
 		t.Goal, t.Case, msText(c.Timing.P50), msText(c.Timing.P99), t.Baseline, msText(base.Timing.P50), msText(base.Timing.P99),
-		diff, p99OverText(c, over), verdict(ok), rate)
+		diff, p99OverText(c, over), rate, verdict(ok))
 }
 
 // p99OverText states the per-repeat p99 margins behind a p99 verdict.
