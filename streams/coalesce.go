@@ -48,16 +48,16 @@ const coalesceMax = 16
 // Concurrency: no goroutine of its own. The goroutine of a call that starts a
 // transaction (the leader) first lets the calls ready to run join it (collect), sends
 // it, wakes the calls it appended, then hands the calls that waited meanwhile to the
-// goroutine of the first of them, which becomes the next leader. A waiting call whose ctx ends before a leader took it leaves
-// the queue and returns ctx's error, having written nothing. A shared transaction runs
-// under a context that ends when the ctx of any of its calls ends: the transaction
-// then rolls back and every call is appended again alone under its own ctx, so a call
-// whose ctx ended returns its error as it would have alone, and no call waits past its
-// deadline for another's (a statement waiting for a head row another transaction
-// holds, say). A leader that panics first sends the calls it took to be appended
-// alone and hands on, so no call and no slot is stranded. The statements of a shared
-// transaction lock head rows in (stream, partition) order, the order every
-// multi-partition append takes.
+// goroutine of the first of them, which becomes the next leader. A waiting call whose
+// ctx ends before a leader took it leaves the queue and returns ctx's error, having
+// written nothing. A shared transaction runs under a context that ends when the ctx of
+// any of its calls ends: the transaction then rolls back and every call is appended
+// again alone under its own ctx, so a call whose ctx ended returns its error as it
+// would have alone, and no call waits past its deadline for another's (a statement
+// waiting for a head row another transaction holds, say). A leader that panics first
+// sends the calls it took to be appended alone and hands on, so no call and no slot is
+// stranded. The statements of a shared transaction lock head rows in (stream,
+// partition) order, the order every multi-partition append takes.
 type appendQueue struct {
 	pool *pgxpool.Pool
 	max  int
