@@ -44,16 +44,23 @@ type ClientConfig struct {
 	// partition and at most 16 records run at once. Calls made while that many run
 	// wait, and are then appended together, in one transaction and one round trip,
 	// each still all or nothing with its own result (see Produce). Negative turns
-	// the coalescing off: every call is a transaction of its own. Defaults to the
-	// pool's MaxConns: a call then waits only when that many transactions of such
-	// calls run (they count slots, not connections: calls running alone, larger and
-	// multi-partition calls do not take one). A lower value
-	// saves server CPU (a commit and a round trip per call shared) at the cost of
-	// parallelism: on 2 cores, 2 in flight halved the server CPU per record with 8
-	// concurrent one-record callers, but lowered the rate with 4 (bench/RESULTS.md,
-	// session 11).
+	// the coalescing off: every call is a transaction of its own. Defaults to
+	// DefaultMaxAppendsInFlight (or the pool's MaxConns, if lower). The slots count
+	// transactions of such calls, not connections: calls of more records or of
+	// several partitions do not take one. A lower value saves CPU (a commit and a
+	// round trip per call shared) at the cost of parallelism; a higher one the
+	// reverse (bench/RESULTS.md, sessions 11 and 13).
 	MaxAppendsInFlight int
 }
+
+// DefaultMaxAppendsInFlight is ClientConfig.MaxAppendsInFlight's default: two
+// transactions of small Produce calls at once, the calls made meanwhile appended
+// together in the next (group commit). Measured on 2 cores with 4 concurrent
+// one-record callers (bench/RESULTS.md, session 13): against a transaction per call
+// (the pool's MaxConns in flight), the client and server spent 23-37% less CPU per
+// record at 2 in flight and 29-51% less at 1; 2 keeps a second transaction running
+// while one commits.
+const DefaultMaxAppendsInFlight = 2
 
 // Client administers streams and reads them. It is safe for concurrent use.
 type Client struct {
@@ -67,7 +74,7 @@ func NewClient(pool *pgxpool.Pool, cfg *ClientConfig) *Client {
 	c := &Client{pool: pool, logger: slog.Default()}
 	inFlight := 0
 	if pool != nil {
-		inFlight = int(pool.Config().MaxConns)
+		inFlight = min(DefaultMaxAppendsInFlight, int(pool.Config().MaxConns))
 	}
 	if cfg != nil {
 		if cfg.Logger != nil {
@@ -218,7 +225,8 @@ func partitionHeads(ctx context.Context, db DBTX, stream string) ([]PartitionInf
 // Concurrent calls of one partition and at most 16 records share transactions: while
 // ClientConfig.MaxAppendsInFlight of them run, further calls wait and are then
 // appended together, in one transaction and one round trip (a Kafka producer's
-// group commit, without its linger: a call made while fewer run starts at once).
+// group commit, without its linger: a call made while fewer run starts at once, once
+// the goroutines ready to run have had their turn to join it).
 // Each call's records are still all or nothing, and its result its own: when a shared
 // transaction fails, each of its calls is appended again alone, so one call's bad
 // records fail only that call. A call that waits returns ctx's error, having written

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -45,18 +46,18 @@ const coalesceMax = 16
 // payload over the limit) wrote nothing and goes through streamd.append() alone.
 //
 // Concurrency: no goroutine of its own. The goroutine of a call that starts a
-// transaction (the leader) sends it, then hands the calls that waited meanwhile to the
-// goroutine of the first of them, which becomes the next leader, and only then wakes
-// the calls it appended. A waiting call whose ctx ends before a leader took it leaves
-// the queue and returns ctx's error, having written nothing. A shared transaction runs
-// under a context that ends when the ctx of any of its calls ends: the transaction
-// then rolls back and every call is appended again alone under its own ctx, so a call
-// whose ctx ended returns its error as it would have alone, and no call waits past its
-// deadline for another's (a statement waiting for a head row another transaction
-// holds, say). A leader that panics first sends the calls it took to be appended
-// alone and hands on, so no call and no slot is stranded. The statements of a shared
-// transaction lock head rows in (stream, partition) order, the order every
-// multi-partition append takes.
+// transaction (the leader) first lets the calls ready to run join it (collect), sends
+// it, wakes the calls it appended, then hands the calls that waited meanwhile to the
+// goroutine of the first of them, which becomes the next leader. A waiting call whose
+// ctx ends before a leader took it leaves the queue and returns ctx's error, having
+// written nothing. A shared transaction runs under a context that ends when the ctx of
+// any of its calls ends: the transaction then rolls back and every call is appended
+// again alone under its own ctx, so a call whose ctx ended returns its error as it
+// would have alone, and no call waits past its deadline for another's (a statement
+// waiting for a head row another transaction holds, say). A leader that panics first
+// sends the calls it took to be appended alone and hands on, so no call and no slot is
+// stranded. The statements of a shared transaction lock head rows in (stream,
+// partition) order, the order every multi-partition append takes.
 type appendQueue struct {
 	pool *pgxpool.Pool
 	max  int
@@ -162,25 +163,72 @@ func (q *appendQueue) finish(ctx context.Context, c *appendCall) ([]Position, er
 	return c.pos, c.err
 }
 
-// lead appends batch (own among it) in one transaction, hands on to the calls that
-// waited meanwhile, wakes the others of batch and returns own's result.
+// lead appends batch (own among it, with the calls collect adds) in one transaction,
+// wakes the others of batch, hands on to the calls that waited meanwhile and returns
+// own's result.
 func (q *appendQueue) lead(ctx context.Context, own *appendCall, batch []*appendCall) ([]Position, error) {
+	batch = q.collect(own, batch)
 	if len(batch) == 1 {
 		// Alone: today's path, statement and fallbacks unchanged.
 		defer q.handOn()
 		return appendOwnTx(ctx, q.pool, own.stream, own.recs)
 	}
 	panicked := q.appendSharedUntilAnyEnds(batch)
-	q.handOn()
+	// Wake the others first, then hand on: a caller that produces again at once
+	// (a producer's loop) finds this slot still taken and waits, so it goes in the
+	// next transaction with the calls that waited meanwhile (see collect).
 	for _, c := range batch {
 		if c != own {
 			close(c.done)
 		}
 	}
+	q.handOn()
 	if panicked != nil {
 		panic(panicked)
 	}
 	return q.finish(ctx, own)
+}
+
+// collectYields bounds how often a leader yields to let calls join its transaction.
+const collectYields = 4
+
+// collect adds to batch (led by own) the calls that queue while the leader yields the
+// processor, until a yield brings none (at most collectYields times, up to insertMax
+// records). A yield lets the goroutines that are ready to run do so first, without a
+// timer (a Kafka producer's batching without its linger): the callers the last
+// transaction just woke, which produce again at once, join this one instead of
+// queueing for the next, so concurrent callers do not split into alternating small
+// transactions. With nothing else ready to run, a yield returns at once.
+func (q *appendQueue) collect(own *appendCall, batch []*appendCall) []*appendCall {
+	records := 0
+	for _, c := range batch {
+		records += len(c.recs)
+	}
+	for range collectYields {
+		runtime.Gosched()
+		q.mu.Lock()
+		n := 0
+		for n < len(q.pending) && records+len(q.pending[n].recs) <= insertMax {
+			records += len(q.pending[n].recs)
+			n++
+		}
+		if n > 0 && own.st.sql == "" {
+			// own took a free slot, and so has no statement yet.
+			st, err := newInsertStatement(own.stream, own.partition, own.recs)
+			if err != nil { // own fails alone, as it would have
+				q.mu.Unlock()
+				return batch
+			}
+			own.st = st
+		}
+		batch = append(batch, q.pending[:n]...)
+		q.pending = slices.Delete(q.pending, 0, n)
+		q.mu.Unlock()
+		if n == 0 {
+			break
+		}
+	}
+	return batch
 }
 
 // appendSharedUntilAnyEnds runs appendShared under a context that ends when the ctx

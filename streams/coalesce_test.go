@@ -251,14 +251,15 @@ func TestLargeProduceCallRunsAlone(t *testing.T) {
 	require.NoError(t, (<-first).err)
 }
 
-// By default a client runs as many transactions of its appends as its pool has
-// connections; calls made while they hold every connection wait and share one.
-func TestDefaultSharesWhenEveryConnectionAppends(t *testing.T) {
+// By default a client runs two transactions of its small appends at once
+// (DefaultMaxAppendsInFlight), whatever its pool's size: calls made while two run
+// wait and share the next one.
+func TestDefaultSharesBeyondTwoInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	cfg := testdb.Config(t)
-	cfg.MaxConns = 2
+	cfg.MaxConns = 4 // connections to spare: the calls wait for a slot, not a connection
 	small, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(small.Close)
@@ -440,4 +441,42 @@ func TestSharedTransactionLostConnectionRetriesAlone(t *testing.T) {
 	require.Len(t, stored, 3) // first, p1, p2
 	require.NotEqual(t, stored["p1"], stored["p2"], "appended alone after the lost transaction")
 	requireGapless(t, c, s, 3)
+}
+
+// Callers that produce again as soon as their call returns (a producer's loop) go
+// in one transaction together, not alternately in small ones: the transaction that
+// ends wakes its callers before handing its slot on, and the next leader lets the
+// goroutines ready to run join it before it sends (collect). With one transaction
+// in flight and 4 such callers, a handover without that makes every other
+// transaction hold a single call (half as many transactions as calls); with it
+// they hold about 3.
+func TestLoopingCallersShareOneTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, c, s := oneSlotClient(t, 4)
+	const callers, calls = 4, 40
+	errs := make(chan error, callers)
+	for w := range callers {
+		go func() {
+			for i := range calls {
+				_, err := c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(int32(w)),
+					EventID: fmt.Sprintf("w%d-%d", w, i), Data: json.RawMessage(`1`)})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range callers {
+		require.NoError(t, <-errs)
+	}
+	txs := map[string]bool{}
+	for _, x := range xmins(t, pool, s) {
+		txs[x] = true
+	}
+	t.Logf("%d calls in %d transactions", callers*calls, len(txs))
+	require.LessOrEqual(t, len(txs)*10, callers*calls*4, "the callers split into transactions of about 2 calls or fewer")
+	requireGapless(t, c, s, callers)
 }

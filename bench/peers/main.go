@@ -31,6 +31,7 @@ import (
 
 	"github.com/streamd/streamd/internal/localpg"
 	schema "github.com/streamd/streamd/sql"
+	"github.com/streamd/streamd/streams"
 	"github.com/streamd/streamd/wakeup"
 )
 
@@ -44,7 +45,10 @@ type options struct {
 	batches         []int
 	producers       []int
 	systems         map[string]bool // nil means all
-	out             string          // results folder; "" writes nothing
+	// appendsInFlight is streamd's ClientConfig.MaxAppendsInFlight (0: the library's
+	// default), so that a run can compare settings of the shared transactions.
+	appendsInFlight int
+	out             string // results folder; "" writes nothing
 }
 
 func quickOptions() options {
@@ -60,6 +64,7 @@ func main() {
 	flag.IntVar(&o.rate, "rate", o.rate, "latency cases: messages per second in total")
 	only := flag.String("systems", "", "comma-separated systems to run (streamd,watermill-sql,nats-jetstream,redis-streams); default all")
 	flag.StringVar(&o.out, "out", o.out, "folder for the JSON result (empty: none)")
+	flag.IntVar(&o.appendsInFlight, "streamd-appends-in-flight", 0, "streamd's ClientConfig.MaxAppendsInFlight (0: its default; -1: a transaction per Produce call)")
 	flag.Parse()
 	if *only != "" {
 		o.systems = map[string]bool{"streamd": true}
@@ -177,6 +182,11 @@ func run(ctx context.Context, logger *slog.Logger, o options) (*report, error) {
 	}
 
 	sd := newStreamd(pool, logger, "streamd", 10*time.Millisecond, nil)
+	if o.appendsInFlight != 0 {
+		sd.client = streams.NewClient(pool, &streams.ClientConfig{Logger: logger, MaxAppendsInFlight: o.appendsInFlight})
+	}
+	rep.Servers["streamd"] = fmt.Sprintf("this commit, on the PostgreSQL above; Produce's shared transactions: MaxAppendsInFlight %d (0: the default, %d)",
+		o.appendsInFlight, streams.DefaultMaxAppendsInFlight)
 	systems := []system{sd}
 	if want("watermill-sql") {
 		wm, err := newWatermill(url, 10*time.Millisecond, 500)
