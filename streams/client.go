@@ -45,7 +45,9 @@ type ClientConfig struct {
 	// wait, and are then appended together, in one transaction and one round trip,
 	// each still all or nothing with its own result (see Produce). Negative turns
 	// the coalescing off: every call is a transaction of its own. Defaults to
-	// DefaultMaxAppendsInFlight (or the pool's MaxConns, if lower). The slots count
+	// DefaultMaxAppendsInFlight (or the pool's MaxConns, if lower). A transaction
+	// that has run for 50 ms (waiting for a head row another transaction holds) no
+	// longer counts, up to the pool's MaxConns transactions in all. The slots count
 	// transactions of such calls, not connections: calls of more records or of
 	// several partitions do not take one. A lower value saves CPU (a commit and a
 	// round trip per call shared) at the cost of parallelism; a higher one the

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -61,10 +62,36 @@ const coalesceMax = 16
 type appendQueue struct {
 	pool *pgxpool.Pool
 	max  int
+	// hard bounds the transactions running, stalled ones included: the pool's
+	// connections (or max, if more).
+	hard int
+	// stallAfter is appendStallAfter (tests that hold a transaction on a lock to
+	// make calls wait set it longer).
+	stallAfter time.Duration
 
 	mu       sync.Mutex
 	inFlight int           // transactions of this queue running
+	stalled  int           // of them, those running for over appendStallAfter
 	pending  []*appendCall // calls waiting, in arrival order
+}
+
+// appendStallAfter is how long a transaction of the queue runs before it no longer
+// counts against max. A shared transaction commits in a few milliseconds; one that
+// runs this long waits for something (a head row another transaction holds: a long
+// ProduceTx, a lock taken by hand), and its calls' partitions are not the waiting
+// calls'. Without it, two calls blocked on one partition's head row held both
+// default slots, and every small call of the Client, to any stream, waited behind
+// them while the pool had connections to spare (TestBlockedAppendsDoNotStallOtherStreams).
+// With it, such calls wait at most this long for a transaction of their own, up to
+// hard: where a transaction per call would have waited for a connection anyway.
+const appendStallAfter = 50 * time.Millisecond
+
+// txWatch is one running transaction of the queue (its leader's), marked stalled by
+// its timer after appendStallAfter. Its fields are guarded by appendQueue.mu.
+type txWatch struct {
+	timer   *time.Timer
+	stalled bool
+	ended   bool
 }
 
 // appendCall is one Produce call in the queue. The fields after done are written by
@@ -94,8 +121,48 @@ const (
 	callAppend                   // declined: append through streamd.append()
 )
 
-func newAppendQueue(pool *pgxpool.Pool, max int) *appendQueue {
-	return &appendQueue{pool: pool, max: max}
+func newAppendQueue(pool *pgxpool.Pool, inFlight int) *appendQueue {
+	hard := inFlight
+	if pool != nil {
+		hard = max(hard, int(pool.Config().MaxConns))
+	}
+	return &appendQueue{pool: pool, max: inFlight, hard: hard, stallAfter: appendStallAfter}
+}
+
+// canStartLocked reports whether a call may start a transaction now: fewer than max
+// run that are not stalled, and fewer than hard in all. q.mu must be held.
+func (q *appendQueue) canStartLocked() bool {
+	return q.inFlight-q.stalled < q.max && q.inFlight < q.hard
+}
+
+// watch starts the stall timer of a transaction that starts now.
+func (q *appendQueue) watch() *txWatch {
+	w := &txWatch{}
+	q.mu.Lock()
+	w.timer = time.AfterFunc(q.stallAfter, func() { q.stall(w) })
+	q.mu.Unlock()
+	return w
+}
+
+// stall marks w's transaction stalled (it no longer counts against max) and, when
+// calls wait and a transaction may start, hands them to the first of them to lead.
+func (q *appendQueue) stall(w *txWatch) {
+	q.mu.Lock()
+	if w.ended {
+		q.mu.Unlock()
+		return
+	}
+	w.stalled = true
+	q.stalled++
+	if len(q.pending) == 0 || !q.canStartLocked() {
+		q.mu.Unlock()
+		return
+	}
+	q.inFlight++
+	batch := q.takePendingLocked()
+	q.mu.Unlock()
+	batch[0].next, batch[0].batch = callLead, batch
+	close(batch[0].done)
 }
 
 // produce appends recs (one stream and partition, every event id set, at most
@@ -117,7 +184,7 @@ func (q *appendQueue) produce(ctx context.Context, stream string, partition int3
 	}
 	c.st = st
 	q.mu.Lock()
-	if q.inFlight < q.max { // a slot came free meanwhile
+	if q.canStartLocked() { // a slot came free meanwhile
 		q.inFlight++
 		q.mu.Unlock()
 		return q.lead(ctx, c, []*appendCall{c})
@@ -143,7 +210,7 @@ func (q *appendQueue) produce(ctx context.Context, stream string, partition int3
 func (q *appendQueue) takeSlot() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.inFlight < q.max {
+	if q.canStartLocked() {
 		q.inFlight++
 		return true
 	}
@@ -167,10 +234,11 @@ func (q *appendQueue) finish(ctx context.Context, c *appendCall) ([]Position, er
 // wakes the others of batch, hands on to the calls that waited meanwhile and returns
 // own's result.
 func (q *appendQueue) lead(ctx context.Context, own *appendCall, batch []*appendCall) ([]Position, error) {
+	w := q.watch()
 	batch = q.collect(own, batch)
 	if len(batch) == 1 {
 		// Alone: today's path, statement and fallbacks unchanged.
-		defer q.handOn()
+		defer q.handOn(w)
 		return appendOwnTx(ctx, q.pool, own.stream, own.recs)
 	}
 	panicked := q.appendSharedUntilAnyEnds(batch)
@@ -182,7 +250,7 @@ func (q *appendQueue) lead(ctx context.Context, own *appendCall, batch []*append
 			close(c.done)
 		}
 	}
-	q.handOn()
+	q.handOn(w)
 	if panicked != nil {
 		panic(panicked)
 	}
@@ -296,16 +364,30 @@ func (q *appendQueue) appendShared(ctx context.Context, batch []*appendCall) {
 	}
 }
 
-// handOn gives the calls that waited (up to insertMax records, at least one call) to
-// the goroutine of the first of them, or, with none waiting, ends this transaction
-// slot.
-func (q *appendQueue) handOn() {
+// handOn ends w's transaction: it gives the calls that waited (up to insertMax
+// records, at least one call) to the goroutine of the first of them, or, with none
+// waiting, ends this transaction slot.
+func (q *appendQueue) handOn(w *txWatch) {
 	q.mu.Lock()
+	w.timer.Stop()
+	w.ended = true
+	if w.stalled {
+		q.stalled--
+	}
 	if len(q.pending) == 0 {
 		q.inFlight--
 		q.mu.Unlock()
 		return
 	}
+	batch := q.takePendingLocked()
+	q.mu.Unlock()
+	batch[0].next, batch[0].batch = callLead, batch
+	close(batch[0].done)
+}
+
+// takePendingLocked takes the calls that waited longest, up to insertMax records and
+// at least one call. q.mu must be held and a call pending.
+func (q *appendQueue) takePendingLocked() []*appendCall {
 	n, records := 0, 0
 	for n < len(q.pending) && (n == 0 || records+len(q.pending[n].recs) <= insertMax) {
 		records += len(q.pending[n].recs)
@@ -313,9 +395,7 @@ func (q *appendQueue) handOn() {
 	}
 	batch := slices.Clone(q.pending[:n])
 	q.pending = slices.Delete(q.pending, 0, n)
-	q.mu.Unlock()
-	batch[0].next, batch[0].batch = callLead, batch
-	close(batch[0].done)
+	return batch
 }
 
 // seenRow is a pgx.Row that keeps the error of its Scan, other than no row.

@@ -53,6 +53,7 @@ func oneSlotClient(t *testing.T, partitions int32) (*pgxpool.Pool, *streams.Clie
 	t.Helper()
 	pool := testdb.Pool(t)
 	c := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	c.SetAppendStallAfter(time.Hour) // the tests hold the slot's transaction on a lock
 	s := testdb.Name("s")
 	require.NoError(t, c.CreateStream(context.Background(), s, partitions))
 	return pool, c, s
@@ -253,7 +254,9 @@ func TestLargeProduceCallRunsAlone(t *testing.T) {
 
 // By default a client runs two transactions of its small appends at once
 // (DefaultMaxAppendsInFlight), whatever its pool's size: calls made while two run
-// wait and share the next one.
+// wait and share the next one. (Here the two are held on a lock for as long as the
+// test needs, so they are not let count as stalled; a stalled one frees its slot:
+// TestBlockedAppendsDoNotStallOtherStreams.)
 func TestDefaultSharesBeyondTwoInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -264,6 +267,7 @@ func TestDefaultSharesBeyondTwoInFlight(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(small.Close)
 	c := streams.NewClient(small, nil)
+	c.SetAppendStallAfter(time.Hour)
 	s := testdb.Name("s")
 	require.NoError(t, c.CreateStream(ctx, s, 2))
 
@@ -375,6 +379,7 @@ func TestPanickingLeaderStrandsNoCall(t *testing.T) {
 	// batch checked out, and Close waits for every connection to come back.
 	t.Cleanup(func() { go tracedPool.Close() })
 	c := streams.NewClient(tracedPool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	c.SetAppendStallAfter(time.Hour)
 	s := testdb.Name("s")
 	require.NoError(t, c.CreateStream(ctx, s, 2))
 

@@ -1,6 +1,9 @@
 package streams
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // CopyAppends returns how many batches were appended with COPY so far. Tests only.
 func CopyAppends() int64 { return copyAppends.Load() }
@@ -46,4 +49,14 @@ func (c *Client) AppendsWaiting() int {
 func InsertStatement(stream string, partition int32, recs []Record) (string, []any, error) {
 	st, err := newInsertStatement(stream, partition, recs)
 	return st.sql, st.args, err
+}
+
+// SetAppendStallAfter sets how long a transaction of c's shared Produce calls runs
+// before it no longer counts against MaxAppendsInFlight (appendStallAfter). Tests
+// that hold a transaction on a lock to make calls wait behind it set it longer.
+// Call it before c's first Produce. Tests only.
+func (c *Client) SetAppendStallAfter(d time.Duration) {
+	if c.appends != nil {
+		c.appends.stallAfter = d
+	}
 }

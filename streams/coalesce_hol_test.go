@@ -1,0 +1,63 @@
+package streams_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+)
+
+// A default client's small Produce calls that wait for a head row another
+// transaction holds (a long ProduceTx, say) do not stall the client's calls to other
+// streams while the pool has connections to spare: a transaction that has run for
+// appendStallAfter no longer counts against the two in flight, so a call waits at
+// most that long where a transaction per call would not have waited (found in
+// review: two blocked calls held both default slots, and a call to another stream
+// waited for as long as the lock was held).
+func TestBlockedAppendsDoNotStallOtherStreams(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	require.Greater(t, pool.Config().MaxConns, int32(3), "the pool has connections to spare")
+	c := streams.NewClient(pool, nil)
+	s, other := testdb.Name("s"), testdb.Name("other")
+	require.NoError(t, c.CreateStream(ctx, s, 2))
+	require.NoError(t, c.CreateStream(ctx, other, 1))
+
+	outside, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = outside.Rollback(context.Background()) })
+	_, err = outside.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 FOR UPDATE`, s)
+	require.NoError(t, err)
+	blocker := outside.Conn().PgConn().PID()
+	waitBlocked := func(want int) {
+		testdb.WaitFor(t, 20*time.Second, "appends waiting for the test's locks", func() bool {
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND position('head_reserve($1, $2, 1)' IN query) > 0
+				  AND $1::int = ANY (pg_blocking_pids(pid))`, blocker).Scan(&n))
+			return n == want
+		})
+	}
+	rec := func(stream string, p int32, id string) streams.Record {
+		return streams.Record{Stream: stream, Partition: streams.PartitionOf(p), EventID: id, Data: json.RawMessage(`1`)}
+	}
+	a := goProduce(ctx, c, rec(s, 0, "a"))
+	waitBlocked(1)
+	b := goProduce(ctx, c, rec(s, 1, "b"))
+	waitBlocked(2)
+
+	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = c.Produce(octx, rec(other, 0, "o"))
+	require.NoError(t, err, "a call to another stream waited behind calls blocked on a head row")
+
+	require.NoError(t, outside.Commit(ctx))
+	require.NoError(t, (<-a).err)
+	require.NoError(t, (<-b).err)
+}
