@@ -51,7 +51,11 @@ type ClientConfig struct {
 	// transactions of such calls, not connections: calls of more records or of
 	// several partitions do not take one. A lower value saves CPU (a commit and a
 	// round trip per call shared) at the cost of parallelism; a higher one the
-	// reverse (bench/RESULTS.md, sessions 11 and 13).
+	// reverse (bench/RESULTS.md, sessions 11 and 13). A shared transaction runs its
+	// calls' statements one after another on one backend, so at the default about two
+	// backends append the small calls of one Client: a service that makes many
+	// concurrent small calls against a database with many cores to spare may raise it
+	// (the default was measured on 2 cores only).
 	MaxAppendsInFlight int
 }
 
