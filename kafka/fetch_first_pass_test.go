@@ -3,7 +3,9 @@ package kafka
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -15,8 +17,9 @@ import (
 	"github.com/streamd/streamd/wakeup"
 )
 
-// TestFirstPassReadsATopicInOneStatement: a fetch of several partitions of a topic
-// that its connection has not seen with records to read reads them all, records and
+// TestFirstPassReadsATopicInOneStatement: a fetch of more partitions of a topic than
+// firstPassOwnReads (five here) that its connection has not seen with records to
+// read reads them all, records and
 // watermarks, in one statement: no head-row read before the reads (a round trip on
 // every fetch's path), no read per partition. Partitions
 // at their log end get their watermarks from it, one past its log end is
@@ -106,4 +109,83 @@ func TestFirstPassReadsATopicInOneStatement(t *testing.T) {
 		require.Equal(t, []any{q.ErrorCode, q.HighWatermark, q.LogStartOffset, len(q.RecordBatches)},
 			[]any{p.ErrorCode, p.HighWatermark, p.LogStartOffset, len(p.RecordBatches)}, "partition %d", p.Partition)
 	}
+}
+
+// TestFirstPassReadsFewPartitionsInParallel: a first pass with at most
+// firstPassOwnReads partitions to read reads each on its own (a FetchTx per
+// partition, as the native consumer reads one), all at once: a record's read is one
+// partition's, not a statement over the topic's partitions. The answer is the one
+// the statement gives (TestFirstPassReadsATopicInOneStatement): records from the
+// offset asked for, watermarks of every partition.
+func TestFirstPassReadsFewPartitionsInParallel(t *testing.T) {
+	t.Parallel()
+	const n = 4 // partitions read
+	require.GreaterOrEqual(t, firstPassOwnReads, n)
+	topic := testdb.Name("ownreads")
+	log := &statementLog{stream: topic}
+	cfg := testdb.Config(t)
+	cfg.ConnConfig.Tracer = log
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ts := startServer(t, pool, &Config{Wakeups: wakeup.NewHub()})
+	ctx := testCtx(t)
+	sc := streams.NewClient(testdb.Pool(t), nil) // its statements are not logged
+	require.NoError(t, sc.CreateStream(ctx, topic, n))
+	for _, p := range []int32{1, 3} {
+		_, err := sc.AppendPartition(ctx, topic, p, []streams.Record{{Bytes: []byte("a")}, {Bytes: []byte("b")}}, nil)
+		require.NoError(t, err)
+	}
+	req := fetchReq(topic, 0, 0, 0, 1)
+	for _, po := range [][2]int64{{1, 1}, {2, 0}, {3, 1}} {
+		addFetchPartition(req, int32(po[0]), po[1])
+	}
+	_, err = req.RequestWith(ctx, newClient(t, []string{ts.addr})) // the topic's first fetch also reads its configuration
+	require.NoError(t, err)
+	log.take()
+
+	// Every read waits until all of them have started: they run beside each other.
+	var mu sync.Mutex
+	entered := 0
+	all := make(chan struct{})
+	ts.srv.fetchReadHook = func(tp string, p int32) {
+		if tp != topic {
+			return
+		}
+		mu.Lock()
+		entered++
+		if entered == n {
+			close(all)
+		}
+		mu.Unlock()
+		select {
+		case <-all:
+		case <-time.After(10 * time.Second): // the test fails below
+		}
+	}
+	req.MinBytes = 1 << 20 // past what there is, no wait: the pass answers when every read has ended
+	resp, err := req.RequestWith(ctx, newClient(t, []string{ts.addr}))
+	require.NoError(t, err)
+	select {
+	case <-all:
+	default:
+		t.Fatalf("%d of %d reads ran at once", entered, n)
+	}
+	sqls, parts := log.take()
+	require.Len(t, sqls, n, "a read per partition (statements: %q)", sqls)
+	for _, q := range sqls {
+		require.NotContains(t, q, "unnest", "no statement over several partitions")
+	}
+	require.ElementsMatch(t, []any{int32(0), int32(1), int32(2), int32(3)}, parts)
+	ps := resp.Topics[0].Partitions
+	require.Len(t, ps, n)
+	for _, p := range ps {
+		require.Zero(t, p.ErrorCode, "partition %d", p.Partition)
+	}
+	require.Equal(t, []int64{0, 2, 0, 2}, []int64{ps[0].HighWatermark, ps[1].HighWatermark, ps[2].HighWatermark, ps[3].HighWatermark})
+	require.Empty(t, ps[0].RecordBatches)
+	require.Empty(t, ps[2].RecordBatches)
+	var batch kmsg.RecordBatch
+	require.NoError(t, batch.ReadFrom(ps[3].RecordBatches))
+	require.Equal(t, []any{int64(1), int32(1)}, []any{batch.FirstOffset, batch.NumRecords}, "partition 3 from the offset asked for")
 }
