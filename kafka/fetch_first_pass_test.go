@@ -140,6 +140,9 @@ func TestFirstPassReadsFewPartitionsInParallel(t *testing.T) {
 	for _, po := range [][2]int64{{1, 1}, {2, 0}, {3, 1}} {
 		addFetchPartition(req, int32(po[0]), po[1])
 	}
+	// min.bytes past what there is, no wait: a pass answers when every read has ended,
+	// so none is left running into the next fetch's statements.
+	req.MinBytes = 1 << 20
 	_, err = req.RequestWith(ctx, newClient(t, []string{ts.addr})) // the topic's first fetch also reads its configuration
 	require.NoError(t, err)
 	log.take()
@@ -163,7 +166,6 @@ func TestFirstPassReadsFewPartitionsInParallel(t *testing.T) {
 		case <-time.After(10 * time.Second): // the test fails below
 		}
 	}
-	req.MinBytes = 1 << 20 // past what there is, no wait: the pass answers when every read has ended
 	resp, err := req.RequestWith(ctx, newClient(t, []string{ts.addr}))
 	require.NoError(t, err)
 	select {
