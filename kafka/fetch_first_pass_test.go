@@ -191,3 +191,52 @@ func TestFirstPassReadsFewPartitionsInParallel(t *testing.T) {
 	require.NoError(t, batch.ReadFrom(ps[3].RecordBatches))
 	require.Equal(t, []any{int64(1), int32(1)}, []any{batch.FirstOffset, batch.NumRecords}, "partition 3 from the offset asked for")
 }
+
+// TestFirstPassWaitsForItsOwnReads: a first pass that reads its few partitions on
+// their own answers, once it holds min.bytes, when all of them have ended (as the
+// statement they replace did), with every partition's records: it reads no head rows
+// for them and leaves none running into the stash.
+func TestFirstPassWaitsForItsOwnReads(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, &Config{Wakeups: wakeup.NewHub()})
+	topic := testdb.Name("ownwait")
+	heads := make(chan struct{}, 1)
+	ts.srv.fetchHeadsHook = func() {
+		select {
+		case heads <- struct{}{}:
+		default:
+		}
+	}
+	// Partition 1's read starts once the pass has read head rows, or after 2 s: after
+	// partition 0's read has ended either way.
+	ts.srv.fetchReadHook = func(tp string, p int32) {
+		if tp == topic && p == 1 {
+			select {
+			case <-heads:
+				heads <- struct{}{} // seen below
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 2))
+	for _, p := range []int32{0, 1} {
+		_, err := sc.AppendPartition(ctx, topic, p, []streams.Record{{Bytes: []byte("a")}}, nil)
+		require.NoError(t, err)
+	}
+	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
+	addFetchPartition(req, 1, 0)
+	resp, err := req.RequestWith(ctx, newClient(t, []string{ts.addr}))
+	require.NoError(t, err)
+	select {
+	case <-heads:
+		t.Fatal("the pass read head rows instead of waiting for its own reads")
+	default:
+	}
+	for _, p := range resp.Topics[0].Partitions {
+		require.Zero(t, p.ErrorCode, "partition %d", p.Partition)
+		require.NotEmpty(t, p.RecordBatches, "partition %d", p.Partition)
+	}
+}
