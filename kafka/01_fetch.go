@@ -27,11 +27,6 @@ const (
 	// once (those a Fetch left running for the next included; readTopics' one
 	// statement per topic takes no slot).
 	fetchParallelism = 4
-	// firstPassOwnReads: a first pass with at most this many partitions to read
-	// (those with a usable read in the stash aside) reads each on its own, in
-	// parallel; one with more reads those at their log end in one statement per
-	// topic (readTopics). At most one read per slot: none waits for another.
-	firstPassOwnReads = fetchParallelism
 	// fetchMaxRecords bounds the records read from one partition per Fetch.
 	fetchMaxRecords = 5000
 )
@@ -181,8 +176,8 @@ func (s *Server) fetchOnce(ctx context.Context, c *conn, req *kmsg.FetchRequest,
 		}
 	}
 	readable := readableJobs(jobs)
-	jobs, allOwn := s.readTopics(ctx, c, req, jobs)
-	return s.runFetchJobs(ctx, c, req, resp, jobs, 0, &fetchWatch{sub: sub, readable: readable, deadline: deadline, waitAll: allOwn})
+	jobs = s.readTopics(ctx, c, req, jobs)
+	return s.runFetchJobs(ctx, c, req, resp, jobs, 0, &fetchWatch{sub: sub, readable: readable, deadline: deadline})
 }
 
 // topicRead is one statement of readTopics: the partitions of jobs it reads (by
@@ -199,13 +194,8 @@ type topicRead struct {
 }
 
 // readTopics is the first pass's read of the partitions the connection's last answer
-// left at their log end (as far as it knew: a partition it never answered counts),
-// when the pass has more than firstPassOwnReads partitions to read (with at most
-// that many, it reads every one on its own, FetchTx each, in parallel, as it reads a
-// backlog: a record's read is then one partition's, as the native consumer's, where
-// the statement over the topic's partitions took twice as long in the kafka13 trace;
-// only partitions with a usable read in the stash still go into a statement, for
-// their head rows): ONE statement per topic (streams.FetchPartitionsTx) reads them, each from
+// left at their log end (as far as it knew: a partition it never answered counts):
+// ONE statement per topic (streams.FetchPartitionsTx) reads all of them, each from
 // the offset asked for, with its watermarks from the same snapshot. A partition with
 // records known to be there (the client asks for an offset below the high watermark
 // the connection last answered for it: a backlog) is read on its own, at once, as
@@ -219,37 +209,20 @@ type topicRead struct {
 // answer those at their log end without reading them) followed by a read of each
 // other partition: two round trips before the first records of a consumer that
 // keeps up, the head read at 0.27 / 7.2 ms p50 / p99 in the kafka11 trace.
-func (s *Server) readTopics(ctx context.Context, c *conn, req *kmsg.FetchRequest, jobs []fetchJob) (_ []fetchJob, allOwn bool) {
+func (s *Server) readTopics(ctx context.Context, c *conn, req *kmsg.FetchRequest, jobs []fetchJob) []fetchJob {
 	inStash, lastHW := c.stash.snapshot()
 	maxBytes := int(req.MaxBytes)
 	if maxBytes <= 0 {
 		maxBytes = 50 << 20
 	}
-	// A pass with at most fetchParallelism partitions to read (stashed reads aside)
-	// reads each on its own, FetchTx in parallel, as the native consumer reads a
-	// partition; only above that do the partitions at their log end share one
-	// statement, which answers many of them cheaply (firstPassOwnReads).
-	stashedAt := func(k partKey, offset int64) bool {
-		sr := inStash[k]
-		return sr != nil && sr.offset == offset && !sr.endedEmpty()
-	}
-	toRead := 0
-	for _, j := range jobs {
-		if !stashedAt(partKey{j.topic, j.partition.Partition}, j.partition.FetchOffset) {
-			toRead++
-		}
-	}
-	allOwn = toRead <= firstPassOwnReads
 	byTopic := map[string]*topicRead{}
 	var trs []*topicRead
 	for i, j := range jobs {
 		k := partKey{j.topic, j.partition.Partition}
-		stashed := stashedAt(k, j.partition.FetchOffset)
+		sr := inStash[k]
+		stashed := sr != nil && sr.offset == j.partition.FetchOffset && !sr.endedEmpty()
 		if hw, ok := lastHW[k]; ok && j.partition.FetchOffset < hw && !stashed {
 			continue // a backlog: read on its own (a stashed read at another offset is cancelled by take)
-		}
-		if allOwn && !stashed {
-			continue // read on its own, beside the others
 		}
 		tr := byTopic[j.topic]
 		if tr == nil {
@@ -363,7 +336,7 @@ func (s *Server) readTopics(ctx context.Context, c *conn, req *kmsg.FetchRequest
 		heads[tr.topic] = h
 	}
 	stashed, rest := c.stash.take(jobs, heads, time.Now())
-	return append(stashed, rest...), allOwn
+	return append(stashed, rest...)
 }
 
 // newReadFor returns a read of j's partition that readTopics does (fresh: the pass
@@ -460,10 +433,6 @@ type fetchWatch struct {
 	sub      *wakeup.Subscription
 	readable map[partKey]fetchJob
 	deadline time.Time
-	// waitAll: the pass's reads are the first pass's own reads, started together (at
-	// most firstPassOwnReads): once it holds min.bytes it waits for them, as for the
-	// statement they replace, instead of reading head rows and leaving them running.
-	waitAll bool
 }
 
 // runFetchJobs reads jobs into their partitions of resp, at most fetchParallelism at
@@ -520,7 +489,7 @@ func (s *Server) runFetchJobs(ctx context.Context, c *conn, req *kmsg.FetchReque
 			s.fillWatermarks(ctx, open, heads)
 			break
 		}
-		if p.total >= p.minBytes && headsRead == nil && !w.waitAll {
+		if p.total >= p.minBytes && headsRead == nil {
 			headsRead = make(chan map[string][]streams.PartitionInfo, 1)
 			topics := p.readingTopics()
 			s.fetchReads.Add(1)

@@ -3,9 +3,7 @@ package kafka
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -17,9 +15,8 @@ import (
 	"github.com/streamd/streamd/wakeup"
 )
 
-// TestFirstPassReadsATopicInOneStatement: a fetch of more partitions of a topic than
-// firstPassOwnReads (five here) that its connection has not seen with records to
-// read reads them all, records and
+// TestFirstPassReadsATopicInOneStatement: a fetch of several partitions of a topic
+// that its connection has not seen with records to read reads them all, records and
 // watermarks, in one statement: no head-row read before the reads (a round trip on
 // every fetch's path), no read per partition. Partitions
 // at their log end get their watermarks from it, one past its log end is
@@ -108,135 +105,5 @@ func TestFirstPassReadsATopicInOneStatement(t *testing.T) {
 		q := ps[i]
 		require.Equal(t, []any{q.ErrorCode, q.HighWatermark, q.LogStartOffset, len(q.RecordBatches)},
 			[]any{p.ErrorCode, p.HighWatermark, p.LogStartOffset, len(p.RecordBatches)}, "partition %d", p.Partition)
-	}
-}
-
-// TestFirstPassReadsFewPartitionsInParallel: a first pass with at most
-// firstPassOwnReads partitions to read reads each on its own (a FetchTx per
-// partition, as the native consumer reads one), all at once: a record's read is one
-// partition's, not a statement over the topic's partitions. The answer is the one
-// the statement gives (TestFirstPassReadsATopicInOneStatement): records from the
-// offset asked for, watermarks of every partition.
-func TestFirstPassReadsFewPartitionsInParallel(t *testing.T) {
-	t.Parallel()
-	const n = 4 // partitions read
-	require.GreaterOrEqual(t, firstPassOwnReads, n)
-	topic := testdb.Name("ownreads")
-	log := &statementLog{stream: topic}
-	cfg := testdb.Config(t)
-	cfg.ConnConfig.Tracer = log
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	ts := startServer(t, pool, &Config{Wakeups: wakeup.NewHub()})
-	ctx := testCtx(t)
-	sc := streams.NewClient(testdb.Pool(t), nil) // its statements are not logged
-	require.NoError(t, sc.CreateStream(ctx, topic, n))
-	for _, p := range []int32{1, 3} {
-		_, err := sc.AppendPartition(ctx, topic, p, []streams.Record{{Bytes: []byte("a")}, {Bytes: []byte("b")}}, nil)
-		require.NoError(t, err)
-	}
-	req := fetchReq(topic, 0, 0, 0, 1)
-	for _, po := range [][2]int64{{1, 1}, {2, 0}, {3, 1}} {
-		addFetchPartition(req, int32(po[0]), po[1])
-	}
-	// min.bytes past what there is, no wait: a pass answers when every read has ended,
-	// so none is left running into the next fetch's statements.
-	req.MinBytes = 1 << 20
-	_, err = req.RequestWith(ctx, newClient(t, []string{ts.addr})) // the topic's first fetch also reads its configuration
-	require.NoError(t, err)
-	log.take()
-
-	// Every read waits until all of them have started: they run beside each other.
-	var mu sync.Mutex
-	entered := 0
-	all := make(chan struct{})
-	ts.srv.fetchReadHook = func(tp string, p int32) {
-		if tp != topic {
-			return
-		}
-		mu.Lock()
-		entered++
-		if entered == n {
-			close(all)
-		}
-		mu.Unlock()
-		select {
-		case <-all:
-		case <-time.After(10 * time.Second): // the test fails below
-		}
-	}
-	resp, err := req.RequestWith(ctx, newClient(t, []string{ts.addr}))
-	require.NoError(t, err)
-	select {
-	case <-all:
-	default:
-		t.Fatalf("%d of %d reads ran at once", entered, n)
-	}
-	sqls, parts := log.take()
-	require.Len(t, sqls, n, "a read per partition (statements: %q)", sqls)
-	for _, q := range sqls {
-		require.NotContains(t, q, "unnest", "no statement over several partitions")
-	}
-	require.ElementsMatch(t, []any{int32(0), int32(1), int32(2), int32(3)}, parts)
-	ps := resp.Topics[0].Partitions
-	require.Len(t, ps, n)
-	for _, p := range ps {
-		require.Zero(t, p.ErrorCode, "partition %d", p.Partition)
-	}
-	require.Equal(t, []int64{0, 2, 0, 2}, []int64{ps[0].HighWatermark, ps[1].HighWatermark, ps[2].HighWatermark, ps[3].HighWatermark})
-	require.Empty(t, ps[0].RecordBatches)
-	require.Empty(t, ps[2].RecordBatches)
-	var batch kmsg.RecordBatch
-	require.NoError(t, batch.ReadFrom(ps[3].RecordBatches))
-	require.Equal(t, []any{int64(1), int32(1)}, []any{batch.FirstOffset, batch.NumRecords}, "partition 3 from the offset asked for")
-}
-
-// TestFirstPassWaitsForItsOwnReads: a first pass that reads its few partitions on
-// their own answers, once it holds min.bytes, when all of them have ended (as the
-// statement they replace did), with every partition's records: it reads no head rows
-// for them and leaves none running into the stash.
-func TestFirstPassWaitsForItsOwnReads(t *testing.T) {
-	t.Parallel()
-	pool := testdb.Pool(t)
-	ts := startServer(t, pool, &Config{Wakeups: wakeup.NewHub()})
-	topic := testdb.Name("ownwait")
-	heads := make(chan struct{}, 1)
-	ts.srv.fetchHeadsHook = func() {
-		select {
-		case heads <- struct{}{}:
-		default:
-		}
-	}
-	// Partition 1's read starts once the pass has read head rows, or after 2 s: after
-	// partition 0's read has ended either way.
-	ts.srv.fetchReadHook = func(tp string, p int32) {
-		if tp == topic && p == 1 {
-			select {
-			case <-heads:
-				heads <- struct{}{} // seen below
-			case <-time.After(2 * time.Second):
-			}
-		}
-	}
-	ctx := testCtx(t)
-	sc := streams.NewClient(pool, nil)
-	require.NoError(t, sc.CreateStream(ctx, topic, 2))
-	for _, p := range []int32{0, 1} {
-		_, err := sc.AppendPartition(ctx, topic, p, []streams.Record{{Bytes: []byte("a")}}, nil)
-		require.NoError(t, err)
-	}
-	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
-	addFetchPartition(req, 1, 0)
-	resp, err := req.RequestWith(ctx, newClient(t, []string{ts.addr}))
-	require.NoError(t, err)
-	select {
-	case <-heads:
-		t.Fatal("the pass read head rows instead of waiting for its own reads")
-	default:
-	}
-	for _, p := range resp.Topics[0].Partitions {
-		require.Zero(t, p.ErrorCode, "partition %d", p.Partition)
-		require.NotEmpty(t, p.RecordBatches, "partition %d", p.Partition)
 	}
 }

@@ -660,7 +660,8 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 	ts := startServer(t, pool, &Config{Wakeups: hub})
 	ts.srv.fetchPoll = &wakeup.PollOpts{MinInterval: 20 * time.Second, MaxInterval: 20 * time.Second} // wake-ups only
 	topic := testdb.Name("stashstart")
-	var blocking atomic.Bool // set once the fetch waits: its first pass reads partition 0 too (on its own)
+	var blocking atomic.Bool
+	blocking.Store(true)
 	stuck, release := make(chan struct{}, 1), make(chan struct{})
 	var releaseOnce sync.Once
 	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
@@ -678,7 +679,6 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 	req := fetchReq(topic, 0, 0, 30*time.Second, 1)
 	addFetchPartition(req, 1, 0)
 	done := fetchWaiting(t, ctx, ts, cl, req)
-	blocking.Store(true)
 	_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("a")}, {Bytes: []byte("b")}}, nil)
 	require.NoError(t, err)
 	hub.NotifyPartitions(topic, 0)
