@@ -29,21 +29,7 @@ func TestBlockedAppendsDoNotStallOtherStreams(t *testing.T) {
 	require.NoError(t, c.CreateStream(ctx, s, 2))
 	require.NoError(t, c.CreateStream(ctx, other, 1))
 
-	outside, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = outside.Rollback(context.Background()) })
-	_, err = outside.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 FOR UPDATE`, s)
-	require.NoError(t, err)
-	blocker := outside.Conn().PgConn().PID()
-	waitBlocked := func(want int) {
-		testdb.WaitFor(t, 20*time.Second, "appends waiting for the test's locks", func() bool {
-			var n int
-			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND position('head_reserve($1, $2, 1)' IN query) > 0
-				  AND $1::int = ANY (pg_blocking_pids(pid))`, blocker).Scan(&n))
-			return n == want
-		})
-	}
+	outside, waitBlocked := lockHeads(t, pool, s)
 	rec := func(stream string, p int32, id string) streams.Record {
 		return streams.Record{Stream: stream, Partition: streams.PartitionOf(p), EventID: id, Data: json.RawMessage(`1`)}
 	}
@@ -54,7 +40,7 @@ func TestBlockedAppendsDoNotStallOtherStreams(t *testing.T) {
 
 	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err = c.Produce(octx, rec(other, 0, "o"))
+	_, err := c.Produce(octx, rec(other, 0, "o"))
 	require.NoError(t, err, "a call to another stream waited behind calls blocked on a head row")
 
 	require.NoError(t, outside.Commit(ctx))

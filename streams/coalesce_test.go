@@ -73,6 +73,29 @@ func lockHead(t *testing.T, pool *pgxpool.Pool, stream string, partition int32) 
 	return tx
 }
 
+// lockHeads locks every head row of stream in a transaction of its own, which the
+// test commits (or its cleanup rolls back), and returns it with a function that waits
+// until want one-record appends wait for those locks.
+func lockHeads(t *testing.T, pool *pgxpool.Pool, stream string) (pgx.Tx, func(want int)) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 FOR UPDATE`, stream)
+	require.NoError(t, err)
+	blocker := tx.Conn().PgConn().PID()
+	return tx, func(want int) {
+		testdb.WaitFor(t, 20*time.Second, "appends waiting for the test's locks", func() bool {
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND position('head_reserve($1, $2, 1)' IN query) > 0
+				  AND $1::int = ANY (pg_blocking_pids(pid))`, blocker).Scan(&n))
+			return n == want
+		})
+	}
+}
+
 // xmins returns the inserting transaction of each event of stream, by event id.
 func xmins(t *testing.T, pool *pgxpool.Pool, stream string) map[string]string {
 	t.Helper()
@@ -271,23 +294,12 @@ func TestDefaultSharesBeyondTwoInFlight(t *testing.T) {
 	s := testdb.Name("s")
 	require.NoError(t, c.CreateStream(ctx, s, 2))
 
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	_, err = tx.Exec(ctx, `SELECT 1 FROM streamd.stream_partitions WHERE stream_name = $1 FOR UPDATE`, s)
-	require.NoError(t, err)
+	tx, waitBlocked := lockHeads(t, pool, s)
 	rec := func(p int32, id string) streams.Record {
 		return streams.Record{Stream: s, Partition: streams.PartitionOf(p), EventID: id, Data: json.RawMessage(`1`)}
 	}
 	held := []<-chan produceResult{goProduce(ctx, c, rec(0, "a")), goProduce(ctx, c, rec(1, "b"))}
-	blocker := tx.Conn().PgConn().PID()
-	testdb.WaitFor(t, 20*time.Second, "both appends waiting for the test's locks", func() bool {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND position('head_reserve($1, $2, 1)' IN query) > 0
-			  AND $1::int = ANY (pg_blocking_pids(pid))`, blocker).Scan(&n))
-		return n == 2
-	})
+	waitBlocked(2)
 	waiting := []<-chan produceResult{goProduce(ctx, c, rec(0, "c"))}
 	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 1 })
 	waiting = append(waiting, goProduce(ctx, c, rec(1, "d")))
