@@ -1,6 +1,7 @@
 package streams
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -207,12 +208,12 @@ func readIndex(rows pgx.Rows) (int64, error) {
 // in already, in practice) and keeps those within maxBytes (sizes are their
 // Event.Size, in the order given), the first whatever its size, as fetchOnce cuts.
 func cutToBytes(res *FetchResult, sizes []int, maxBytes int) {
-	if !slices.IsSortedFunc(res.Events, func(a, b Event) int { return cmpOffset(a.Offset, b.Offset) }) {
+	if !slices.IsSortedFunc(res.Events, func(a, b Event) int { return cmp.Compare(a.Offset, b.Offset) }) {
 		idx := make([]int, len(res.Events))
 		for i := range idx {
 			idx[i] = i
 		}
-		slices.SortFunc(idx, func(a, b int) int { return cmpOffset(res.Events[a].Offset, res.Events[b].Offset) })
+		slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(res.Events[a].Offset, res.Events[b].Offset) })
 		evs, sz := make([]Event, len(idx)), make([]int, len(idx))
 		for to, from := range idx {
 			evs[to], sz[to] = res.Events[from], sizes[from]
@@ -227,14 +228,4 @@ func cutToBytes(res *FetchResult, sizes []int, maxBytes int) {
 		}
 		size += n
 	}
-}
-
-func cmpOffset(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
