@@ -1,11 +1,9 @@
 package kafka
 
 import (
-	"context"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -25,11 +23,7 @@ func TestFirstPassReadsATopicInOneStatement(t *testing.T) {
 	t.Parallel()
 	topic := testdb.Name("onestmt")
 	log := &statementLog{stream: topic}
-	cfg := testdb.Config(t)
-	cfg.ConnConfig.Tracer = log
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, log)
 	ts := startServer(t, pool, &Config{Wakeups: wakeup.NewHub()})
 	ctx := testCtx(t)
 	sc := streams.NewClient(testdb.Pool(t), nil) // its statements are not logged
@@ -38,7 +32,7 @@ func TestFirstPassReadsATopicInOneStatement(t *testing.T) {
 		_, err := sc.AppendPartition(ctx, topic, p, []streams.Record{{Bytes: []byte("a")}, {Bytes: []byte("b")}}, nil)
 		require.NoError(t, err)
 	}
-	_, err = sc.DeleteBefore(ctx, topic, 4, 2)
+	_, err := sc.DeleteBefore(ctx, topic, 4, 2)
 	require.NoError(t, err)
 	cl := newClient(t, []string{ts.addr})
 	req := fetchReq(topic, 0, 0, 0, 1)

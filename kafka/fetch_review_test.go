@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/testdb"
@@ -65,11 +64,7 @@ func (r *rowCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 func TestFirstFetchReadsAboutFetchMaxBytes(t *testing.T) {
 	t.Parallel()
 	rc := &rowCounter{}
-	cfg := testdb.Config(t)
-	cfg.ConnConfig.Tracer = rc
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, rc)
 	ts := startServer(t, pool, &Config{Wakeups: wakeup.NewHub()})
 	ctx := testCtx(t)
 	topic := testdb.Name("fmaxb")

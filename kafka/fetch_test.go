@@ -319,11 +319,7 @@ func TestWokenFetchReadsOnlyTheWokenPartition(t *testing.T) {
 	t.Parallel()
 	topic := testdb.Name("woken")
 	log := &statementLog{stream: topic}
-	cfg := testdb.Config(t)
-	cfg.ConnConfig.Tracer = log
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, log)
 	hub := wakeup.NewHub()
 	ts := startServer(t, pool, &Config{Wakeups: hub})
 	// The safety-net poll: long enough not to come before the first wake-up.
@@ -353,7 +349,7 @@ func TestWokenFetchReadsOnlyTheWokenPartition(t *testing.T) {
 
 	done := wait()
 	log.take() // the first pass
-	_, err = sc.AppendPartition(ctx, topic, 2, []streams.Record{{Bytes: []byte("woken")}}, nil)
+	_, err := sc.AppendPartition(ctx, topic, 2, []streams.Record{{Bytes: []byte("woken")}}, nil)
 	require.NoError(t, err)
 	hub.NotifyPartitions(topic, 2)
 	res := <-done
@@ -759,4 +755,16 @@ func TestStashTakeChecks(t *testing.T) {
 		}
 		require.Empty(t, st.reads, tc.name)
 	}
+}
+
+// tracedPool returns a pool of the test database whose connections report their
+// statements to tracer (closed when the test ends).
+func tracedPool(t *testing.T, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	cfg := testdb.Config(t)
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
