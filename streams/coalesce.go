@@ -135,12 +135,12 @@ func (q *appendQueue) canStartLocked() bool {
 	return q.inFlight-q.stalled < q.max && q.inFlight < q.hard
 }
 
-// watch starts the stall timer of a transaction that starts now.
+// watch starts the stall timer of a transaction that starts now. w.timer is read
+// only by the goroutine that leads the transaction (handOn), after this returns; the
+// timer's function reads the fields that q.mu guards.
 func (q *appendQueue) watch() *txWatch {
 	w := &txWatch{}
-	q.mu.Lock()
 	w.timer = time.AfterFunc(q.stallAfter, func() { q.stall(w) })
-	q.mu.Unlock()
 	return w
 }
 
