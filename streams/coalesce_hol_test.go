@@ -46,4 +46,8 @@ func TestBlockedAppendsDoNotStallOtherStreams(t *testing.T) {
 	require.NoError(t, outside.Commit(ctx))
 	require.NoError(t, (<-a).err)
 	require.NoError(t, (<-b).err)
+	// The stalled transactions, once ended, count no more: left counted, the client
+	// would run more than its two at once from then on.
+	running, stalled := c.AppendsRunning()
+	require.Equal(t, [2]int{0, 0}, [2]int{running, stalled}, "transactions running, stalled")
 }

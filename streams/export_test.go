@@ -44,6 +44,17 @@ func (c *Client) AppendsWaiting() int {
 	return len(c.appends.pending)
 }
 
+// AppendsRunning returns how many transactions of c's shared Produce calls run, and
+// how many of them count as stalled. Tests only.
+func (c *Client) AppendsRunning() (running, stalled int) {
+	if c.appends == nil {
+		return 0, 0
+	}
+	c.appends.mu.Lock()
+	defer c.appends.mu.Unlock()
+	return c.appends.inFlight, c.appends.stalled
+}
+
 // InsertStatement returns the one-statement path's statement and arguments for recs,
 // all to stream and partition and all with an event id. Tests only.
 func InsertStatement(stream string, partition int32, recs []Record) (string, []any, error) {
