@@ -59,6 +59,15 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 	}
 	maxWait := time.Duration(req.MaxWaitMillis) * time.Millisecond
 	longPoll := maxWait > 0 && req.MinBytes > 0
+	deadline := time.Now().Add(maxWait)
+	// The tail readers answer when they hold every partition's offset (tail.go);
+	// otherwise, or once one of them stops, the fetch reads the log.
+	if ok, err := s.fetchFromTails(ctx, r.c, req, resp, allowed, deadline, longPoll); err != nil {
+		return nil, err
+	} else if ok {
+		r.c.stash.noteAnswer(resp)
+		return resp, nil
+	}
 	var sub *wakeup.Subscription // nil: the long poll only polls
 	if longPoll && s.cfg.Wakeups != nil {
 		// Subscribe before the first read, so a commit between it and the wait still
@@ -84,7 +93,6 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 		}
 	}()
 	first := true
-	deadline := time.Now().Add(maxWait)
 	err = wakeup.Poll(pollCtx, sub, deadline, opts, func() (bool, error) {
 		// The first pass reads every partition; a pass after a wake-up that named
 		// partitions reads only those of them the request has (the others' answers
@@ -118,6 +126,7 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 		return nil, err
 	}
 	r.c.stash.noteAnswer(resp)
+	s.startTails(req, resp)
 	return resp, nil // enough bytes, the deadline, or the drain
 }
 
@@ -143,38 +152,7 @@ func (s *Server) fetchOnce(ctx context.Context, c *conn, req *kmsg.FetchRequest,
 	if len(woken) > 0 && len(resp.Topics) == len(req.Topics) {
 		return s.fetchWoken(ctx, c, req, resp, woken, sub, deadline)
 	}
-	resp.Topics = resp.Topics[:0]
-	var jobs []fetchJob
-	for _, t := range req.Topics {
-		rt := kmsg.NewFetchResponseTopic()
-		rt.Topic, rt.TopicID = t.Topic, t.TopicID
-		rt.Partitions = make([]kmsg.FetchResponseTopicPartition, len(t.Partitions))
-		resp.Topics = append(resp.Topics, rt)
-	}
-	for ti, t := range req.Topics {
-		for pi, p := range t.Partitions {
-			rp := &resp.Topics[ti].Partitions[pi]
-			*rp = kmsg.NewFetchResponseTopicPartition()
-			rp.Partition = p.Partition
-			rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = -1, -1, -1
-			rp.PreferredReadReplica = -1
-			rp.RecordBatches = []byte{} // empty, not null: librdkafka refuses a null record set
-			// v13+: an id no stream has.
-			if t.Topic == "" {
-				rp.ErrorCode = kerr.UnknownTopicID.Code
-				continue
-			}
-			if t.Topic == consumerOffsetsTopic {
-				fetchInternal(rp, p)
-				continue
-			}
-			if !allowed.Allows(t.Topic, access.Read) {
-				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
-				continue
-			}
-			jobs = append(jobs, fetchJob{rp: rp, topic: t.Topic, partition: p})
-		}
-	}
+	jobs := fetchSkeleton(req, resp, allowed)
 	readable := readableJobs(jobs)
 	jobs = s.readTopics(ctx, c, req, jobs)
 	return s.runFetchJobs(ctx, c, req, resp, jobs, 0, &fetchWatch{sub: sub, readable: readable, deadline: deadline})

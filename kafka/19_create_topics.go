@@ -98,6 +98,7 @@ func handleCreateTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 					rt.Configs = append(rt.Configs, c)
 				}
 				s.forgetCompression(t.Topic)
+				s.tails.drop(t.Topic)
 				if !req.ValidateOnly {
 					s.logger.Info("kafka topic created", "stream", t.Topic, "partitions", partitions)
 				}

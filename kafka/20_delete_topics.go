@@ -49,6 +49,7 @@ func handleDeleteTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 			msg := err.Error()
 			rt.ErrorMessage = &msg
 		} else {
+			r.s.tails.drop(*t.name) // a topic of that name created later must not serve these records
 			r.s.logger.Info("kafka topic deleted", "stream", *t.name)
 		}
 		resp.Topics = append(resp.Topics, rt)

@@ -37,6 +37,7 @@ func handleDeleteRecords(ctx context.Context, r *request) (kmsg.Response, error)
 				continue
 			}
 			ls, err := r.s.streams.DeleteBefore(ctx, t.Topic, p.Partition, p.Offset)
+			r.s.tails.drop(t.Topic, p.Partition) // the log start moved: a fetch below it is OFFSET_OUT_OF_RANGE
 			if err != nil {
 				rp.ErrorCode = errorCode(err)
 			} else {

@@ -259,6 +259,10 @@ type Server struct {
 	// (01_fetch.go); Serve waits for them after the connections.
 	fetchReads sync.WaitGroup
 
+	// tails are the partitions' tail readers (tail.go): started by Serve, stopped by
+	// its shutdown.
+	tails tailReaders
+
 	// topicIDs caches the streams' topic ids for Fetch v13+ (01_fetch.go).
 	topicIDs struct {
 		mu    sync.Mutex
@@ -354,6 +358,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// draining ends when shutdown starts: long polls watch it and answer at once.
 	draining, stopDraining := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDraining()
+	s.tails.begin(ctx)
 	acceptErr := make(chan error, 1)
 	var wg sync.WaitGroup
 	go func() {
@@ -405,6 +410,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.mu.Unlock()
 		<-done
 	}
+	s.tails.stopAll()              // the tail readers (tail.go)
 	s.fetchReads.Wait()            // the reads the connections' fetches left (they end with their connection)
 	s.compression.refreshes.Wait() // the fetch codecs' refreshes (fetch_compression.go)
 	stopReg()

@@ -1,0 +1,445 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+	"github.com/streamd/streamd/wakeup"
+)
+
+// tailsOff turns ts's tail readers off: tests of the fetches' own reads.
+func tailsOff(ts *testServer) {
+	ts.srv.tails.mu.Lock()
+	defer ts.srv.tails.mu.Unlock()
+	ts.srv.tails.off = true
+}
+
+// tailOpts sets the tail readers' idle time, check interval and read hook, for the
+// readers started from now on.
+func tailOpts(ts *testServer, idle, check time.Duration, hook func(topic string, partition int32)) {
+	ts.srv.tails.mu.Lock()
+	defer ts.srv.tails.mu.Unlock()
+	ts.srv.tails.idle, ts.srv.tails.check, ts.srv.tails.readHook = idle, check, hook
+}
+
+// tailHolds reports whether ts has a reader of topic/partition that has read up to
+// offset next.
+func tailHolds(ts *testServer, topic string, partition int32, next int64) bool {
+	r := ts.srv.tails.get(partKey{topic, partition})
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.stopped && r.next >= next
+}
+
+// readCounter counts the statements about one stream, the tail readers' apart.
+type readCounter struct {
+	stream       string
+	fetch, tails atomic.Int64
+}
+
+func (c *readCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if len(d.Args) > 0 && d.Args[0] == c.stream {
+		if ctx.Value(tailReadKey{}) != nil {
+			c.tails.Add(1)
+		} else {
+			c.fetch.Add(1)
+		}
+	}
+	return ctx
+}
+
+func (c *readCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestTailReaderAnswersFromMemory: once a fetch found two partitions at their log
+// end, their tail readers read the records appended by a plain SQL INSERT and by a
+// Kafka Produce, each on its partition's wake-up, and the consumer's fetches (a long
+// poll at the log end, then a fetch of what was read) are answered from memory:
+// they run no statement of their own about the stream.
+func TestTailReaderAnswersFromMemory(t *testing.T) {
+	t.Parallel()
+	topic := testdb.Name("tailmem")
+	rc := &readCounter{stream: topic}
+	hub := wakeup.NewHub()
+	ts := startServer(t, tracedPool(t, rc), &Config{Wakeups: hub})
+	ctx := testCtx(t)
+	pool := testdb.Pool(t)
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 2))
+	cl := newClient(t, []string{ts.addr})
+	req := fetchReq(topic, 0, 0, 0, 1)
+	addFetchPartition(req, 1, 0)
+	_, err := req.RequestWith(ctx, cl) // at the log end: starts both readers
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 0) && tailHolds(ts, topic, 1, 0) }, 10*time.Second, time.Millisecond)
+
+	before := rc.fetch.Load()
+	req.MaxWaitMillis = 10_000
+	done := fetchWaiting(t, ctx, ts, cl, req)
+	_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data_bytes) VALUES ($1, 0, $2)`, topic, []byte("by sql"))
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 0) // what the tailer does after the commit
+	var res fetchResult
+	select {
+	case res = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no answer within 15s")
+	}
+	require.NoError(t, res.err)
+	ps := res.resp.Topics[0].Partitions
+	recs := recordsOf(t, ps[0].RecordBatches)
+	require.Len(t, recs, 1)
+	require.Equal(t, "by sql", string(recs[0].Value))
+	require.Equal(t, int64(1), ps[0].HighWatermark)
+	require.Empty(t, ps[1].RecordBatches)
+	require.Zero(t, rc.fetch.Load()-before, "the long poll ran statements of its own about the stream")
+
+	// A Kafka Produce into partition 1 (its statements are the server's too).
+	pcl := newClient(t, []string{ts.addr}, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	require.NoError(t, pcl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: 1, Value: []byte("by kafka")}).FirstErr())
+	hub.NotifyPartitions(topic, 1)
+	require.Eventually(t, func() bool { return tailHolds(ts, topic, 1, 1) }, 10*time.Second, time.Millisecond)
+	before = rc.fetch.Load()
+	req.Topics[0].Partitions[0].FetchOffset = 1
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	ps = resp.Topics[0].Partitions
+	require.Empty(t, ps[0].RecordBatches)
+	recs = recordsOf(t, ps[1].RecordBatches)
+	require.Len(t, recs, 1)
+	require.Equal(t, "by kafka", string(recs[0].Value))
+	require.Equal(t, []int64{1, 1}, []int64{ps[0].HighWatermark, ps[1].HighWatermark})
+	require.Zero(t, rc.fetch.Load()-before, "the fetch ran statements of its own about the stream")
+	require.Positive(t, rc.tails.Load(), "the readers read")
+}
+
+// TestTailReaderSlowPartitionDoesNotDelayAnother: with partition 0's reader stuck in
+// a read, a record of partition 1 reaches a consumer waiting at the log end of both
+// at once (each partition's reader reads on its own), and partition 0's record once
+// that read ends.
+func TestTailReaderSlowPartitionDoesNotDelayAnother(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	topic := testdb.Name("tailslow")
+	var blocking atomic.Bool
+	stuck, release := make(chan struct{}, 1), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll) // before the server stops: it waits for the readers
+	hold := func(tp string, p int32) {
+		if tp == topic && p == 0 && blocking.Load() {
+			stuck <- struct{}{}
+			<-release
+		}
+	}
+	ts.srv.fetchReadHook = hold // the fetches' own reads of partition 0 too
+	tailOpts(ts, 0, 0, hold)
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 2))
+	cl := newClient(t, []string{ts.addr})
+	req := fetchReq(topic, 0, 0, 0, 1)
+	addFetchPartition(req, 1, 0)
+	_, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 0) && tailHolds(ts, topic, 1, 0) }, 10*time.Second, time.Millisecond)
+
+	req.MaxWaitMillis = 20_000
+	done := fetchWaiting(t, ctx, ts, cl, req)
+	blocking.Store(true)
+	_, err = sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("slow")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 0)
+	waitStuck(t, stuck)
+	blocking.Store(false)
+	_, err = sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("fast")}}, nil)
+	require.NoError(t, err)
+	start := time.Now()
+	hub.NotifyPartitions(topic, 1)
+	var res fetchResult
+	select {
+	case res = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("partition 1's record waits for partition 0's read")
+	}
+	require.NoError(t, res.err)
+	require.Less(t, time.Since(start), 5*time.Second)
+	ps := res.resp.Topics[0].Partitions
+	require.Len(t, recordsOf(t, ps[1].RecordBatches), 1, "partition 1's record")
+	require.Empty(t, ps[0].RecordBatches, "partition 0's read is still under way")
+
+	releaseAll()
+	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 1) }, 10*time.Second, time.Millisecond)
+	req.Topics[0].Partitions[1].FetchOffset = 1
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Len(t, recordsOf(t, resp.Topics[0].Partitions[0].RecordBatches), 1, "partition 0's record once its read ended")
+}
+
+// TestTailReadersStopAndRestartGapless: writers append to four partitions (the
+// client and plain SQL) while a franz-go consumer reads them with small fetch bounds
+// and the partitions' tail readers are stopped again and again (as the local
+// DeleteRecords does, and an idle reader does after a few milliseconds here) and
+// started again by the fetches: every record arrives exactly once, in offset order,
+// from 0 with no gap, whether from a reader or from the log.
+func TestTailReadersStopAndRestartGapless(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ctx := testCtx(t)
+	topic := testdb.Name("tailgap")
+	const partitions, writers, perWriter = 4, 4, 150
+	sc := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 2})
+	require.NoError(t, sc.CreateStream(ctx, topic, partitions))
+	offsets := map[int32]kgo.Offset{}
+	for p := int32(0); p < partitions; p++ {
+		offsets[p] = kgo.NewOffset().At(0)
+	}
+	cl := newClient(t, []string{ts.addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}),
+		kgo.FetchMaxBytes(2<<10), kgo.FetchMaxPartitionBytes(1<<10), kgo.FetchMaxWait(200*time.Millisecond))
+
+	stopDropping := make(chan struct{})
+	var dropped atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // stops the readers every few milliseconds
+		defer wg.Done()
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopDropping:
+				return
+			case <-tick.C:
+				if n := ts.srv.tails.count(); n > 0 {
+					dropped.Add(int64(n))
+					ts.srv.tails.drop(topic)
+				}
+			}
+		}
+	}()
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < perWriter; i++ {
+				p := int32((w + i) % partitions)
+				val := fmt.Sprintf("w%d-%03d-%s", w, i, string(make([]byte, 100)))
+				var err error
+				if w == 0 {
+					_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data_bytes) VALUES ($1, $2, $3)`,
+						topic, p, []byte(val))
+				} else {
+					_, err = sc.Produce(ctx, streams.Record{Stream: topic, Partition: streams.PartitionOf(p), Bytes: []byte(val)})
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				hub.NotifyPartitions(topic, p)
+			}
+		}()
+	}
+
+	next := map[int32]int64{}
+	got := 0
+	deadline := time.Now().Add(60 * time.Second)
+	for got < writers*perWriter {
+		require.True(t, time.Now().Before(deadline), "%d of %d records within 60s", got, writers*perWriter)
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		default:
+		}
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		fs.EachError(func(tp string, p int32, err error) {
+			if err != context.DeadlineExceeded {
+				t.Fatalf("fetch %s/%d: %v", tp, p, err)
+			}
+		})
+		fs.EachRecord(func(r *kgo.Record) {
+			require.Equal(t, next[r.Partition], r.Offset, "partition %d: offset %d after %d", r.Partition, r.Offset, next[r.Partition]-1)
+			require.Contains(t, string(r.Value), "-", "partition %d offset %d: a value of the writers", r.Partition, r.Offset)
+			next[r.Partition]++
+			got++
+		})
+	}
+	close(stopDropping)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	// A second consumer from offset 0, below what the readers hold now: from the log.
+	cl2 := newClient(t, []string{ts.addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}))
+	next2 := map[int32]int64{}
+	for got2 := 0; got2 < writers*perWriter; {
+		require.True(t, time.Now().Before(deadline.Add(30*time.Second)), "second consumer: %d of %d records", got2, writers*perWriter)
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		fs := cl2.PollFetches(pctx)
+		cancel()
+		fs.EachRecord(func(r *kgo.Record) {
+			require.Equal(t, next2[r.Partition], r.Offset, "second consumer, partition %d", r.Partition)
+			next2[r.Partition]++
+			got2++
+		})
+	}
+	require.Positive(t, dropped.Load(), "readers were stopped under the consumer")
+	require.Positive(t, ts.srv.tails.answered.Load(), "readers answered fetches")
+	t.Logf("readers stopped %d times; they answered %d fetches", dropped.Load(), ts.srv.tails.answered.Load())
+	heads, err := sc.PartitionHeads(ctx, topic)
+	require.NoError(t, err)
+	for _, h := range heads {
+		require.Equal(t, h.NextOffset, next[h.Partition], "partition %d read to its end", h.Partition)
+	}
+}
+
+// TestTailReaderDeleteRecordsAndRecreate: a reader holding records does not serve
+// them past a DeleteRecords below them (OFFSET_OUT_OF_RANGE, as from the log), nor
+// after DeleteTopics and CreateTopics of the same name through this server (the new
+// topic's records), nor, within its check interval, after another instance deleted
+// and created the stream again.
+func TestTailReaderDeleteRecordsAndRecreate(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ctx := testCtx(t)
+	adm := newAdmin(t, ts.addr)
+	sc := streams.NewClient(pool, nil)
+	appendN := func(topic, prefix string, n int) {
+		t.Helper()
+		var recs []streams.Record
+		for i := range n {
+			recs = append(recs, streams.Record{Bytes: fmt.Appendf(nil, "%s-%d", prefix, i)})
+		}
+		_, err := sc.AppendPartition(ctx, topic, 0, recs, nil)
+		require.NoError(t, err)
+		hub.NotifyPartitions(topic, 0)
+	}
+	cl := newClient(t, []string{ts.addr})
+	fetchAt := func(topic string, off int64) (int16, int64, []kgo.Record) {
+		t.Helper()
+		req := fetchReq(topic, 0, off, 0, 1)
+		resp, err := req.RequestWith(ctx, cl)
+		require.NoError(t, err)
+		p := resp.Topics[0].Partitions[0]
+		return p.ErrorCode, p.LogStartOffset, recordsOf(t, p.RecordBatches)
+	}
+	// warm creates topic through this server, starts its reader with a fetch at the
+	// log end, and appends 10 records, which the reader reads.
+	warm := func(topic string) {
+		t.Helper()
+		_, err := adm.CreateTopic(ctx, 1, 1, nil, topic)
+		require.NoError(t, err)
+		fetchAt(topic, 0)
+		require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 0) }, 10*time.Second, time.Millisecond)
+		appendN(topic, "old", 10)
+		require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 10) }, 10*time.Second, time.Millisecond)
+		code, _, recs := fetchAt(topic, 5)
+		require.Zero(t, code)
+		require.Equal(t, "old-5", string(recs[0].Value))
+	}
+
+	// DeleteRecords through this server.
+	tailOpts(ts, 0, time.Hour, nil) // the readers started now check the stream's identity only after an hour
+	topic := testdb.Name("taildel")
+	warm(topic)
+	dr, err := adm.DeleteRecords(ctx, kadm.Offsets{topic: {0: {At: 8}}})
+	require.NoError(t, err)
+	require.NoError(t, dr.Error())
+	code, lso, recs := fetchAt(topic, 6)
+	require.Equal(t, kerr.OffsetOutOfRange.Code, code, "not the deleted records the reader held")
+	require.Equal(t, int64(8), lso)
+	require.Empty(t, recs)
+
+	// DeleteTopics and CreateTopics of the same name through this server.
+	topic = testdb.Name("tailrecreate")
+	warm(topic)
+	_, err = adm.DeleteTopics(ctx, topic)
+	require.NoError(t, err)
+	_, err = adm.CreateTopic(ctx, 1, 1, nil, topic)
+	require.NoError(t, err)
+	appendN(topic, "new", 12)
+	code, _, recs = fetchAt(topic, 5)
+	require.Zero(t, code)
+	require.NotEmpty(t, recs)
+	require.Equal(t, "new-5", string(recs[0].Value), "the new topic's record, not the old one the reader held")
+
+	// Another instance (the library here) moves the log start: the reader sees it
+	// within its check interval.
+	tailOpts(ts, 0, 50*time.Millisecond, nil)
+	topic = testdb.Name("tailstartelsewhere")
+	warm(topic)
+	_, err = sc.DeleteBefore(ctx, topic, 0, 8)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		code, lso, recs := fetchAt(topic, 6)
+		return code == kerr.OffsetOutOfRange.Code && lso == 8 && len(recs) == 0
+	}, 10*time.Second, 10*time.Millisecond, "the log start moved by another instance")
+
+	// Another instance deletes and creates the stream again: the reader stops within
+	// its check interval.
+	topic = testdb.Name("tailelsewhere")
+	warm(topic)
+	require.NoError(t, sc.DeleteStream(ctx, topic))
+	require.NoError(t, sc.CreateStream(ctx, topic, 1))
+	appendN(topic, "new", 12) // past the offsets the reader holds
+	require.Eventually(t, func() bool {
+		_, _, recs := fetchAt(topic, 5)
+		return len(recs) > 0 && string(recs[0].Value) == "new-5"
+	}, 10*time.Second, 10*time.Millisecond, "the stream created again by another instance")
+}
+
+// TestTailReadersStopWithTheServer: a reader no fetch uses stops after its idle
+// time, and the server's shutdown stops the others: no reader goroutine is left.
+func TestTailReadersStopWithTheServer(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, &Config{Wakeups: wakeup.NewHub()})
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	idle, busy := testdb.Name("tailidle"), testdb.Name("tailbusy")
+	require.NoError(t, sc.CreateStream(ctx, idle, 1))
+	require.NoError(t, sc.CreateStream(ctx, busy, 3))
+	cl := newClient(t, []string{ts.addr})
+
+	tailOpts(ts, 100*time.Millisecond, 20*time.Millisecond, nil)
+	_, err := fetchReq(idle, 0, 0, 0, 1).RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return tailHolds(ts, idle, 0, 0) }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return ts.srv.tails.get(partKey{idle, 0}) == nil }, 10*time.Second, 5*time.Millisecond,
+		"an idle reader stops")
+
+	tailOpts(ts, time.Hour, 0, nil)
+	req := fetchReq(busy, 0, 0, 0, 1)
+	addFetchPartition(req, 1, 0)
+	addFetchPartition(req, 2, 0)
+	_, err = req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return ts.srv.tails.count() == 3 }, 10*time.Second, time.Millisecond)
+	require.Equal(t, int64(3), ts.srv.tails.running.Load())
+	ts.stop()
+	require.Zero(t, ts.srv.tails.running.Load(), "reader goroutines left after the server stopped")
+	require.Zero(t, ts.srv.tails.count())
+}
