@@ -654,7 +654,9 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 	pool := testdb.Pool(t)
 	hub := wakeup.NewHub()
 	ts := startServer(t, pool, &Config{Wakeups: hub})
-	tailsOff(ts)                                                                                      // the stash's check; a tail reader sees the library's DeleteBefore within its check interval (tail_test.go)
+	// The stash's check; a tail reader sees the library's DeleteBefore within its
+	// check interval (tail_test.go).
+	tailsOff(ts)
 	ts.srv.fetchPoll = &wakeup.PollOpts{MinInterval: 20 * time.Second, MaxInterval: 20 * time.Second} // wake-ups only
 	topic := testdb.Name("stashstart")
 	var blocking atomic.Bool
