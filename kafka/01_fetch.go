@@ -68,6 +68,7 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 		r.c.stash.noteAnswer(resp)
 		return resp, nil
 	}
+	s.tails.read.Add(1)
 	var sub *wakeup.Subscription // nil: the long poll only polls
 	if longPoll && s.cfg.Wakeups != nil {
 		// Subscribe before the first read, so a commit between it and the wait still

@@ -61,13 +61,15 @@ type tailReaders struct {
 	// Tests (set under mu, before the readers they change start): off disables the
 	// readers; idle and check replace tailIdle and tailCheckEvery; readHook is called
 	// before each read of a reader, on its goroutine. running counts the readers'
-	// goroutines; answered counts the fetches the readers answered.
+	// goroutines; answered counts the fetches the readers answered, read those that
+	// read the log instead.
 	off      bool
 	idle     time.Duration
 	check    time.Duration
 	readHook func(topic string, partition int32)
 	running  atomic.Int64
 	answered atomic.Int64
+	read     atomic.Int64
 }
 
 // tailReadKey is the context key of a reader's statements (its value: the

@@ -87,7 +87,7 @@ func TestTailReaderAnswersFromMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 0) && tailHolds(ts, topic, 1, 0) }, 10*time.Second, time.Millisecond)
 
-	before := rc.fetch.Load()
+	before, readBefore := rc.fetch.Load(), ts.srv.tails.read.Load()
 	req.MaxWaitMillis = 10_000
 	done := fetchWaiting(t, ctx, ts, cl, req)
 	_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data_bytes) VALUES ($1, 0, $2)`, topic, []byte("by sql"))
@@ -124,6 +124,8 @@ func TestTailReaderAnswersFromMemory(t *testing.T) {
 	require.Equal(t, "by kafka", string(recs[0].Value))
 	require.Equal(t, []int64{1, 1}, []int64{ps[0].HighWatermark, ps[1].HighWatermark})
 	require.Zero(t, rc.fetch.Load()-before, "the fetch ran statements of its own about the stream")
+	require.Equal(t, readBefore, ts.srv.tails.read.Load(), "a fetch read the log")
+	require.Equal(t, int64(2), ts.srv.tails.answered.Load(), "the readers answered both fetches")
 	require.Positive(t, rc.tails.Load(), "the readers read")
 }
 
