@@ -195,11 +195,13 @@ func TestTailReaderSlowPartitionDoesNotDelayAnother(t *testing.T) {
 }
 
 // TestTailReadersStopAndRestartGapless: writers append to four partitions (the
-// client and plain SQL) while a franz-go consumer reads them with small fetch bounds
-// and the partitions' tail readers are stopped again and again (as the local
-// DeleteRecords does, and an idle reader does after a few milliseconds here) and
-// started again by the fetches: every record arrives exactly once, in offset order,
-// from 0 with no gap, whether from a reader or from the log.
+// client and plain SQL), in rounds the consumer catches up with (so that it reaches
+// the log end, where the readers start), while a franz-go consumer reads them with
+// small fetch bounds and the partitions' tail readers are stopped each time they
+// answered a fetch (as the local DeleteRecords stops them) and started again by the
+// fetches: every record arrives exactly once, in offset order, from 0 with no gap,
+// whether from a reader or from the log. A second consumer then reads from offset 0,
+// below what the readers hold: from the log.
 func TestTailReadersStopAndRestartGapless(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
@@ -207,7 +209,8 @@ func TestTailReadersStopAndRestartGapless(t *testing.T) {
 	ts := startServer(t, pool, &Config{Wakeups: hub})
 	ctx := testCtx(t)
 	topic := testdb.Name("tailgap")
-	const partitions, writers, perWriter = 4, 4, 150
+	const partitions, writers, rounds, perRound = 4, 4, 8, 20 // perRound: per writer
+	const total = writers * rounds * perRound
 	sc := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 2})
 	require.NoError(t, sc.CreateStream(ctx, topic, partitions))
 	offsets := map[int32]kgo.Offset{}
@@ -217,55 +220,78 @@ func TestTailReadersStopAndRestartGapless(t *testing.T) {
 	cl := newClient(t, []string{ts.addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}),
 		kgo.FetchMaxBytes(2<<10), kgo.FetchMaxPartitionBytes(1<<10), kgo.FetchMaxWait(200*time.Millisecond))
 
-	stopDropping := make(chan struct{})
+	var got atomic.Int64 // records the consumer has
+	stop := make(chan struct{})
 	var dropped atomic.Int64
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { // stops the readers every few milliseconds
+	go func() { // stops the readers each time they answered a fetch since the last stop
 		defer wg.Done()
-		tick := time.NewTicker(25 * time.Millisecond)
+		tick := time.NewTicker(2 * time.Millisecond)
 		defer tick.Stop()
+		last := int64(0)
 		for {
 			select {
-			case <-stopDropping:
+			case <-stop:
 				return
 			case <-tick.C:
-				if n := ts.srv.tails.count(); n > 0 {
-					dropped.Add(int64(n))
+				if a := ts.srv.tails.answered.Load(); a > last {
+					last = a
+					dropped.Add(int64(ts.srv.tails.count()))
 					ts.srv.tails.drop(topic)
 				}
 			}
 		}
 	}()
-	errs := make(chan error, writers)
-	for w := 0; w < writers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < perWriter; i++ {
-				p := int32((w + i) % partitions)
-				val := fmt.Sprintf("w%d-%03d-%s", w, i, string(make([]byte, 100)))
-				var err error
-				if w == 0 {
-					_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data_bytes) VALUES ($1, $2, $3)`,
-						topic, p, []byte(val))
-				} else {
-					_, err = sc.Produce(ctx, streams.Record{Stream: topic, Partition: streams.PartitionOf(p), Bytes: []byte(val)})
-				}
-				if err != nil {
-					errs <- err
+	errs := make(chan error, writers+1)
+	wg.Add(1)
+	go func() { // the rounds
+		defer wg.Done()
+		for round := range rounds {
+			var ww sync.WaitGroup
+			for w := range writers {
+				ww.Add(1)
+				go func() {
+					defer ww.Done()
+					for i := range perRound {
+						p := int32((w + i) % partitions)
+						val := fmt.Sprintf("r%d-w%d-%03d-%s", round, w, i, string(make([]byte, 100)))
+						var err error
+						if w == 0 {
+							_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data_bytes) VALUES ($1, $2, $3)`,
+								topic, p, []byte(val))
+						} else {
+							_, err = sc.Produce(ctx, streams.Record{Stream: topic, Partition: streams.PartitionOf(p), Bytes: []byte(val)})
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+						hub.NotifyPartitions(topic, p)
+					}
+				}()
+			}
+			ww.Wait()
+			want := int64((round + 1) * writers * perRound)
+			deadline := time.Now().Add(30 * time.Second)
+			for got.Load() < want { // the consumer catches up before the next round
+				if time.Now().After(deadline) {
+					errs <- fmt.Errorf("round %d: the consumer has %d of %d records after 30s", round, got.Load(), want)
 					return
 				}
-				hub.NotifyPartitions(topic, p)
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
 			}
-		}()
-	}
+		}
+	}()
 
 	next := map[int32]int64{}
-	got := 0
-	deadline := time.Now().Add(60 * time.Second)
-	for got < writers*perWriter {
-		require.True(t, time.Now().Before(deadline), "%d of %d records within 60s", got, writers*perWriter)
+	deadline := time.Now().Add(90 * time.Second)
+	for got.Load() < total {
+		require.True(t, time.Now().Before(deadline), "%d of %d records within 90s", got.Load(), total)
 		select {
 		case err := <-errs:
 			t.Fatal(err)
@@ -283,20 +309,27 @@ func TestTailReadersStopAndRestartGapless(t *testing.T) {
 			require.Equal(t, next[r.Partition], r.Offset, "partition %d: offset %d after %d", r.Partition, r.Offset, next[r.Partition]-1)
 			require.Contains(t, string(r.Value), "-", "partition %d offset %d: a value of the writers", r.Partition, r.Offset)
 			next[r.Partition]++
-			got++
+			got.Add(1)
 		})
 	}
-	close(stopDropping)
+	close(stop)
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
 	}
+	heads, err := sc.PartitionHeads(ctx, topic)
+	require.NoError(t, err)
+	for _, h := range heads {
+		require.Equal(t, h.NextOffset, next[h.Partition], "partition %d read to its end", h.Partition)
+	}
+
 	// A second consumer from offset 0, below what the readers hold now: from the log.
 	cl2 := newClient(t, []string{ts.addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}))
 	next2 := map[int32]int64{}
-	for got2 := 0; got2 < writers*perWriter; {
-		require.True(t, time.Now().Before(deadline.Add(30*time.Second)), "second consumer: %d of %d records", got2, writers*perWriter)
+	deadline = time.Now().Add(30 * time.Second)
+	for got2 := 0; got2 < total; {
+		require.True(t, time.Now().Before(deadline), "second consumer: %d of %d records", got2, total)
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		fs := cl2.PollFetches(pctx)
 		cancel()
@@ -307,13 +340,7 @@ func TestTailReadersStopAndRestartGapless(t *testing.T) {
 		})
 	}
 	require.Positive(t, dropped.Load(), "readers were stopped under the consumer")
-	require.Positive(t, ts.srv.tails.answered.Load(), "readers answered fetches")
 	t.Logf("readers stopped %d times; they answered %d fetches", dropped.Load(), ts.srv.tails.answered.Load())
-	heads, err := sc.PartitionHeads(ctx, topic)
-	require.NoError(t, err)
-	for _, h := range heads {
-		require.Equal(t, h.NextOffset, next[h.Partition], "partition %d read to its end", h.Partition)
-	}
 }
 
 // TestTailReaderDeleteRecordsAndRecreate: a reader holding records does not serve
