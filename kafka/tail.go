@@ -59,17 +59,19 @@ type tailReaders struct {
 	bytes  atomic.Int64   // the record bytes all readers hold
 
 	// Tests (set under mu, before the readers they change start): off disables the
-	// readers; idle and check replace tailIdle and tailCheckEvery; readHook is called
+	// readers; idle, check and maxRecords replace tailIdle, tailCheckEvery and
+	// tailMaxRecords; readHook is called
 	// before each read of a reader, on its goroutine. running counts the readers'
 	// goroutines; answered counts the fetches the readers answered, read those that
 	// read the log instead.
-	off      bool
-	idle     time.Duration
-	check    time.Duration
-	readHook func(topic string, partition int32)
-	running  atomic.Int64
-	answered atomic.Int64
-	read     atomic.Int64
+	off        bool
+	idle       time.Duration
+	check      time.Duration
+	maxRecords int
+	readHook   func(topic string, partition int32)
+	running    atomic.Int64
+	answered   atomic.Int64
+	read       atomic.Int64
 }
 
 // tailReadKey is the context key of a reader's statements (its value: the
@@ -85,9 +87,10 @@ type tailReader struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	used   atomic.Int64 // when a fetch last used it (UnixNano)
-	// idle, check and hook are tailIdle, tailCheckEvery and tailReaders.readHook,
-	// as they were when it started.
+	// idle, check, maxRecords and hook are tailIdle, tailCheckEvery, tailMaxRecords
+	// and tailReaders.readHook, as they were when it started.
 	idle, check time.Duration
+	maxRecords  int
 	hook        func(topic string, partition int32)
 
 	mu      sync.Mutex
@@ -184,7 +187,8 @@ func (s *Server) ensureTail(k partKey, from, lso, hw int64) {
 	}
 	ctx, cancel := context.WithCancel(context.WithValue(t.ctx, tailReadKey{}, k))
 	r := &tailReader{t: t, key: k, ctx: ctx, cancel: cancel, start: from, next: from, lso: lso, hw: hw, changed: make(chan struct{}),
-		idle: cmp.Or(t.idle, tailIdle), check: cmp.Or(t.check, tailCheckEvery), hook: t.readHook}
+		idle: cmp.Or(t.idle, tailIdle), check: cmp.Or(t.check, tailCheckEvery), maxRecords: cmp.Or(t.maxRecords, tailMaxRecords),
+		hook: t.readHook}
 	r.used.Store(time.Now().UnixNano())
 	t.byPart[k] = r
 	t.wg.Add(1)
@@ -302,7 +306,7 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (more, ok bool) {
 	// Below the log start nothing is served; the bounds drop the oldest.
 	keepFrom := len(r.events) - len(res.Events) // this read's records stay when the total is past its bound
 	drop := 0
-	for drop < len(r.events) && (r.events[drop].Offset < r.lso || r.bytes > tailMaxBytes || len(r.events)-drop > tailMaxRecords ||
+	for drop < len(r.events) && (r.events[drop].Offset < r.lso || r.bytes > tailMaxBytes || len(r.events)-drop > r.maxRecords ||
 		drop < keepFrom && r.t.bytes.Load() > tailTotalBytes) {
 		sz := r.events[drop].Size()
 		r.bytes -= sz

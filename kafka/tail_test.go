@@ -440,6 +440,56 @@ func TestTailReaderDeleteRecordsAndRecreate(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond, "the stream created again by another instance")
 }
 
+// TestTailReaderKeepsItsBound: a reader keeps at most its bound of records, the
+// latest; a fetch below them reads the log, one within them is answered from memory.
+func TestTailReaderKeepsItsBound(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ts.srv.tails.mu.Lock()
+	ts.srv.tails.maxRecords = 5
+	ts.srv.tails.mu.Unlock()
+	ctx := testCtx(t)
+	topic := testdb.Name("tailbound")
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 1))
+	cl := newClient(t, []string{ts.addr})
+	fetchAt := func(off int64) []kgo.Record {
+		t.Helper()
+		resp, err := fetchReq(topic, 0, off, 0, 1).RequestWith(ctx, cl)
+		require.NoError(t, err)
+		require.Zero(t, resp.Topics[0].Partitions[0].ErrorCode)
+		return recordsOf(t, resp.Topics[0].Partitions[0].RecordBatches)
+	}
+	fetchAt(0)
+	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 0) }, 10*time.Second, time.Millisecond)
+	var recs []streams.Record
+	for i := range 20 {
+		recs = append(recs, streams.Record{Bytes: fmt.Appendf(nil, "r-%d", i)})
+	}
+	_, err := sc.AppendPartition(ctx, topic, 0, recs, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 0)
+	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 20) }, 10*time.Second, time.Millisecond)
+	r := ts.srv.tails.get(partKey{topic, 0})
+	r.mu.Lock()
+	start, held, bytes := r.start, len(r.events), r.bytes
+	r.mu.Unlock()
+	require.Equal(t, int64(15), start)
+	require.Equal(t, 5, held)
+	require.Equal(t, int64(bytes), ts.srv.tails.bytes.Load(), "the server's total is this reader's")
+
+	read := ts.srv.tails.read.Load()
+	got := fetchAt(10)
+	require.Equal(t, "r-10", string(got[0].Value))
+	require.Equal(t, read+1, ts.srv.tails.read.Load(), "below what the reader holds: from the log")
+	got = fetchAt(16)
+	require.Len(t, got, 4)
+	require.Equal(t, "r-16", string(got[0].Value))
+	require.Equal(t, read+1, ts.srv.tails.read.Load(), "from memory")
+}
+
 // TestTailReadersStopWithTheServer: a reader no fetch uses stops after its idle
 // time, and the server's shutdown stops the others: no reader goroutine is left.
 func TestTailReadersStopWithTheServer(t *testing.T) {
