@@ -303,7 +303,9 @@ func (q *appendQueue) collect(own *appendCall, batch []*appendCall) []*appendCal
 // of any call of batch ends (the transaction then fails and every call is appended
 // alone, under its own ctx). If appendShared panics, every call is sent to be
 // appended alone and the panic's value is returned, for the leader to raise once it
-// has handed on and woken the others.
+// has handed on and woken the others. A panic after the batch went out leaves its
+// outcome unknown (it may have committed): a call appended again alone then finds
+// its own records and answers their positions as duplicates (Position.Duplicate).
 func (q *appendQueue) appendSharedUntilAnyEnds(batch []*appendCall) (panicked any) {
 	bctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
 	defer cancel()
@@ -336,6 +338,14 @@ func (q *appendQueue) appendShared(ctx context.Context, batch []*appendCall) {
 		b.Queue(c.st.sql, c.st.args...)
 	}
 	br := q.pool.SendBatch(ctx, b)
+	defer func() {
+		// A panic while reading the results (a tracer's, a scan's) must still give the
+		// batch's connection back to the pool; the results are read to the end first,
+		// so the connection is left at a statement boundary.
+		if br != nil {
+			_ = br.Close()
+		}
+	}()
 	var failed error
 	for _, c := range calls {
 		c.next = callFinished
@@ -352,7 +362,9 @@ func (q *appendQueue) appendShared(ctx context.Context, batch []*appendCall) {
 			c.next = callAppend
 		}
 	}
-	if err := br.Close(); failed == nil && err != nil {
+	err := br.Close()
+	br = nil
+	if failed == nil && err != nil {
 		failed = err
 	}
 	if failed == nil {

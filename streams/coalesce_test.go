@@ -424,6 +424,82 @@ func TestPanickingLeaderStrandsNoCall(t *testing.T) {
 	require.NotContains(t, stored, "leader", "the panicking call's shared transaction never ran")
 }
 
+// panicOnSharedResult panics while the first result of a shared transaction (a batch
+// of more than one statement) is read, once armed: after the batch went out, with
+// its connection checked out of the pool.
+type panicOnSharedResult struct{ armed, shared atomic.Bool }
+
+func (*panicOnSharedResult) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (*panicOnSharedResult) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (p *panicOnSharedResult) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	p.shared.Store(d.Batch.Len() > 1)
+	return ctx
+}
+func (p *panicOnSharedResult) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	if p.shared.Load() && p.armed.CompareAndSwap(true, false) {
+		panic("injected")
+	}
+}
+func (*panicOnSharedResult) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// A leader that panics while it reads its shared transaction's results gives the
+// batch's connection back to the pool (before, it stayed checked out for good: one
+// connection lost per panic, and the pool's Close never returned); the calls it took
+// still end, each record stored once.
+func TestPanicReadingSharedResultsReleasesTheConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	require.NoError(t, err)
+	tracer := &panicOnSharedResult{}
+	cfg.ConnConfig.Tracer = tracer
+	tracedPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	closed := make(chan struct{})
+	t.Cleanup(func() {
+		go func() { tracedPool.Close(); close(closed) }()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Error("the pool's Close waits for a connection that never came back")
+		}
+	})
+	c := streams.NewClient(tracedPool, &streams.ClientConfig{MaxAppendsInFlight: 1})
+	c.SetAppendStallAfter(time.Hour)
+	s := testdb.Name("s")
+	require.NoError(t, c.CreateStream(ctx, s, 2))
+
+	tx, first := holdTheLine(t, pool, c, s)
+	panicked := make(chan any, 1)
+	go func() { // the leader-to-be: the first call queued
+		defer func() { panicked <- recover() }()
+		_, _ = c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "leader", Data: json.RawMessage(`1`)})
+	}()
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 1 })
+	taken := goProduce(ctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(0), EventID: "taken", Data: json.RawMessage(`0`)})
+	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 2 })
+	tracer.armed.Store(true)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, (<-first).err)
+
+	require.Equal(t, "injected", <-panicked, "the leader's call raises the panic")
+	select {
+	case r := <-taken:
+		require.NoError(t, r.err, "the taken call, appended alone")
+	case <-time.After(10 * time.Second):
+		t.Fatal("a call taken by a leader that panicked was stranded")
+	}
+	testdb.WaitFor(t, 5*time.Second, "every connection back in the pool", func() bool {
+		return tracedPool.Stat().AcquiredConns() == 0
+	})
+	stored := xmins(t, pool, s)
+	require.Len(t, stored, 3, "first, leader and taken, each once")
+	requireGapless(t, c, s, 2)
+}
+
 // A shared transaction whose connection is lost (its backend terminated while one of
 // its statements waits for a head row) stored nothing; every call in it is appended
 // again alone and succeeds, each record stored once, the offsets gapless (L1, L4).
