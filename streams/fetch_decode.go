@@ -166,6 +166,14 @@ func (d *fetchDecoder) decode(v [][]byte, res *FetchResult, e *Event) (hasEvent 
 	return true, nil
 }
 
+// payloadFirst is the size of a fetch's first payload buffer; each next one is
+// twice the last. A reader at its log end reads one small record per wake-up: a
+// first buffer of 64 KB, allocated and zeroed on every such read, was about a
+// quarter of the CPU of the Kafka end-to-end bench's process (bench/RESULTS.md,
+// session 14 (kafka16)), where doubling from 1 KB costs a large read a few more
+// allocations and never more than twice what it holds.
+const payloadFirst = 1 << 10
+
 // keep copies b into the fetch's payload buffer and returns the copy. Slices taken
 // earlier stay valid when the buffer grows (they keep the old array).
 func (d *fetchDecoder) keep(b []byte) []byte {
@@ -173,7 +181,7 @@ func (d *fetchDecoder) keep(b []byte) []byte {
 		return []byte{}
 	}
 	if cap(d.payload)-len(d.payload) < len(b) {
-		d.payload = make([]byte, 0, max(64<<10, 2*cap(d.payload), len(b)))
+		d.payload = make([]byte, 0, max(payloadFirst, 2*cap(d.payload), len(b)))
 	}
 	start := len(d.payload)
 	d.payload = append(d.payload, b...)

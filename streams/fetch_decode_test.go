@@ -3,6 +3,7 @@ package streams_test
 import (
 	"context"
 	"encoding/json"
+	"runtime"
 	"testing"
 	"time"
 
@@ -79,4 +80,38 @@ func TestFetchDecodesAsPgxScans(t *testing.T) {
 	require.Equal(t, []byte{}, res.Events[2].Bytes, "empty bytes stay empty, not null")
 	require.Nil(t, res.Events[3].Data)
 	require.Nil(t, res.Events[3].Bytes)
+}
+
+// TestFetchOfASmallRecordAllocatesLittle: the payload buffer a fetch's records share
+// starts at the size of what it holds, not at 64 KB: a reader at its log end (a
+// consumer's partition worker, a Kafka tail reader) reads one small record per
+// wake-up, and a 64 KB buffer per read, allocated and zeroed, was about a quarter of
+// the CPU of the Kafka end-to-end bench's process (bench/RESULTS.md, session 14
+// (kafka16)). Not parallel: it counts the process's allocations.
+func TestFetchOfASmallRecordAllocatesLittle(t *testing.T) {
+	ctx := context.Background()
+	c, s := setup(t, 1)
+	_, err := c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(0), Data: json.RawMessage(`{"k":1}`)})
+	require.NoError(t, err)
+	pool := testdb.Pool(t)
+	itself, err := streams.FetchDecodesItself(ctx, pool)
+	require.NoError(t, err)
+	require.True(t, itself)
+	for range 10 { // warm: the pool's connection, its statement cache
+		_, err := streams.FetchTx(ctx, pool, s, 0, 0, nil)
+		require.NoError(t, err)
+	}
+	const n = 200
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range n {
+		res, err := streams.FetchTx(ctx, pool, s, 0, 0, nil)
+		require.NoError(t, err)
+		require.Len(t, res.Events, 1)
+		require.JSONEq(t, `{"k":1}`, string(res.Events[0].Data))
+	}
+	runtime.ReadMemStats(&after)
+	perFetch := (after.TotalAlloc - before.TotalAlloc) / n
+	t.Logf("%d bytes allocated per fetch of one record", perFetch)
+	require.Less(t, perFetch, uint64(32<<10), "a fetch of one 7-byte record")
 }
