@@ -185,6 +185,7 @@ func fetchOnce(ctx context.Context, db DBTX, stream string, partition int32, off
 			// Sized once for the rows that can come: at most MaxRecords, the offsets
 			// up to the log end, and MaxBytes worth of events the size of the first.
 			res.Events = make([]Event, 1, fetchCapacity(o, res.HighWatermark-first.Offset, n))
+			d.expect(cap(res.Events))
 			res.Events[0] = first
 			size = n
 			continue

@@ -40,6 +40,8 @@ type fetchDecoder struct {
 	location     *time.Location // the type map's timestamptz ScanLocation (nil: local time)
 
 	payload []byte
+	kept    int // the payload bytes kept so far
+	want    int // the payload bytes the fetch's rows will need, as expect guessed (0: not guessed)
 	strs    []byte
 	spans   []strSpans // per event, where its strings are in strs
 }
@@ -166,13 +168,19 @@ func (d *fetchDecoder) decode(v [][]byte, res *FetchResult, e *Event) (hasEvent 
 	return true, nil
 }
 
-// payloadFirst is the size of a fetch's first payload buffer; each next one is
-// twice the last. A reader at its log end reads one small record per wake-up: a
-// first buffer of 64 KB, allocated and zeroed on every such read, was about a
-// quarter of the CPU of the Kafka end-to-end bench's process (bench/RESULTS.md,
-// session 14 (kafka16)), where doubling from 1 KB costs a large read a few more
-// allocations and never more than twice what it holds.
+// payloadFirst is the size of a fetch's first payload buffer, which the first row
+// fills; the next is sized for the rows expect says will come (or twice the last).
+// A reader at its log end reads one small record per wake-up: a first buffer of 64
+// KB, allocated and zeroed on every such read, was about a quarter of the CPU of the
+// Kafka end-to-end bench's process (bench/RESULTS.md, session 14 (kafka16)).
 const payloadFirst = 1 << 10
+
+// expect tells d that about rows rows come in all, each with about the payload bytes
+// of the first (called once, after the first row): the buffer that follows the
+// first is sized for them.
+func (d *fetchDecoder) expect(rows int) {
+	d.want = rows * d.kept
+}
 
 // keep copies b into the fetch's payload buffer and returns the copy. Slices taken
 // earlier stay valid when the buffer grows (they keep the old array).
@@ -181,8 +189,9 @@ func (d *fetchDecoder) keep(b []byte) []byte {
 		return []byte{}
 	}
 	if cap(d.payload)-len(d.payload) < len(b) {
-		d.payload = make([]byte, 0, max(payloadFirst, 2*cap(d.payload), len(b)))
+		d.payload = make([]byte, 0, max(payloadFirst, 2*cap(d.payload), len(b), d.want-d.kept))
 	}
+	d.kept += len(b)
 	start := len(d.payload)
 	d.payload = append(d.payload, b...)
 	return d.payload[start:len(d.payload):len(d.payload)]

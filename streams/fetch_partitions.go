@@ -139,6 +139,9 @@ func FetchPartitionsTx(ctx context.Context, db DBTX, stream string, reads []Part
 			continue
 		}
 		e.Stream, e.Partition = stream, reads[i-1].Partition
+		if len(p.sizes) == 0 {
+			p.d.expect(fetchCapacity(&opts[i-1], p.res.HighWatermark-e.Offset, n))
+		}
 		p.sizes = append(p.sizes, n)
 	}
 	if err := rows.Err(); err != nil {
