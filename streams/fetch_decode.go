@@ -23,8 +23,9 @@ var fetchColumnOIDs = [...]uint32{
 
 // fetchDecoder turns fetchSQL's rows into Events. When every column arrives with
 // the expected type, and the numbers, times and bytes in PostgreSQL's binary format
-// (pgx's default; it reads text and jsonb as text), it decodes the raw values itself and copies each row's bytes into two buffers shared by the whole
-// fetch, one for the payloads (Data and Bytes are slices of it) and one for the
+// (pgx's default; it reads text and jsonb as text), it decodes the raw values itself and copies each row's bytes into buffers shared by the whole
+// fetch, for the payloads (Data, Bytes and KeyBytes are slices of them: a first one
+// of payloadFirst, then one sized for the rows expected, doubling past it) and one for the
 // strings (converted to one string at the end, of which the events' strings are
 // substrings): a few allocations per fetch instead of about ten per event, which were
 // most of a fetch's client CPU (issue 21). Otherwise (another query mode, a type
