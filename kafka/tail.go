@@ -237,11 +237,14 @@ func (s *Server) runTail(r *tailReader) {
 		return
 	}
 	ctx := r.ctx
-	info, err := streams.DescribeStreamTx(ctx, s.pool, r.key.topic)
+	// The stream's identity, read from its row alone: DescribeStreamTx also reads every
+	// partition's head, each second per reader (a topic's readers read its heads
+	// partitions² times a second).
+	created, err := streams.StreamCreatedAtTx(ctx, s.pool, r.key.topic)
 	if err != nil {
 		return
 	}
-	created, checked := info.CreatedAt, time.Now()
+	checked := time.Now()
 	for {
 		more, ok := s.readTail(ctx, r)
 		if !ok {
@@ -251,8 +254,8 @@ func (s *Server) runTail(r *tailReader) {
 			return
 		}
 		if time.Since(checked) >= check {
-			info, err := streams.DescribeStreamTx(ctx, s.pool, r.key.topic)
-			if err != nil || !info.CreatedAt.Equal(created) {
+			at, err := streams.StreamCreatedAtTx(ctx, s.pool, r.key.topic)
+			if err != nil || !at.Equal(created) {
 				return
 			}
 			checked = time.Now()
