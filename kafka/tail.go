@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/streamd/streamd/access"
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/streams"
 	"github.com/streamd/streamd/wakeup"
 )
@@ -101,6 +102,10 @@ type tailReader struct {
 	events  []streams.Event
 	bytes   int
 	changed chan struct{} // closed (and replaced) when it read something new or stopped
+
+	// poll (cap 1) asks for a read now: the safety-net poll of a fetch waiting on r
+	// (fetchFromTails), at the log's long poll's intervals.
+	poll chan struct{}
 }
 
 // begin lets readers start, on ctx's values (they end with stopAll).
@@ -186,7 +191,7 @@ func (s *Server) ensureTail(k partKey, from, lso, hw int64) {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.WithValue(t.ctx, tailReadKey{}, k))
-	r := &tailReader{t: t, key: k, ctx: ctx, cancel: cancel, start: from, next: from, lso: lso, hw: hw, changed: make(chan struct{}),
+	r := &tailReader{t: t, key: k, ctx: ctx, cancel: cancel, start: from, next: from, lso: lso, hw: hw, changed: make(chan struct{}), poll: make(chan struct{}, 1),
 		idle: cmp.Or(t.idle, tailIdle), check: cmp.Or(t.check, tailCheckEvery), maxRecords: cmp.Or(t.maxRecords, tailMaxRecords),
 		hook: t.readHook}
 	r.used.Store(time.Now().UnixNano())
@@ -232,10 +237,10 @@ func (s *Server) runTail(r *tailReader) {
 	idle, check := r.idle, r.check
 	sub := s.cfg.Wakeups.SubscribePartition(r.key.topic, r.key.partition)
 	defer sub.Close()
-	w, err := wakeup.NewWaiter(sub, &wakeup.PollOpts{MinInterval: check, MaxInterval: check})
-	if err != nil {
-		return
-	}
+	// Its wait: a wake-up, the poll of a fetch waiting on it, or check (the Waiter's
+	// wait at a fixed interval, with the fetches' polls besides).
+	timer := time.NewTimer(check)
+	defer timer.Stop()
 	ctx := r.ctx
 	// The stream's identity, read from its row alone: DescribeStreamTx also reads every
 	// partition's head, each second per reader (a topic's readers read its heads
@@ -263,8 +268,12 @@ func (s *Server) runTail(r *tailReader) {
 		if more {
 			continue
 		}
-		w.Wait(ctx)
-		if ctx.Err() != nil {
+		timer.Reset(check)
+		select {
+		case <-sub.C:
+		case <-r.poll:
+		case <-timer.C:
+		case <-ctx.Done():
 			return
 		}
 	}
@@ -410,7 +419,23 @@ func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchReq
 			timer.Stop()
 		}
 	}()
-	cases := make([]reflect.SelectCase, 0, len(jobs)+3)
+	// The safety-net poll of the log's long poll (handleFetch), here: at each of its
+	// intervals the readers read. Without it, a fetch waiting on readers saw a commit
+	// no wake-up named (the tailer down or polling only, a wake-up lost) only at a
+	// reader's own poll, a second apart, where the log's long poll reads after 5 ms,
+	// then 10, 20...
+	pollOpts := &wakeup.PollOpts{MinInterval: 5 * time.Millisecond, MaxInterval: time.Second}
+	if s.fetchPoll != nil {
+		pollOpts = s.fetchPoll
+	}
+	polls := backoff.New(pollOpts.MinInterval, pollOpts.MaxInterval)
+	var pollTimer *time.Timer
+	defer func() {
+		if pollTimer != nil {
+			pollTimer.Stop()
+		}
+	}()
+	cases := make([]reflect.SelectCase, 0, len(jobs)+4)
 	for {
 		total := 0
 		cases = cases[:0]
@@ -450,17 +475,27 @@ func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchReq
 		}
 		if timer == nil {
 			timer = time.NewTimer(time.Until(deadline))
+			pollTimer = time.NewTimer(polls.Next())
 		}
 		cases = append(cases,
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c.draining.Done())},
-			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer.C)})
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer.C)},
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(pollTimer.C)})
 		chosen, _, _ := reflect.Select(cases)
-		if chosen == len(jobs) {
+		switch chosen {
+		case len(jobs):
 			return false, ctx.Err() // the client went away
-		}
-		if chosen == len(jobs)+2 {
+		case len(jobs) + 2:
 			deadline = time.Now() // answer what there is
+		case len(jobs) + 3:
+			for _, r := range readers {
+				select {
+				case r.poll <- struct{}{}:
+				default: // asked already
+				}
+			}
+			pollTimer.Reset(polls.Next())
 		}
 	}
 }
