@@ -28,13 +28,19 @@ import (
 const (
 	// tailIdle stops a reader no fetch used for this long.
 	tailIdle = 30 * time.Second
-	// tailMaxBytes and tailMaxRecords bound the records one reader holds (payload
-	// bytes, Event.Size); the oldest go first.
+	// tailMaxBytes and tailMaxRecords bound the records one reader holds (heldSize:
+	// payload bytes and tailRecordOverhead each); the oldest go first.
 	tailMaxBytes   = 1 << 20
 	tailMaxRecords = 10000
-	// tailTotalBytes bounds the records all the readers of a Server hold: a reader
-	// that finds the total past it keeps only its last read.
+	// tailTotalBytes bounds the records all the readers of a Server hold (heldSize):
+	// a reader that finds the total past it keeps only its last read.
 	tailTotalBytes = 64 << 20
+	// tailRecordOverhead is what a held record costs beyond its payload: its Event
+	// (about 250 bytes, and the spare room of the slice that holds it), its strings
+	// and headers; about 950 bytes for a record of a read of its own
+	// (TestTailReaderMemoryIsWhatItCounts). Counting the payload only, the bounds let
+	// readers of small records hold tens of times their byte bounds.
+	tailRecordOverhead = 1 << 10
 	// tailMaxReaders bounds the readers of a Server; past it a partition is read by
 	// the fetches, as without readers.
 	tailMaxReaders = 1024
@@ -293,6 +299,7 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (more, ok bool) {
 	if err != nil {
 		return false, false // out of range (the log moved past it, or is shorter), gone, or failed
 	}
+	ownPayloads(res.Events)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped || r.next != from || res.HighWatermark < r.hw || res.HighWatermark < from {
@@ -304,7 +311,7 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (more, ok bool) {
 		if e.Offset < from || len(r.events) > 0 && e.Offset <= r.events[len(r.events)-1].Offset {
 			return false, false // not in offset order past from: never serve it
 		}
-		added += e.Size()
+		added += heldSize(&e)
 	}
 	r.events = append(r.events, res.Events...)
 	r.bytes += added
@@ -320,7 +327,7 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (more, ok bool) {
 	drop := 0
 	for drop < len(r.events) && (r.events[drop].Offset < r.lso || r.bytes > tailMaxBytes || len(r.events)-drop > r.maxRecords ||
 		drop < keepFrom && r.t.bytes.Load() > tailTotalBytes) {
-		sz := r.events[drop].Size()
+		sz := heldSize(&r.events[drop])
 		r.bytes -= sz
 		r.t.bytes.Add(-int64(sz))
 		r.start = r.events[drop].Offset + 1
@@ -337,6 +344,34 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (more, ok bool) {
 		r.changed = make(chan struct{})
 	}
 	return res.NextOffset < res.HighWatermark && len(res.Events) > 0, true
+}
+
+// heldSize is what the bounds count for a record a reader holds.
+func heldSize(e *streams.Event) int { return e.Size() + tailRecordOverhead }
+
+// ownPayloads copies the payloads of evs (Data, Bytes, KeyBytes) into one buffer of
+// their size, nil and empty kept apart (a null value is a tombstone). The fetch
+// decoder keeps a read's payloads in a buffer of at least 64 KiB, which a reader that
+// holds the records of many small reads (a read per wake-up, at the tail) kept whole
+// for each of them: about 64 KiB per record where the bounds count its payload.
+func ownPayloads(evs []streams.Event) {
+	n := 0
+	for i := range evs {
+		n += len(evs[i].Data) + len(evs[i].Bytes) + len(evs[i].KeyBytes)
+	}
+	buf := make([]byte, 0, n)
+	own := func(b []byte) []byte {
+		if b == nil {
+			return nil
+		}
+		start := len(buf)
+		buf = append(buf, b...)
+		return buf[start:len(buf):len(buf)]
+	}
+	for i := range evs {
+		e := &evs[i]
+		e.Data, e.Bytes, e.KeyBytes = own(e.Data), own(e.Bytes), own(e.KeyBytes)
+	}
 }
 
 // serve returns the records r holds from offset (at most maxBytes of payload, at
