@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/streamd/streamd/access"
+	"github.com/streamd/streamd/internal/backoff"
 	"github.com/streamd/streamd/streams"
 	"github.com/streamd/streamd/wakeup"
 )
@@ -27,13 +28,19 @@ import (
 const (
 	// tailIdle stops a reader no fetch used for this long.
 	tailIdle = 30 * time.Second
-	// tailMaxBytes and tailMaxRecords bound the records one reader holds (payload
-	// bytes, Event.Size); the oldest go first.
+	// tailMaxBytes and tailMaxRecords bound the records one reader holds (heldSize:
+	// payload bytes and tailRecordOverhead each); the oldest go first.
 	tailMaxBytes   = 1 << 20
 	tailMaxRecords = 10000
-	// tailTotalBytes bounds the records all the readers of a Server hold: a reader
-	// that finds the total past it keeps only its last read.
+	// tailTotalBytes bounds the records all the readers of a Server hold (heldSize):
+	// a reader that finds the total past it keeps only its last read.
 	tailTotalBytes = 64 << 20
+	// tailRecordOverhead is what a held record costs beyond its payload: its Event
+	// (about 250 bytes, and the spare room of the slice that holds it), its strings
+	// and headers; about 950 bytes for a record of a read of its own
+	// (TestTailReaderMemoryIsWhatItCounts). Counting the payload only, the bounds let
+	// readers of small records hold tens of times their byte bounds.
+	tailRecordOverhead = 1 << 10
 	// tailMaxReaders bounds the readers of a Server; past it a partition is read by
 	// the fetches, as without readers.
 	tailMaxReaders = 1024
@@ -101,6 +108,10 @@ type tailReader struct {
 	events  []streams.Event
 	bytes   int
 	changed chan struct{} // closed (and replaced) when it read something new or stopped
+
+	// poll (cap 1) asks for a read now: the safety-net poll of a fetch waiting on r
+	// (fetchFromTails), at the log's long poll's intervals.
+	poll chan struct{}
 }
 
 // begin lets readers start, on ctx's values (they end with stopAll).
@@ -186,7 +197,7 @@ func (s *Server) ensureTail(k partKey, from, lso, hw int64) {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.WithValue(t.ctx, tailReadKey{}, k))
-	r := &tailReader{t: t, key: k, ctx: ctx, cancel: cancel, start: from, next: from, lso: lso, hw: hw, changed: make(chan struct{}),
+	r := &tailReader{t: t, key: k, ctx: ctx, cancel: cancel, start: from, next: from, lso: lso, hw: hw, changed: make(chan struct{}), poll: make(chan struct{}, 1),
 		idle: cmp.Or(t.idle, tailIdle), check: cmp.Or(t.check, tailCheckEvery), maxRecords: cmp.Or(t.maxRecords, tailMaxRecords),
 		hook: t.readHook}
 	r.used.Store(time.Now().UnixNano())
@@ -232,16 +243,19 @@ func (s *Server) runTail(r *tailReader) {
 	idle, check := r.idle, r.check
 	sub := s.cfg.Wakeups.SubscribePartition(r.key.topic, r.key.partition)
 	defer sub.Close()
-	w, err := wakeup.NewWaiter(sub, &wakeup.PollOpts{MinInterval: check, MaxInterval: check})
-	if err != nil {
-		return
-	}
+	// Its wait: a wake-up, the poll of a fetch waiting on it, or check (the Waiter's
+	// wait at a fixed interval, with the fetches' polls besides).
+	timer := time.NewTimer(check)
+	defer timer.Stop()
 	ctx := r.ctx
-	info, err := streams.DescribeStreamTx(ctx, s.pool, r.key.topic)
+	// The stream's identity, read from its row alone: DescribeStreamTx also reads every
+	// partition's head, each second per reader (a topic's readers read its heads
+	// partitions² times a second).
+	created, err := streams.StreamCreatedAtTx(ctx, s.pool, r.key.topic)
 	if err != nil {
 		return
 	}
-	created, checked := info.CreatedAt, time.Now()
+	checked := time.Now()
 	for {
 		more, ok := s.readTail(ctx, r)
 		if !ok {
@@ -251,8 +265,8 @@ func (s *Server) runTail(r *tailReader) {
 			return
 		}
 		if time.Since(checked) >= check {
-			info, err := streams.DescribeStreamTx(ctx, s.pool, r.key.topic)
-			if err != nil || !info.CreatedAt.Equal(created) {
+			at, err := streams.StreamCreatedAtTx(ctx, s.pool, r.key.topic)
+			if err != nil || !at.Equal(created) {
 				return
 			}
 			checked = time.Now()
@@ -260,8 +274,12 @@ func (s *Server) runTail(r *tailReader) {
 		if more {
 			continue
 		}
-		w.Wait(ctx)
-		if ctx.Err() != nil {
+		timer.Reset(check)
+		select {
+		case <-sub.C:
+		case <-r.poll:
+		case <-timer.C:
+		case <-ctx.Done():
 			return
 		}
 	}
@@ -281,6 +299,7 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (more, ok bool) {
 	if err != nil {
 		return false, false // out of range (the log moved past it, or is shorter), gone, or failed
 	}
+	ownPayloads(res.Events)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped || r.next != from || res.HighWatermark < r.hw || res.HighWatermark < from {
@@ -292,7 +311,7 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (more, ok bool) {
 		if e.Offset < from || len(r.events) > 0 && e.Offset <= r.events[len(r.events)-1].Offset {
 			return false, false // not in offset order past from: never serve it
 		}
-		added += e.Size()
+		added += heldSize(&e)
 	}
 	r.events = append(r.events, res.Events...)
 	r.bytes += added
@@ -308,7 +327,7 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (more, ok bool) {
 	drop := 0
 	for drop < len(r.events) && (r.events[drop].Offset < r.lso || r.bytes > tailMaxBytes || len(r.events)-drop > r.maxRecords ||
 		drop < keepFrom && r.t.bytes.Load() > tailTotalBytes) {
-		sz := r.events[drop].Size()
+		sz := heldSize(&r.events[drop])
 		r.bytes -= sz
 		r.t.bytes.Add(-int64(sz))
 		r.start = r.events[drop].Offset + 1
@@ -325,6 +344,34 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (more, ok bool) {
 		r.changed = make(chan struct{})
 	}
 	return res.NextOffset < res.HighWatermark && len(res.Events) > 0, true
+}
+
+// heldSize is what the bounds count for a record a reader holds.
+func heldSize(e *streams.Event) int { return e.Size() + tailRecordOverhead }
+
+// ownPayloads copies the payloads of evs (Data, Bytes, KeyBytes) into one buffer of
+// their size, nil and empty kept apart (a null value is a tombstone). The fetch
+// decoder keeps a read's payloads in a buffer of at least 64 KiB, which a reader that
+// holds the records of many small reads (a read per wake-up, at the tail) kept whole
+// for each of them: about 64 KiB per record where the bounds count its payload.
+func ownPayloads(evs []streams.Event) {
+	n := 0
+	for i := range evs {
+		n += len(evs[i].Data) + len(evs[i].Bytes) + len(evs[i].KeyBytes)
+	}
+	buf := make([]byte, 0, n)
+	own := func(b []byte) []byte {
+		if b == nil {
+			return nil
+		}
+		start := len(buf)
+		buf = append(buf, b...)
+		return buf[start:len(buf):len(buf)]
+	}
+	for i := range evs {
+		e := &evs[i]
+		e.Data, e.Bytes, e.KeyBytes = own(e.Data), own(e.Bytes), own(e.KeyBytes)
+	}
 }
 
 // serve returns the records r holds from offset (at most maxBytes of payload, at
@@ -407,7 +454,23 @@ func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchReq
 			timer.Stop()
 		}
 	}()
-	cases := make([]reflect.SelectCase, 0, len(jobs)+3)
+	// The safety-net poll of the log's long poll (handleFetch), here: at each of its
+	// intervals the readers read. Without it, a fetch waiting on readers saw a commit
+	// no wake-up named (the tailer down or polling only, a wake-up lost) only at a
+	// reader's own poll, a second apart, where the log's long poll reads after 5 ms,
+	// then 10, 20...
+	pollOpts := &wakeup.PollOpts{MinInterval: 5 * time.Millisecond, MaxInterval: time.Second}
+	if s.fetchPoll != nil {
+		pollOpts = s.fetchPoll
+	}
+	polls := backoff.New(pollOpts.MinInterval, pollOpts.MaxInterval)
+	var pollTimer *time.Timer
+	defer func() {
+		if pollTimer != nil {
+			pollTimer.Stop()
+		}
+	}()
+	cases := make([]reflect.SelectCase, 0, len(jobs)+4)
 	for {
 		total := 0
 		cases = cases[:0]
@@ -447,17 +510,27 @@ func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchReq
 		}
 		if timer == nil {
 			timer = time.NewTimer(time.Until(deadline))
+			pollTimer = time.NewTimer(polls.Next())
 		}
 		cases = append(cases,
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c.draining.Done())},
-			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer.C)})
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer.C)},
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(pollTimer.C)})
 		chosen, _, _ := reflect.Select(cases)
-		if chosen == len(jobs) {
+		switch chosen {
+		case len(jobs):
 			return false, ctx.Err() // the client went away
-		}
-		if chosen == len(jobs)+2 {
+		case len(jobs) + 2:
 			deadline = time.Now() // answer what there is
+		case len(jobs) + 3:
+			for _, r := range readers {
+				select {
+				case r.poll <- struct{}{}:
+				default: // asked already
+				}
+			}
+			pollTimer.Reset(polls.Next())
 		}
 	}
 }

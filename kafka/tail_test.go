@@ -522,3 +522,100 @@ func TestTailReadersStopWithTheServer(t *testing.T) {
 	require.Zero(t, ts.srv.tails.running.Load(), "reader goroutines left after the server stopped")
 	require.Zero(t, ts.srv.tails.count())
 }
+
+// tailRowCounter keeps the most rows one statement of the tail readers about one stream
+// returned, and counts those statements.
+type tailRowCounter struct {
+	stream     string
+	statements atomic.Int64
+	maxRows    atomic.Int64
+}
+
+type tailRowCounted struct{}
+
+func (c *tailRowCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if len(d.Args) > 0 && d.Args[0] == c.stream && ctx.Value(tailReadKey{}) != nil {
+		return context.WithValue(ctx, tailRowCounted{}, true)
+	}
+	return ctx
+}
+
+func (c *tailRowCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if ctx.Value(tailRowCounted{}) == nil || d.Err != nil {
+		return
+	}
+	c.statements.Add(1)
+	for n := d.CommandTag.RowsAffected(); ; {
+		m := c.maxRows.Load()
+		if n <= m || c.maxRows.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+// TestTailReaderReadsOneRowOfAnIdleStream: on an idle stream of 64 partitions, each
+// statement of partition 0's reader (its reads, its checks of the stream's identity)
+// reads one row, not the heads of every partition: a topic's readers cost each
+// second what its partitions do, not their square.
+func TestTailReaderReadsOneRowOfAnIdleStream(t *testing.T) {
+	t.Parallel()
+	topic := testdb.Name("tailrows")
+	rc := &tailRowCounter{stream: topic}
+	ts := startServer(t, tracedPool(t, rc), &Config{Wakeups: wakeup.NewHub()})
+	var reads atomic.Int64
+	tailOpts(ts, 0, 10*time.Millisecond, func(string, int32) { reads.Add(1) }) // an identity check every 10 ms
+	ctx := testCtx(t)
+	sc := streams.NewClient(testdb.Pool(t), nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 64))
+	cl := newClient(t, []string{ts.addr})
+	_, err := fetchReq(topic, 0, 0, 0, 1).RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return reads.Load() >= 5 }, 10*time.Second, time.Millisecond)
+	require.Greater(t, rc.statements.Load(), reads.Load(), "the reader checked the stream's identity")
+	require.Equal(t, int64(1), rc.maxRows.Load(), "rows of the reader's largest statement")
+}
+
+// TestTailReaderPollsForAWaitingFetch: a record no wake-up announces (the tailer down
+// or polling only, a wake-up lost) reaches a fetch waiting on the readers at its
+// long poll's safety-net poll (after 5 ms, then 10, 20...), as from the log, not at
+// the reader's own poll (an hour here: a second by default).
+func TestTailReaderPollsForAWaitingFetch(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	tailOpts(ts, 0, time.Hour, nil)
+	ctx := testCtx(t)
+	topic := testdb.Name("tailpoll")
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 1))
+	cl := newClient(t, []string{ts.addr})
+	req := fetchReq(topic, 0, 0, 0, 1)
+	_, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	// An announced record: the reader has read, and waits.
+	_, err = sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("announced")}}, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 0)
+	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 1) }, 10*time.Second, time.Millisecond)
+
+	answered := ts.srv.tails.answered.Load()
+	req.Topics[0].Partitions[0].FetchOffset = 1
+	req.MaxWaitMillis = 5_000
+	done := fetchWaiting(t, ctx, ts, cl, req)
+	_, err = sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("unannounced")}}, nil)
+	require.NoError(t, err)
+	start := time.Now()
+	var res fetchResult
+	select {
+	case res = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no answer within 15s")
+	}
+	require.NoError(t, res.err)
+	recs := recordsOf(t, res.resp.Topics[0].Partitions[0].RecordBatches)
+	require.Len(t, recs, 1, "the record, before max.wait")
+	require.Equal(t, "unannounced", string(recs[0].Value))
+	require.Less(t, time.Since(start), 3*time.Second)
+	require.Equal(t, answered+1, ts.srv.tails.answered.Load(), "answered by the reader")
+}

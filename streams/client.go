@@ -211,6 +211,22 @@ func (c *Client) PartitionHeads(ctx context.Context, stream string) ([]Partition
 	return heads, nil
 }
 
+// StreamCreatedAtTx returns when stream name was created, on db: its identity (a
+// stream deleted and created again under its name has another one), from its row
+// alone, without the partition heads DescribeStreamTx reads. It fails with
+// ErrStreamNotFound when there is no such stream.
+func StreamCreatedAtTx(ctx context.Context, db DBTX, name string) (time.Time, error) {
+	var at time.Time
+	err := db.QueryRow(ctx, `SELECT created_at FROM streamd.streams WHERE stream_name = $1`, name).Scan(&at)
+	if err == pgx.ErrNoRows {
+		return time.Time{}, fmt.Errorf("stream %q created at: %w", name, ErrStreamNotFound)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("stream %s created at: %w", name, err)
+	}
+	return at, nil
+}
+
 func partitionHeads(ctx context.Context, db DBTX, stream string) ([]PartitionInfo, error) {
 	rows, err := db.Query(ctx, `SELECT partition, log_start_offset, next_offset, last_appended_at
 		FROM streamd.stream_partitions WHERE stream_name = $1 ORDER BY partition`, stream)

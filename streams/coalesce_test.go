@@ -374,22 +374,21 @@ func (p *panicOnSharedBatch) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d
 func (*panicOnSharedBatch) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (*panicOnSharedBatch) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-// A leader that panics while sending a shared transaction raises the panic in its own
-// call, and the calls it took are appended alone: none is stranded, and the client's
-// transaction slot is not lost (a later call goes through).
-func TestPanickingLeaderStrandsNoCall(t *testing.T) {
-	t.Parallel()
+// panicScene sets up a leader that panics: a client running one append transaction
+// at a time over a pool of its own traced by tracer, whose queued call "leader"
+// (partition 1) leads a shared transaction with the call "taken" (partition 0), arm
+// being called just before that transaction starts. It returns the test pool, the
+// traced pool (closing it is the caller's), the client, the stream, the leader's
+// recovered panic and the taken call's result.
+func panicScene(t *testing.T, tracer pgx.QueryTracer, arm func()) (*pgxpool.Pool, *pgxpool.Pool, *streams.Client, string, <-chan any, <-chan produceResult) {
+	t.Helper()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
 	require.NoError(t, err)
-	tracer := &panicOnSharedBatch{}
 	cfg.ConnConfig.Tracer = tracer
 	tracedPool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
-	// Not closed and waited for: the panic leaves the connection pgx acquired for the
-	// batch checked out, and Close waits for every connection to come back.
-	t.Cleanup(func() { go tracedPool.Close() })
 	c := streams.NewClient(tracedPool, &streams.ClientConfig{MaxAppendsInFlight: 1})
 	c.SetAppendStallAfter(time.Hour)
 	s := testdb.Name("s")
@@ -404,10 +403,16 @@ func TestPanickingLeaderStrandsNoCall(t *testing.T) {
 	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 1 })
 	taken := goProduce(ctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(0), EventID: "taken", Data: json.RawMessage(`0`)})
 	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 2 })
-	tracer.armed.Store(true)
+	arm()
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, (<-first).err)
+	return pool, tracedPool, c, s, panicked, taken
+}
 
+// requirePanicAndTaken checks that the leader's call raised the injected panic and
+// that the call it took still ended, appended alone.
+func requirePanicAndTaken(t *testing.T, panicked <-chan any, taken <-chan produceResult) {
+	t.Helper()
 	require.Equal(t, "injected", <-panicked, "the leader's call raises the panic")
 	select {
 	case r := <-taken:
@@ -415,9 +420,24 @@ func TestPanickingLeaderStrandsNoCall(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a call taken by a leader that panicked was stranded")
 	}
+}
+
+// A leader that panics while sending a shared transaction raises the panic in its own
+// call, and the calls it took are appended alone: none is stranded, and the client's
+// transaction slot is not lost (a later call goes through).
+func TestPanickingLeaderStrandsNoCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tracer := &panicOnSharedBatch{}
+	pool, tracedPool, c, s, panicked, taken := panicScene(t, tracer, func() { tracer.armed.Store(true) })
+	// Not closed and waited for: a panic inside pgx's SendBatch leaves the connection
+	// pgx acquired for the batch checked out, and Close waits for every connection.
+	t.Cleanup(func() { go tracedPool.Close() })
+
+	requirePanicAndTaken(t, panicked, taken)
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err = c.Produce(actx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "later", Data: json.RawMessage(`1`)})
+	_, err := c.Produce(actx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "later", Data: json.RawMessage(`1`)})
 	require.NoError(t, err, "the transaction slot is not lost")
 	stored := xmins(t, pool, s)
 	require.Contains(t, stored, "taken")
@@ -450,14 +470,8 @@ func (*panicOnSharedResult) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceB
 // still end, each record stored once.
 func TestPanicReadingSharedResultsReleasesTheConnection(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.Pool(t)
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
-	require.NoError(t, err)
 	tracer := &panicOnSharedResult{}
-	cfg.ConnConfig.Tracer = tracer
-	tracedPool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
+	pool, tracedPool, c, s, panicked, taken := panicScene(t, tracer, func() { tracer.armed.Store(true) })
 	closed := make(chan struct{})
 	t.Cleanup(func() {
 		go func() { tracedPool.Close(); close(closed) }()
@@ -467,31 +481,8 @@ func TestPanicReadingSharedResultsReleasesTheConnection(t *testing.T) {
 			t.Error("the pool's Close waits for a connection that never came back")
 		}
 	})
-	c := streams.NewClient(tracedPool, &streams.ClientConfig{MaxAppendsInFlight: 1})
-	c.SetAppendStallAfter(time.Hour)
-	s := testdb.Name("s")
-	require.NoError(t, c.CreateStream(ctx, s, 2))
 
-	tx, first := holdTheLine(t, pool, c, s)
-	panicked := make(chan any, 1)
-	go func() { // the leader-to-be: the first call queued
-		defer func() { panicked <- recover() }()
-		_, _ = c.Produce(ctx, streams.Record{Stream: s, Partition: streams.PartitionOf(1), EventID: "leader", Data: json.RawMessage(`1`)})
-	}()
-	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 1 })
-	taken := goProduce(ctx, c, streams.Record{Stream: s, Partition: streams.PartitionOf(0), EventID: "taken", Data: json.RawMessage(`0`)})
-	testdb.WaitFor(t, 5*time.Second, "the call to wait", func() bool { return c.AppendsWaiting() == 2 })
-	tracer.armed.Store(true)
-	require.NoError(t, tx.Commit(ctx))
-	require.NoError(t, (<-first).err)
-
-	require.Equal(t, "injected", <-panicked, "the leader's call raises the panic")
-	select {
-	case r := <-taken:
-		require.NoError(t, r.err, "the taken call, appended alone")
-	case <-time.After(10 * time.Second):
-		t.Fatal("a call taken by a leader that panicked was stranded")
-	}
+	requirePanicAndTaken(t, panicked, taken)
 	testdb.WaitFor(t, 5*time.Second, "every connection back in the pool", func() bool {
 		return tracedPool.Stat().AcquiredConns() == 0
 	})

@@ -55,3 +55,27 @@ func TestSetMaxPayloadBytes(t *testing.T) {
 	require.ErrorIs(t, c.SetMaxPayloadBytes(ctx, name, 0), streams.ErrInvalidArgument)
 	require.ErrorIs(t, c.SetMaxPayloadBytes(ctx, testdb.Name("missing"), 10), streams.ErrStreamNotFound)
 }
+
+// TestStreamCreatedAtTx: a stream's creation time, as DescribeStream has it, changes
+// when the stream is deleted and created again; an unknown stream is
+// ErrStreamNotFound.
+func TestStreamCreatedAtTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := streams.NewClient(pool, nil)
+	name := testdb.Name("createdat")
+	_, err := streams.StreamCreatedAtTx(ctx, pool, name)
+	require.ErrorIs(t, err, streams.ErrStreamNotFound)
+	require.NoError(t, c.AddStream(ctx, name, 3))
+	at, err := streams.StreamCreatedAtTx(ctx, pool, name)
+	require.NoError(t, err)
+	info, err := c.DescribeStream(ctx, name)
+	require.NoError(t, err)
+	require.True(t, at.Equal(info.CreatedAt), "%v, DescribeStream: %v", at, info.CreatedAt)
+	require.NoError(t, c.DeleteStream(ctx, name))
+	require.NoError(t, c.AddStream(ctx, name, 3))
+	again, err := streams.StreamCreatedAtTx(ctx, pool, name)
+	require.NoError(t, err)
+	require.False(t, again.Equal(at), "created again: another identity")
+}

@@ -1,0 +1,57 @@
+package kafka
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/streamd/streamd/internal/testdb"
+	"github.com/streamd/streamd/streams"
+	"github.com/streamd/streamd/wakeup"
+)
+
+// TestTailReaderMemoryIsWhatItCounts: a reader that follows a partition a record at a
+// time (a read per wake-up, as at the tail) holds no more heap than the bytes its
+// bounds count (heldSize), give or take its fixed costs: not the buffer each read
+// decoded its records into (streams' fetch decoder: at least 64 KiB per read), nor
+// records' Events uncounted. Not parallel: it measures the heap.
+func TestTailReaderMemoryIsWhatItCounts(t *testing.T) {
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ctx := testCtx(t)
+	topic := testdb.Name("tailmemory")
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 1))
+	cl := newClient(t, []string{ts.addr})
+	_, err := fetchReq(topic, 0, 0, 0, 1).RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 0) }, 10*time.Second, time.Millisecond)
+
+	const n = 300 // 16-byte records, one read each
+	for i := range n {
+		_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: fmt.Appendf(nil, "record-%09d", i)}}, nil)
+		require.NoError(t, err)
+		hub.NotifyPartitions(topic, 0)
+		require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, int64(i+1)) }, 10*time.Second, 100*time.Microsecond)
+	}
+	r := ts.srv.tails.get(partKey{topic, 0})
+	require.NotNil(t, r)
+	r.mu.Lock()
+	held, counted := len(r.events), r.bytes
+	r.mu.Unlock()
+	require.Equal(t, n, held)
+	var withReader, without runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&withReader)
+	ts.srv.tails.drop(topic)
+	runtime.GC()
+	runtime.ReadMemStats(&without)
+	retained := int64(withReader.HeapAlloc) - int64(without.HeapAlloc)
+	t.Logf("the reader counted %d bytes for %d records and held %d", counted, held, retained)
+	// A 64 KiB buffer per read would be about 19 MiB; the payloads alone, 4,800 bytes.
+	require.LessOrEqual(t, retained, int64(counted)+256<<10, "heap a reader held for %d records it counted as %d bytes", held, counted)
+}
