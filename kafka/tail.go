@@ -351,9 +351,10 @@ func heldSize(e *streams.Event) int { return e.Size() + tailRecordOverhead }
 
 // ownPayloads copies the payloads of evs (Data, Bytes, KeyBytes) into one buffer of
 // their size, nil and empty kept apart (a null value is a tombstone). The fetch
-// decoder keeps a read's payloads in a buffer of at least 64 KiB, which a reader that
-// holds the records of many small reads (a read per wake-up, at the tail) kept whole
-// for each of them: about 64 KiB per record where the bounds count its payload.
+// decoder keeps a read's payloads in a buffer of at least 1 KiB (64 KiB before
+// session 14), which a reader that holds the records of many small reads (a read per
+// wake-up, at the tail) kept whole for each of them: that buffer per record where the
+// bounds count its payload.
 func ownPayloads(evs []streams.Event) {
 	n := 0
 	for i := range evs {
