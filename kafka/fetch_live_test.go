@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -48,27 +50,56 @@ func TestConsumerSeesConcurrentAppendsGapless(t *testing.T) {
 			for i := 0; i < perWriter; i++ {
 				p := int32((w + i) % partitions)
 				val := fmt.Sprintf("w%d-%03d-%s", w, i, string(make([]byte, 100)))
-				var err error
-				if w == 0 { // a plain SQL INSERT (the offset trigger's path)
-					_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data_bytes) VALUES ($1, $2, $3)`,
-						topic, p, []byte(val))
-				} else {
-					_, err = sc.Produce(ctx, streams.Record{Stream: topic, Partition: streams.PartitionOf(p), Bytes: []byte(val)})
-				}
-				if err != nil {
+				if err := writeLive(ctx, pool, sc, hub, topic, w, p, val); err != nil {
 					errs <- err
 					return
 				}
-				hub.NotifyPartitions(topic, p) // what the tailer does after the commit
 			}
 		}()
 	}
 
+	var got atomic.Int64
+	next := consumeGapless(t, ctx, cl, writers*perWriter, &got, errs, 60*time.Second)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	heads, err := sc.PartitionHeads(ctx, topic)
+	require.NoError(t, err)
+	for _, h := range heads {
+		require.Equal(t, h.NextOffset, next[h.Partition], "partition %d read to its end", h.Partition)
+	}
+}
+
+// writeLive writes val to topic's partition p as writer w of the live tests: writer 0
+// by a plain SQL INSERT (the offset trigger's path), the others by Produce (calls that
+// may share transactions), then announces it as the tailer does after the commit.
+func writeLive(ctx context.Context, pool *pgxpool.Pool, sc *streams.Client, hub *wakeup.Hub, topic string, w int, p int32, val string) error {
+	var err error
+	if w == 0 {
+		_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data_bytes) VALUES ($1, $2, $3)`,
+			topic, p, []byte(val))
+	} else {
+		_, err = sc.Produce(ctx, streams.Record{Stream: topic, Partition: streams.PartitionOf(p), Bytes: []byte(val)})
+	}
+	if err != nil {
+		return err
+	}
+	hub.NotifyPartitions(topic, p)
+	return nil
+}
+
+// consumeGapless polls cl until got reaches total: each partition's records must come
+// once, in offset order from 0 with no gap, each a value of writeLive's writers. It
+// fails the test on an error from errs, a fetch error, or after within. It returns
+// each partition's next offset.
+func consumeGapless(t *testing.T, ctx context.Context, cl *kgo.Client, total int, got *atomic.Int64, errs <-chan error, within time.Duration) map[int32]int64 {
+	t.Helper()
 	next := map[int32]int64{}
-	got := 0
-	deadline := time.Now().Add(60 * time.Second)
-	for got < writers*perWriter {
-		require.True(t, time.Now().Before(deadline), "%d of %d records within 60s", got, writers*perWriter)
+	deadline := time.Now().Add(within)
+	for got.Load() < int64(total) {
+		require.True(t, time.Now().Before(deadline), "%d of %d records within %s", got.Load(), total, within)
 		select {
 		case err := <-errs:
 			t.Fatal(err)
@@ -86,17 +117,8 @@ func TestConsumerSeesConcurrentAppendsGapless(t *testing.T) {
 			require.Equal(t, next[r.Partition], r.Offset, "partition %d: offset %d after %d", r.Partition, r.Offset, next[r.Partition]-1)
 			require.Contains(t, string(r.Value), "-", "partition %d offset %d: a value of the writers", r.Partition, r.Offset)
 			next[r.Partition]++
-			got++
+			got.Add(1)
 		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	heads, err := sc.PartitionHeads(ctx, topic)
-	require.NoError(t, err)
-	for _, h := range heads {
-		require.Equal(t, h.NextOffset, next[h.Partition], "partition %d read to its end", h.Partition)
-	}
+	return next
 }

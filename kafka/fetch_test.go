@@ -63,6 +63,20 @@ func fetchWaiting(t *testing.T, ctx context.Context, ts *testServer, cl *kgo.Cli
 	return done
 }
 
+// answerOf is the answer to a fetch fetchWaiting sent: it fails the test with msg
+// when none comes within 15 s, and on the fetch's error.
+func answerOf(t *testing.T, done <-chan fetchResult, msg string) *kmsg.FetchResponse {
+	t.Helper()
+	select {
+	case res := <-done:
+		require.NoError(t, res.err)
+		return res.resp
+	case <-time.After(15 * time.Second):
+		t.Fatal(msg)
+		return nil
+	}
+}
+
 // A long poll returns as soon as a record is appended (woken by the hub), carries
 // the watermarks, and an offset past the log end is OFFSET_OUT_OF_RANGE.
 func TestFetchLongPollAndOffsetOutOfRange(t *testing.T) {
@@ -685,14 +699,8 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 	_, err = sc.AppendPartition(ctx, topic, 1, []streams.Record{{Bytes: []byte("c")}}, nil)
 	require.NoError(t, err)
 	hub.NotifyPartitions(topic, 1)
-	var res fetchResult
-	select {
-	case res = <-done:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no answer within 15s")
-	}
-	require.NoError(t, res.err)
-	ps := res.resp.Topics[0].Partitions
+	resp := answerOf(t, done, "no answer within 15s")
+	ps := resp.Topics[0].Partitions
 	require.NotEmpty(t, ps[1].RecordBatches)
 	require.Empty(t, ps[0].RecordBatches, "partition 0's read is under way")
 	require.Equal(t, []int64{2, 0}, []int64{ps[0].HighWatermark, ps[0].LogStartOffset}, "partition 0's head row")
@@ -703,7 +711,7 @@ func TestStashedReadChecksTheLogStart(t *testing.T) {
 	require.NoError(t, err)
 	req.Topics[0].Partitions[1].FetchOffset = 1
 	req.MaxWaitMillis = 0
-	resp, err := req.RequestWith(ctx, cl)
+	resp, err = req.RequestWith(ctx, cl)
 	require.NoError(t, err)
 	ps = resp.Topics[0].Partitions
 	require.Equal(t, kerr.OffsetOutOfRange.Code, ps[0].ErrorCode, "not the deleted records the left read holds")

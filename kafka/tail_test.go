@@ -93,14 +93,8 @@ func TestTailReaderAnswersFromMemory(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data_bytes) VALUES ($1, 0, $2)`, topic, []byte("by sql"))
 	require.NoError(t, err)
 	hub.NotifyPartitions(topic, 0) // what the tailer does after the commit
-	var res fetchResult
-	select {
-	case res = <-done:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no answer within 15s")
-	}
-	require.NoError(t, res.err)
-	ps := res.resp.Topics[0].Partitions
+	resp := answerOf(t, done, "no answer within 15s")
+	ps := resp.Topics[0].Partitions
 	recs := recordsOf(t, ps[0].RecordBatches)
 	require.Len(t, recs, 1)
 	require.Equal(t, "by sql", string(recs[0].Value))
@@ -115,7 +109,7 @@ func TestTailReaderAnswersFromMemory(t *testing.T) {
 	require.Eventually(t, func() bool { return tailHolds(ts, topic, 1, 1) }, 10*time.Second, time.Millisecond)
 	before = rc.fetch.Load()
 	req.Topics[0].Partitions[0].FetchOffset = 1
-	resp, err := req.RequestWith(ctx, cl)
+	resp, err = req.RequestWith(ctx, cl)
 	require.NoError(t, err)
 	ps = resp.Topics[0].Partitions
 	require.Empty(t, ps[0].RecordBatches)
@@ -174,22 +168,16 @@ func TestTailReaderSlowPartitionDoesNotDelayAnother(t *testing.T) {
 	require.NoError(t, err)
 	start := time.Now()
 	hub.NotifyPartitions(topic, 1)
-	var res fetchResult
-	select {
-	case res = <-done:
-	case <-time.After(15 * time.Second):
-		t.Fatal("partition 1's record waits for partition 0's read")
-	}
-	require.NoError(t, res.err)
+	resp := answerOf(t, done, "partition 1's record waits for partition 0's read")
 	require.Less(t, time.Since(start), 5*time.Second)
-	ps := res.resp.Topics[0].Partitions
+	ps := resp.Topics[0].Partitions
 	require.Len(t, recordsOf(t, ps[1].RecordBatches), 1, "partition 1's record")
 	require.Empty(t, ps[0].RecordBatches, "partition 0's read is still under way")
 
 	releaseAll()
 	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 1) }, 10*time.Second, time.Millisecond)
 	req.Topics[0].Partitions[1].FetchOffset = 1
-	resp, err := req.RequestWith(ctx, cl)
+	resp, err = req.RequestWith(ctx, cl)
 	require.NoError(t, err)
 	require.Len(t, recordsOf(t, resp.Topics[0].Partitions[0].RecordBatches), 1, "partition 0's record once its read ended")
 }
@@ -256,18 +244,10 @@ func TestTailReadersStopAndRestartGapless(t *testing.T) {
 					for i := range perRound {
 						p := int32((w + i) % partitions)
 						val := fmt.Sprintf("r%d-w%d-%03d-%s", round, w, i, string(make([]byte, 100)))
-						var err error
-						if w == 0 {
-							_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data_bytes) VALUES ($1, $2, $3)`,
-								topic, p, []byte(val))
-						} else {
-							_, err = sc.Produce(ctx, streams.Record{Stream: topic, Partition: streams.PartitionOf(p), Bytes: []byte(val)})
-						}
-						if err != nil {
+						if err := writeLive(ctx, pool, sc, hub, topic, w, p, val); err != nil {
 							errs <- err
 							return
 						}
-						hub.NotifyPartitions(topic, p)
 					}
 				}()
 			}
@@ -288,30 +268,7 @@ func TestTailReadersStopAndRestartGapless(t *testing.T) {
 		}
 	}()
 
-	next := map[int32]int64{}
-	deadline := time.Now().Add(90 * time.Second)
-	for got.Load() < total {
-		require.True(t, time.Now().Before(deadline), "%d of %d records within 90s", got.Load(), total)
-		select {
-		case err := <-errs:
-			t.Fatal(err)
-		default:
-		}
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		fs := cl.PollFetches(pctx)
-		cancel()
-		fs.EachError(func(tp string, p int32, err error) {
-			if err != context.DeadlineExceeded {
-				t.Fatalf("fetch %s/%d: %v", tp, p, err)
-			}
-		})
-		fs.EachRecord(func(r *kgo.Record) {
-			require.Equal(t, next[r.Partition], r.Offset, "partition %d: offset %d after %d", r.Partition, r.Offset, next[r.Partition]-1)
-			require.Contains(t, string(r.Value), "-", "partition %d offset %d: a value of the writers", r.Partition, r.Offset)
-			next[r.Partition]++
-			got.Add(1)
-		})
-	}
+	next := consumeGapless(t, ctx, cl, int(total), &got, errs, 90*time.Second)
 	close(stop)
 	wg.Wait()
 	close(errs)
@@ -326,19 +283,8 @@ func TestTailReadersStopAndRestartGapless(t *testing.T) {
 
 	// A second consumer from offset 0, below what the readers hold now: from the log.
 	cl2 := newClient(t, []string{ts.addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}))
-	next2 := map[int32]int64{}
-	deadline = time.Now().Add(30 * time.Second)
-	for got2 := 0; got2 < total; {
-		require.True(t, time.Now().Before(deadline), "second consumer: %d of %d records", got2, total)
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		fs := cl2.PollFetches(pctx)
-		cancel()
-		fs.EachRecord(func(r *kgo.Record) {
-			require.Equal(t, next2[r.Partition], r.Offset, "second consumer, partition %d", r.Partition)
-			next2[r.Partition]++
-			got2++
-		})
-	}
+	var got2 atomic.Int64
+	consumeGapless(t, ctx, cl2, int(total), &got2, nil, 30*time.Second)
 	require.Positive(t, dropped.Load(), "readers were stopped under the consumer")
 	t.Logf("readers stopped %d times; they answered %d fetches", dropped.Load(), ts.srv.tails.answered.Load())
 }
@@ -606,14 +552,8 @@ func TestTailReaderPollsForAWaitingFetch(t *testing.T) {
 	_, err = sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("unannounced")}}, nil)
 	require.NoError(t, err)
 	start := time.Now()
-	var res fetchResult
-	select {
-	case res = <-done:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no answer within 15s")
-	}
-	require.NoError(t, res.err)
-	recs := recordsOf(t, res.resp.Topics[0].Partitions[0].RecordBatches)
+	resp := answerOf(t, done, "no answer within 15s")
+	recs := recordsOf(t, resp.Topics[0].Partitions[0].RecordBatches)
 	require.Len(t, recs, 1, "the record, before max.wait")
 	require.Equal(t, "unannounced", string(recs[0].Value))
 	require.Less(t, time.Since(start), 3*time.Second)
