@@ -25,21 +25,9 @@ import (
 // once, in offset order, from 0 with no gap, and carry what was appended there.
 func TestConsumerSeesConcurrentAppendsGapless(t *testing.T) {
 	t.Parallel()
-	pool := testdb.Pool(t)
-	hub := wakeup.NewHub()
-	ts := startServer(t, pool, &Config{Wakeups: hub})
-	ctx := testCtx(t)
-	topic := testdb.Name("live")
 	const partitions, writers, perWriter = 4, 6, 60
-	sc := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 2})
-	require.NoError(t, sc.CreateStream(ctx, topic, partitions))
-
-	offsets := map[int32]kgo.Offset{}
-	for p := int32(0); p < partitions; p++ {
-		offsets[p] = kgo.NewOffset().At(0)
-	}
-	cl := newClient(t, []string{ts.addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}),
-		kgo.FetchMaxBytes(2<<10), kgo.FetchMaxPartitionBytes(1<<10), kgo.FetchMaxWait(200*time.Millisecond))
+	l := newLiveScene(t, "live", partitions)
+	pool, hub, ctx, topic, sc, cl := l.pool, l.hub, l.ctx, l.topic, l.sc, l.cl
 
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
@@ -65,7 +53,43 @@ func TestConsumerSeesConcurrentAppendsGapless(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	heads, err := sc.PartitionHeads(ctx, topic)
+	l.requireReadToTheEnd(t, next)
+}
+
+// liveScene is the live tests' setting: a Server woken by a hub of its own, a new
+// topic, a streams client whose small calls share transactions, and a franz-go
+// consumer of every partition from offset 0 with small fetch bounds (so that fetches
+// take byte shares, backlogs and reads left running, or the tail readers).
+type liveScene struct {
+	pool    *pgxpool.Pool
+	hub     *wakeup.Hub
+	ts      *testServer
+	ctx     context.Context
+	topic   string
+	sc      *streams.Client
+	offsets map[int32]kgo.Offset // every partition at 0
+	cl      *kgo.Client
+}
+
+func newLiveScene(t *testing.T, prefix string, partitions int32) *liveScene {
+	t.Helper()
+	l := &liveScene{pool: testdb.Pool(t), hub: wakeup.NewHub(), ctx: testCtx(t), topic: testdb.Name(prefix)}
+	l.ts = startServer(t, l.pool, &Config{Wakeups: l.hub})
+	l.sc = streams.NewClient(l.pool, &streams.ClientConfig{MaxAppendsInFlight: 2})
+	require.NoError(t, l.sc.CreateStream(l.ctx, l.topic, partitions))
+	l.offsets = map[int32]kgo.Offset{}
+	for p := range partitions {
+		l.offsets[p] = kgo.NewOffset().At(0)
+	}
+	l.cl = newClient(t, []string{l.ts.addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{l.topic: l.offsets}),
+		kgo.FetchMaxBytes(2<<10), kgo.FetchMaxPartitionBytes(1<<10), kgo.FetchMaxWait(200*time.Millisecond))
+	return l
+}
+
+// requireReadToTheEnd checks that next (consumeGapless's) is every partition's log end.
+func (l *liveScene) requireReadToTheEnd(t *testing.T, next map[int32]int64) {
+	t.Helper()
+	heads, err := l.sc.PartitionHeads(l.ctx, l.topic)
 	require.NoError(t, err)
 	for _, h := range heads {
 		require.Equal(t, h.NextOffset, next[h.Partition], "partition %d read to its end", h.Partition)

@@ -192,21 +192,10 @@ func TestTailReaderSlowPartitionDoesNotDelayAnother(t *testing.T) {
 // below what the readers hold: from the log.
 func TestTailReadersStopAndRestartGapless(t *testing.T) {
 	t.Parallel()
-	pool := testdb.Pool(t)
-	hub := wakeup.NewHub()
-	ts := startServer(t, pool, &Config{Wakeups: hub})
-	ctx := testCtx(t)
-	topic := testdb.Name("tailgap")
 	const partitions, writers, rounds, perRound = 4, 4, 8, 20 // perRound: per writer
 	const total = writers * rounds * perRound
-	sc := streams.NewClient(pool, &streams.ClientConfig{MaxAppendsInFlight: 2})
-	require.NoError(t, sc.CreateStream(ctx, topic, partitions))
-	offsets := map[int32]kgo.Offset{}
-	for p := int32(0); p < partitions; p++ {
-		offsets[p] = kgo.NewOffset().At(0)
-	}
-	cl := newClient(t, []string{ts.addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}),
-		kgo.FetchMaxBytes(2<<10), kgo.FetchMaxPartitionBytes(1<<10), kgo.FetchMaxWait(200*time.Millisecond))
+	l := newLiveScene(t, "tailgap", partitions)
+	pool, hub, ts, ctx, topic, sc, cl, offsets := l.pool, l.hub, l.ts, l.ctx, l.topic, l.sc, l.cl, l.offsets
 
 	var got atomic.Int64 // records the consumer has
 	stop := make(chan struct{})
@@ -275,11 +264,7 @@ func TestTailReadersStopAndRestartGapless(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	heads, err := sc.PartitionHeads(ctx, topic)
-	require.NoError(t, err)
-	for _, h := range heads {
-		require.Equal(t, h.NextOffset, next[h.Partition], "partition %d read to its end", h.Partition)
-	}
+	l.requireReadToTheEnd(t, next)
 
 	// A second consumer from offset 0, below what the readers hold now: from the log.
 	cl2 := newClient(t, []string{ts.addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}))
