@@ -193,15 +193,21 @@ func WaitBlockedBy(t testing.TB, pool *pgxpool.Pool, pid, blocker uint32, what s
 // lock that the test's own open transaction tx holds, so that a race test commits at
 // the moment it means to. Naming the blocker matters: other tests run the same
 // statements, and one of theirs waiting for its own reasons must not stand for the
-// test's. It fails the test after 20 s.
+// test's. The wait may also be through other sessions' waits: a statement queued for
+// a row lock behind another waiter, or for a table behind a lock request that itself
+// waits for tx, is blocked by that session first (pg_blocking_pids), and by tx only
+// through it. It fails the test after 20 s.
 func WaitForLockWait(t testing.TB, pool *pgxpool.Pool, tx pgx.Tx, queryPart string) {
 	t.Helper()
 	blocker := tx.Conn().PgConn().PID()
 	WaitFor(t, 20*time.Second, fmt.Sprintf("a statement with %q waiting for a lock of the test's transaction", queryPart), func() bool {
 		var n int
-		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND position($1 IN query) > 0
-			  AND $2::int = ANY (pg_blocking_pids(pid))`, queryPart, blocker).Scan(&n); err != nil {
+		if err := pool.QueryRow(context.Background(), `WITH RECURSIVE waits(pid, depth) AS (
+				SELECT pid, 0 FROM pg_stat_activity
+				WHERE datname = current_database() AND position($1 IN query) > 0
+			UNION
+				SELECT b, w.depth + 1 FROM waits w, unnest(pg_blocking_pids(w.pid)) AS b WHERE w.depth < 4)
+			SELECT count(*) FROM waits WHERE depth > 0 AND pid = $2::int`, queryPart, blocker).Scan(&n); err != nil {
 			t.Fatalf("testdb: read pg_stat_activity: %v", err)
 		}
 		return n > 0
