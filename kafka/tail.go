@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"reflect"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -156,7 +157,7 @@ func (t *tailReaders) drop(topic string, partitions ...int32) {
 	t.mu.Lock()
 	var out []*tailReader
 	for k, r := range t.byPart {
-		if k.topic == topic && (len(partitions) == 0 || containsPartition(partitions, k.partition)) {
+		if k.topic == topic && (len(partitions) == 0 || slices.Contains(partitions, k.partition)) {
 			delete(t.byPart, k)
 			out = append(out, r)
 		}
@@ -165,15 +166,6 @@ func (t *tailReaders) drop(topic string, partitions ...int32) {
 	for _, r := range out {
 		r.stop()
 	}
-}
-
-func containsPartition(ps []int32, p int32) bool {
-	for _, q := range ps {
-		if q == p {
-			return true
-		}
-	}
-	return false
 }
 
 // count returns the number of readers.
