@@ -63,6 +63,31 @@ func fetchWaiting(t *testing.T, ctx context.Context, ts *testServer, cl *kgo.Cli
 	return done
 }
 
+// readGate holds the reads that call wait while armed: each says so on stuck and
+// waits for releaseAll, which the test's cleanup calls too (made after startServer,
+// it runs before the server stops, which waits for the reads).
+type readGate struct {
+	armed   atomic.Bool
+	stuck   chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func newReadGate(t *testing.T) *readGate {
+	g := &readGate{stuck: make(chan struct{}, 1), release: make(chan struct{})}
+	t.Cleanup(g.releaseAll)
+	return g
+}
+
+func (g *readGate) releaseAll() { g.once.Do(func() { close(g.release) }) }
+
+func (g *readGate) wait() {
+	if g.armed.Load() {
+		g.stuck <- struct{}{}
+		<-g.release
+	}
+}
+
 // answerOf is the answer to a fetch fetchWaiting sent: it fails the test with msg
 // when none comes within 15 s, and on the fetch's error.
 func answerOf(t *testing.T, done <-chan fetchResult, msg string) *kmsg.FetchResponse {
@@ -406,21 +431,15 @@ func TestSlowReadDoesNotHoldUpAnotherPartition(t *testing.T) {
 	ts := startServer(t, pool, &Config{Wakeups: hub})
 	ts.srv.fetchPoll = &wakeup.PollOpts{MinInterval: 20 * time.Second, MaxInterval: 20 * time.Second} // wake-ups only
 	topic := testdb.Name("slowread")
-	var blocking atomic.Bool
-	stuck, release := make(chan struct{}, 1), make(chan struct{})
-	var releaseOnce sync.Once
-	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(releaseAll) // before the server stops: it waits for the reads
+	g := newReadGate(t) // after startServer: released before the server stops, which waits for the reads
+	blocking, stuck, releaseAll := &g.armed, g.stuck, g.releaseAll
 	var reads0 atomic.Int32
 	ts.srv.fetchReadHook = func(tp string, p int32) {
 		if tp != topic || p != 0 {
 			return
 		}
 		reads0.Add(1)
-		if blocking.Load() {
-			stuck <- struct{}{}
-			<-release
-		}
+		g.wait()
 	}
 	ctx := testCtx(t)
 	sc := streams.NewClient(pool, nil)

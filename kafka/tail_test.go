@@ -133,15 +133,11 @@ func TestTailReaderSlowPartitionDoesNotDelayAnother(t *testing.T) {
 	hub := wakeup.NewHub()
 	ts := startServer(t, pool, &Config{Wakeups: hub})
 	topic := testdb.Name("tailslow")
-	var blocking atomic.Bool
-	stuck, release := make(chan struct{}, 1), make(chan struct{})
-	var releaseOnce sync.Once
-	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(releaseAll) // before the server stops: it waits for the readers
+	g := newReadGate(t) // after startServer: released before the server stops, which waits for the readers
+	blocking, stuck, releaseAll := &g.armed, g.stuck, g.releaseAll
 	hold := func(tp string, p int32) {
-		if tp == topic && p == 0 && blocking.Load() {
-			stuck <- struct{}{}
-			<-release
+		if tp == topic && p == 0 {
+			g.wait()
 		}
 	}
 	ts.srv.fetchReadHook = hold // the fetches' own reads of partition 0 too
