@@ -363,3 +363,56 @@ func receiveLeases(t *testing.T, tx pgx.Tx, q string, max int) (offs []int64, to
 	require.NoError(t, rows.Err())
 	return offs, toks
 }
+
+// TestCommonSendsCallNoFunction: the common send (client-made ids, JSON data, and for
+// a FIFO queue a group key on every message) is the client's own statement
+// (sendDirectSQL, sendDirectFIFOSQL), not a call of queue_send, whose call, RETURN
+// QUERY and outer SELECT cost a sixth of a FIFO send of 100 (bench/RESULTS.md, "Issue
+// 22, session 15"). It stores what queue_send stores: offsets in batch order, the
+// groups created in the sender's transaction. pg_stat_xact_user_functions counts the
+// transaction's own function calls (track_functions, set for it alone).
+func TestCommonSendsCallNoFunction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	std := newQueue(t, pool, nil)
+	fifo := newQueue(t, pool, &messages.QueueConfig{FIFO: true})
+	for _, tc := range []struct {
+		queue string
+		group func(i int) string
+	}{{std, func(int) string { return "" }}, {fifo, func(i int) string { return fmt.Sprintf("g%d", i%3) }}} {
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SET LOCAL track_functions = 'all'")
+			require.NoError(t, err)
+			msgs := make([]messages.OutgoingMessage, 5)
+			for i := range msgs {
+				msgs[i] = messages.OutgoingMessage{Data: data(i), GroupKey: tc.group(i)}
+			}
+			res, err := c.SendTx(ctx, tx, tc.queue, msgs...)
+			require.NoError(t, err)
+			require.Len(t, res, len(msgs))
+			for i := 1; i < len(res); i++ {
+				require.Equal(t, res[i-1].Offset+1, res[i].Offset, "offsets in batch order")
+			}
+			var calls int64
+			require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions
+				WHERE schemaname = 'streamd' AND funcname = 'queue_send'`).Scan(&calls))
+			require.Zero(t, calls, "queue %s: the common send called queue_send", tc.queue)
+			var groups int
+			require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM streamd.message_groups WHERE stream_name = $1",
+				tc.queue).Scan(&groups))
+			if tc.queue == fifo {
+				require.Equal(t, 3, groups, "the batch's groups")
+			}
+			return nil
+		}))
+	}
+	got, err := c.Receive(ctx, fifo, &messages.ReceiveOpts{Max: 10})
+	require.NoError(t, err)
+	require.Len(t, got, 3, "one head per group")
+	for i, m := range got {
+		require.Equal(t, fmt.Sprintf("g%d", i), m.GroupKey)
+		require.JSONEq(t, fmt.Sprint(i), string(m.Data), "each group's first message")
+	}
+}
