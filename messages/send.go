@@ -206,26 +206,12 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 		}
 	}
 	if fresh && !anyBytes && nilIfAllNil(meta) == nil && nilIfAllNil(delays) == nil && nilIfAllNil(deliverAt) == nil &&
-		nilIfAllNil(attempts) == nil && nilIfAllNil(dlqs) == nil {
-		// Without group keys the batch is for a standard queue, with a key on every
-		// message for a FIFO queue; a batch with some keys goes to queue_send, which
-		// raises the typed error either way.
-		stmt, args := sendDirectSQL, []any{queue, ids, data, c.sqlNow()}
-		switch {
-		case nilIfAllNil(groups) == nil:
-		case !slices.Contains(groups, nil):
-			stmt, args = sendDirectFIFOSQL, append(args, groups)
-		default:
-			stmt = ""
+		nilIfAllNil(groups) == nil && nilIfAllNil(attempts) == nil && nilIfAllNil(dlqs) == nil {
+		out, ok, err := c.sendDirect(ctx, db, queue, ids, data)
+		if err != nil || ok {
+			return out, err
 		}
-		if stmt != "" {
-			out, ok, err := c.sendDirect(ctx, db, queue, stmt, args, ids)
-			if err != nil || ok {
-				return out, err
-			}
-			// No such queue, or one of the other kind: queue_send raises the typed
-			// error or sends.
-		}
+		// No such queue, or a FIFO queue: queue_send raises the typed error.
 	}
 	// An option no message sets travels as one NULL instead of n: less to encode
 	// and decode, and queue_send skips what a NULL array does not need.
@@ -319,56 +305,12 @@ const sendDirectSQL = `WITH t AS MATERIALIZED (
 	)
 	SELECT t.offs FROM t`
 
-// sendDirectFIFOSQL is sendDirectSQL for a FIFO queue ($5: every message's group
-// key), the same statement as queue_send's common FIFO path (session 15: that
-// function's call, its RETURN QUERY of a row per message and the outer SELECT were
-// about a sixth of a FIFO send of 100, and the FIFO send runs on one connection, so
-// all of it was the bench's wall time; bench/RESULTS.md, "Issue 22, session 15").
-// g locks (or creates) the batch's groups in key order, as queue_send does: a group
-// that holds messages is only locked (WHERE false: no new row version). n takes the
-// offsets and the time only after g has run to its end (its filter reads g's
-// count), so offsets within a group follow commit order and the time is read after
-// the group locks (the clock rule). A group key that is empty or too long hands the
-// batch to queue_send_check, which raises the typed error (payload errors first), so
-// nothing is stored. A queue that is missing or standard gives t no row: nothing is
-// locked, inserted or returned, and the caller calls queue_send.
-const sendDirectFIFOSQL = `WITH t AS MATERIALIZED (
-		SELECT q AS qr, nullif(current_setting('streamd.tenant_id', true), '') AS tenant
-		FROM streamd.queue_send_target($1) q
-		WHERE q.queue_name IS NOT NULL AND q.fifo
-	), g AS MATERIALIZED (
-		INSERT INTO streamd.message_groups AS g (stream_name, group_key, tenant_id, visible_at)
-		SELECT (t.qr).queue_name,
-		       CASE WHEN s.k = '' OR length(s.k) > 512
-		            THEN streamd.queue_send_check(t.qr, $2, $3, NULL, NULL, NULL, $5) ELSE s.k END,
-		       coalesce(t.tenant, ''), coalesce($4::timestamptz, clock_timestamp())
-		FROM t CROSS JOIN (SELECT DISTINCT u.g AS k FROM unnest($5::text[]) u(g)) s
-		ORDER BY s.k
-		ON CONFLICT (stream_name, group_key, tenant_id) DO UPDATE SET visible_at = g.visible_at WHERE false
-		RETURNING 1
-	), n AS MATERIALIZED (
-		SELECT t.qr, t.tenant, coalesce($4::timestamptz, clock_timestamp()) AS now,
-		       ARRAY(SELECT nextval((t.qr).offset_seq) FROM generate_series(1, cardinality($2::text[]))) AS offs
-		FROM t
-		WHERE (SELECT count(*) FROM g) >= 0
-	), ins AS (
-		INSERT INTO streamd.queue_messages (stream_name, "offset", message_id, data, enqueued_at,
-			visibility_timeout, group_key, tenant_id)
-		SELECT (n.qr).queue_name, u.o,
-		       CASE WHEN u.d IS NULL OR octet_length(u.d) > (n.qr).max_payload_bytes
-		            THEN streamd.queue_send_check(n.qr, $2, $3, NULL, NULL, NULL, $5) ELSE u.id END,
-		       u.d::jsonb, n.now, n.now, u.g, n.tenant
-		FROM n CROSS JOIN LATERAL unnest(n.offs, $2::text[], $3::text[], $5::text[]) u(o, id, d, g)
-	)
-	SELECT n.offs FROM n`
-
-// sendDirect sends the common batch with stmt (sendDirectSQL or sendDirectFIFOSQL,
-// args its parameters); ok is false when it stored nothing because the queue is
-// missing or of the other kind (the caller falls back on queue_send). ids are the
-// client's fresh UUIDs: no dedup key, so no conflict to look for.
-func (c *Client) sendDirect(ctx context.Context, db streams.DBTX, queue, stmt string, args []any, ids []*string) ([]SendResult, bool, error) {
+// sendDirect sends the common batch with sendDirectSQL; ok is false when it stored
+// nothing because the queue is missing or FIFO (the caller falls back on queue_send).
+// ids are the client's fresh UUIDs: no dedup key, so no conflict to look for.
+func (c *Client) sendDirect(ctx context.Context, db streams.DBTX, queue string, ids, data []*string) ([]SendResult, bool, error) {
 	var offs []int64
-	err := db.QueryRow(ctx, stmt, args...).Scan(&offs)
+	err := db.QueryRow(ctx, sendDirectSQL, queue, ids, data, c.sqlNow()).Scan(&offs)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}

@@ -386,8 +386,6 @@ BEGIN
     -- keys' checks ride on the groups' lock, the rest on the INSERT, and the first
     -- message that fails one hands the batch to queue_send_check (payload errors
     -- first, as below). No delay: every message and every new group is visible now.
-    -- The Go client sends this path as one statement of its own (messages/send.go,
-    -- sendDirectFIFOSQL): a change here goes there too.
     IF p_fresh_ids AND v_q.fifo AND p_groups IS NOT NULL AND p_metadata IS NULL AND p_delays_ms IS NULL
        AND p_deliver_at IS NULL AND p_max_attempts IS NULL AND p_dlqs IS NULL AND p_data_bytes IS NULL THEN
         -- Lock (or create) the groups in key order, as below. A group that holds
