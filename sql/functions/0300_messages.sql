@@ -666,14 +666,18 @@ BEGIN
         tenants := '{}';
         RETURN;
     END IF;
+    -- One locking probe of the primary key per group, in key order (the lateral
+    -- subquery, which its FOR UPDATE keeps from being pulled up, runs once per key
+    -- of the sorted list): as a join, the planner scanned every group of the queue
+    -- and compared each with every key whenever its statistics made the queue look
+    -- small (bench/RESULTS.md, "Issue 22, session 15 (fifo15)").
     SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key, l.tenant_id), '{}'),
            coalesce(array_agg(l.tenant_id ORDER BY l.group_key, l.tenant_id), '{}')
     INTO keys, tenants
-    FROM (SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
-          WHERE g.stream_name = p_queue
-            AND (g.group_key, g.tenant_id) IN (SELECT DISTINCT k.key, k.ten FROM unnest(v_keys, v_tens) k(key, ten))
-          ORDER BY g.group_key, g.tenant_id
-          FOR UPDATE OF g) l;
+    FROM (SELECT DISTINCT k.key, k.ten FROM unnest(v_keys, v_tens) k(key, ten) ORDER BY k.key, k.ten) k
+    CROSS JOIN LATERAL (SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
+                        WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten
+                        FOR UPDATE) l;
 END;
 $$;
 
@@ -691,20 +695,27 @@ DECLARE
 BEGIN
     -- One statement, one head lookup per group: a group without a head goes, the
     -- others get their head's time (the group rows are locked, so no send to them can
-    -- commit meanwhile).
+    -- commit meanwhile, and their ctids hold). Each group's row is found by a probe
+    -- of the primary key of its own (the lateral subquery, kept from being pulled up
+    -- by its OFFSET) and written by its ctid, as queue_ack does: joined to the keys,
+    -- the planner scanned every group of the queue whenever its statistics made the
+    -- queue look small (bench/RESULTS.md, "Issue 22, session 15 (fifo15)").
     WITH h AS MATERIALIZED (
-        SELECT k.key, k.ten,
+        SELECT g.c,
                (SELECT m.visibility_timeout FROM streamd.queue_messages m
                 WHERE m.stream_name = p_queue AND m.group_key = k.key AND coalesce(m.tenant_id, '') = k.ten
                 ORDER BY m."offset" LIMIT 1) AS vis
         FROM unnest(p_groups, p_tenants) k(key, ten)
+        CROSS JOIN LATERAL (SELECT g.ctid AS c FROM streamd.message_groups g
+                            WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten
+                            OFFSET 0) g
     ), gone AS (
-        DELETE FROM streamd.message_groups g USING h
-        WHERE g.stream_name = p_queue AND g.group_key = h.key AND g.tenant_id = h.ten AND h.vis IS NULL
+        DELETE FROM streamd.message_groups g
+        WHERE g.ctid = ANY(ARRAY(SELECT h.c FROM h WHERE h.vis IS NULL))
     )
     UPDATE streamd.message_groups g SET visible_at = greatest(v_now, h.vis), lease_end = NULL
     FROM h
-    WHERE g.stream_name = p_queue AND g.group_key = h.key AND g.tenant_id = h.ten AND h.vis IS NOT NULL;
+    WHERE g.ctid = h.c AND h.vis IS NOT NULL;
 END;
 $$;
 
@@ -898,12 +909,14 @@ BEGIN
         FROM streamd.queue_messages m
         WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets) AND m.lease_token = ANY(p_tokens);
         IF v_groups IS NOT NULL THEN
+            -- A locking probe of the primary key per group, in key order, as in
+            -- queue_lock_groups (a join scanned the queue's groups: 32 ms per ack of
+            -- 100 in a queue of 1,000 groups).
             SELECT array_agg(l.group_key), array_agg(l.tenant_id), array_agg(l.ctid) INTO v_groups, v_tens, v_gctids
-            FROM (SELECT g.group_key, g.tenant_id, g.ctid FROM streamd.message_groups g
-                  WHERE g.stream_name = p_queue
-                    AND (g.group_key, g.tenant_id) IN (SELECT DISTINCT k.key, k.ten FROM unnest(v_groups, v_tens) k(key, ten))
-                  ORDER BY g.group_key, g.tenant_id
-                  FOR UPDATE OF g) l;
+            FROM (SELECT DISTINCT k.key, k.ten FROM unnest(v_groups, v_tens) k(key, ten) ORDER BY k.key, k.ten) k
+            CROSS JOIN LATERAL (SELECT g.group_key, g.tenant_id, g.ctid FROM streamd.message_groups g
+                                WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten
+                                FOR UPDATE) l;
         END IF;
     END IF;
     -- The token check is a filter (as a join, the planner could scan the whole queue
