@@ -191,17 +191,20 @@ func pairedE2E(nP50, nP99, kP99, rate float64) []Result {
 	}
 }
 
-// e2eHeadline returns the report's one Kafka end-to-end target line.
-func e2eHeadline(t *testing.T, out []Result) string {
+// targetLine returns the report's one target line that starts with prefix.
+func targetLine(t *testing.T, out []Result, prefix string) string {
 	var lines []string
 	for _, h := range (&Report{Results: out}).headlines() {
-		if strings.HasPrefix(h, "Kafka end to end") {
+		if strings.HasPrefix(h, prefix) {
 			lines = append(lines, h)
 		}
 	}
 	require.Len(t, lines, 1)
 	return lines[0]
 }
+
+// e2eHeadline returns the report's one Kafka end-to-end target line.
+func e2eHeadline(t *testing.T, out []Result) string { return targetLine(t, out, "Kafka end to end") }
 
 // TestPairedE2EVerdictNeedsTheRate: the end-to-end target is named at 1,000 events/s;
 // a run whose producers committed far fewer (a loaded machine) does not meet it,
@@ -232,14 +235,7 @@ func TestPairedP99VerdictIsNotOneRepeatsLuck(t *testing.T) {
 
 // latencyHeadline returns the report's one latency target line.
 func latencyHeadline(t *testing.T, out []Result) string {
-	var lines []string
-	for _, h := range (&Report{Results: out}).headlines() {
-		if strings.HasPrefix(h, "latency, commit → consumer-group handler") {
-			lines = append(lines, h)
-		}
-	}
-	require.Len(t, lines, 1)
-	return lines[0]
+	return targetLine(t, out, "latency, commit → consumer-group handler")
 }
 
 // TestLatencyTargetIsMeasuredByTheQuickSuite: the latency target (commit → group
