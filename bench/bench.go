@@ -169,7 +169,9 @@ type Result struct {
 	Repeats      int       `json:"repeats,omitempty"`
 	RatioSamples []float64 `json:"ratio_samples,omitempty"`
 	RateSamples  []float64 `json:"rate_samples,omitempty"`
-	// P99Samples keeps every repeat's Timing.P99, in run order (timing results).
+	// P50Samples and P99Samples keep every repeat's Timing.P50 and Timing.P99, in
+	// run order (timing results).
+	P50Samples []float64 `json:"p50_samples,omitempty"`
 	P99Samples []float64 `json:"p99_samples,omitempty"`
 	// Paired names results measured together (the same events, at the same time)
 	// that must be compared within one repeat: across repeats all of them are taken
@@ -324,9 +326,10 @@ func aggregateRepeats(reps [][]Result) []Result {
 		}
 		med := rs[pick]
 		med.Repeats = len(rs)
-		med.RatioSamples, med.RateSamples, med.P99Samples = nil, nil, nil
+		med.RatioSamples, med.RateSamples, med.P50Samples, med.P99Samples = nil, nil, nil, nil
 		for _, r := range rs {
 			if r.Timing != nil {
+				med.P50Samples = append(med.P50Samples, r.Timing.P50)
 				med.P99Samples = append(med.P99Samples, r.Timing.P99)
 			}
 			if r.Ratio != 0 {

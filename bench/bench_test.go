@@ -191,17 +191,20 @@ func pairedE2E(nP50, nP99, kP99, rate float64) []Result {
 	}
 }
 
-// e2eHeadline returns the report's one Kafka end-to-end target line.
-func e2eHeadline(t *testing.T, out []Result) string {
+// targetLine returns the report's one target line that starts with prefix.
+func targetLine(t *testing.T, out []Result, prefix string) string {
 	var lines []string
 	for _, h := range (&Report{Results: out}).headlines() {
-		if strings.HasPrefix(h, "Kafka end to end") {
+		if strings.HasPrefix(h, prefix) {
 			lines = append(lines, h)
 		}
 	}
 	require.Len(t, lines, 1)
 	return lines[0]
 }
+
+// e2eHeadline returns the report's one Kafka end-to-end target line.
+func e2eHeadline(t *testing.T, out []Result) string { return targetLine(t, out, "Kafka end to end") }
 
 // TestPairedE2EVerdictNeedsTheRate: the end-to-end target is named at 1,000 events/s;
 // a run whose producers committed far fewer (a loaded machine) does not meet it,
@@ -228,4 +231,33 @@ func TestPairedP99VerdictIsNotOneRepeatsLuck(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, stated)
+}
+
+// latencyHeadline returns the report's one latency target line.
+func latencyHeadline(t *testing.T, out []Result) string {
+	return targetLine(t, out, "latency, commit → consumer-group handler")
+}
+
+// TestLatencyTargetIsMeasuredByTheQuickSuite: the latency target (commit → group
+// handler) is stated from the case that the quick suite measures, the kafka
+// scenario's sequential group-tailer mode, with the median p50 and p99 of the
+// repeats and their spread; not met when the producers fell short of the rate.
+func TestLatencyTargetIsMeasuredByTheQuickSuite(t *testing.T) {
+	require.Positive(t, QuickSuite().KafkaLatencyDuration, "the quick suite runs the kafka scenario's end-to-end modes")
+	rep := func(p50, p99, rate float64) []Result {
+		return []Result{{Scenario: "kafka", System: "group-tailer", Case: e2eCase("group-tailer"), Baseline: true, EventRate: rate,
+			Timing: &Timing{P50: p50, P99: p99, Count: 4000}}}
+	}
+	line := latencyHeadline(t, aggregateRepeats([][]Result{rep(0.9, 6.1, 995), rep(0.7, 4.2, 990), rep(0.8, 4.5, 1000)}))
+	require.NotContains(t, line, "not measured")
+	// Medians 0.8 and 4.5 (the p50's median repeat has p99 4.5 too; the p99s' own
+	// median decides).
+	require.Contains(t, line, "`"+e2eCase("group-tailer")+"`: p50 0.80 ms (spread 0.70–0.90), p99 4.50 ms (spread 4.20–6.10): the medians of 3 repeats")
+	require.True(t, strings.HasSuffix(line, ": **meets**"), line)
+	// p99s 6.1, 4.2, 5.5: the median repeat by p50 (0.8) has 4.2, the median p99 is
+	// 5.5 — below.
+	line = latencyHeadline(t, aggregateRepeats([][]Result{rep(0.9, 6.1, 995), rep(0.8, 4.2, 990), rep(0.7, 5.5, 1000)}))
+	require.True(t, strings.HasSuffix(line, ": **below**"), line)
+	slow := latencyHeadline(t, aggregateRepeats([][]Result{rep(0.5, 2, 300), rep(0.5, 2, 310), rep(0.5, 2, 290)}))
+	require.True(t, strings.HasSuffix(slow, " the verdict needs): **below**"), slow)
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,7 +12,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/streamd/streamd/consumergroup"
 	"github.com/streamd/streamd/internal/backoff"
@@ -37,9 +40,22 @@ import (
 // rate with the start-up as well (kafka-consumer-perf-test likewise reports the fetch
 // rate apart from the rebalance time).
 //
-// The raw read runs once unmeasured first (cache, hint bits); then the sides alternate
-// (raw, group, group, raw, ...), each measured twice (once in the tiny suite), and
-// each result adds its repetitions up.
+// Each case reads long enough to mean something (issue 21 §3): the one-group case and
+// its raw readers read a stream of consumeSizes' one records, the five-group cases
+// another of five records, each sized so that its steady part lasts at least the
+// suite's CaseDuration at rates above the quiet machine's. At 200k records for both
+// (before session 15) a side's read lasted 0.5–1.2 s, and one 100 ms stall of a
+// loaded 2-core machine was a fifth of it.
+//
+// Each stream is filled and vacuumed (fillStream: so that no autovacuum of the fill
+// runs during one side's read and not the other's; the vacuum also sets the hint
+// bits), a checkpoint writes the fills' pages out (so that no read shares the cores
+// with their writing), and the raw readers read each stream once unmeasured (without
+// it the first measured read after the fills ran at about half the rate of the next
+// ones in 3 of 5 runs in session 15, once with the checkpoint); then the sides
+// alternate (raw, group, group, raw), each measured twice (once in the tiny suite), so
+// that each run's ratio has both orders in it, and each result adds its repetitions
+// up.
 type consumeScenario struct{}
 
 func init() { register(50, consumeScenario{}) }
@@ -64,48 +80,97 @@ func bySuite(env *Env, tiny, quick, full int) int {
 	return full
 }
 
-func (s consumeScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
-	n := bySuite(env, 4_000, 200_000, 1_000_000) // records in the stream
-	reps := bySuite(env, 1, 2, 3)
-	stream := env.StreamName("consume")
-	if err := env.Client.CreateStream(ctx, stream, consumePartitions); err != nil {
-		return nil, err
-	}
-	defer func() { _ = dropStream(ctx, env, stream) }()
-	t0 := time.Now()
-	if err := fillStream(ctx, env.Pool, stream, consumePartitions, n/consumePartitions, consumePayload); err != nil {
-		return nil, err
-	}
-	env.Logger.Info("consume: loaded", "stream", stream, "records", n, "seconds", time.Since(t0).Seconds())
+// consumeFastest are steady rates (records/s, all groups together) above those of
+// the last quiet quick suite on the 2-core machine (session 14: one group 269k, its raw
+// readers 366k; five groups 399k, their raw readers 451k), one group and five:
+// consumeSizes sizes the streams so that a case's steady part lasts at least the
+// suite's CaseDuration at these rates. Faster reads happen (640k for one group, for
+// a few seconds at 10:35 in session 15): their steady part is shorter.
+const (
+	consumeFastest1 = 400_000
+	consumeFastest5 = 600_000
+)
 
+// consumeSizes returns the records of the one-group case's stream and of the
+// five-group cases' stream (each group reads all of it). A stream must last the
+// suite's CaseDuration at consumeFastest (rounded up to whole 500-record batches per
+// partition); the tiny suite, which only proves the harness, reads 4,000.
+func consumeSizes(s Suite) (one, five int) {
+	if s.Name == "tiny" {
+		return 4_000, 4_000
+	}
+	size := func(rate, groups int) int {
+		per := consumePartitions * consumeBatch
+		n := int(float64(rate)*s.CaseDuration.Seconds()) / groups
+		return (n + per - 1) / per * per
+	}
+	return size(consumeFastest1, 1), size(consumeFastest5, 5)
+}
+
+func (s consumeScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
+	n1, n5 := consumeSizes(env.Suite)
+	reps := bySuite(env, 1, 2, 2)
 	// One pool per reader process: the raw readers' pool has a connection per reader.
 	rawPool, err := benchPool(ctx, env, 5*consumePartitions)
 	if err != nil {
 		return nil, err
 	}
 	defer rawPool.Close()
-	if _, err := rawRead(ctx, env, rawPool, stream, 1); err != nil { // warm-up
-		return nil, fmt.Errorf("consume warm-up: %w", err)
+	// fill creates and fills one of the two streams.
+	fill := func(name string, n int) (string, error) {
+		stream := env.StreamName("consume", name)
+		if err := env.Client.CreateStream(ctx, stream, consumePartitions); err != nil {
+			return "", err
+		}
+		t0 := time.Now()
+		if err := fillStream(ctx, env.Pool, stream, consumePartitions, n/consumePartitions, consumePayload); err != nil {
+			return stream, err
+		}
+		env.Logger.Info("consume: loaded", "stream", stream, "records", n, "seconds", time.Since(t0).Seconds())
+		return stream, nil
+	}
+	stream1, err := fill("1", n1)
+	if stream1 != "" {
+		defer func() { _ = dropStream(ctx, env, stream1) }()
+	}
+	if err != nil {
+		return nil, err
+	}
+	stream5, err := fill("5", n5)
+	if stream5 != "" {
+		defer func() { _ = dropStream(ctx, env, stream5) }()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := checkpoint(ctx, env); err != nil {
+		return nil, err
+	}
+	for _, stream := range []string{stream1, stream5} {
+		if _, err := rawRead(ctx, env, rawPool, stream, 1); err != nil { // warm-up
+			return nil, fmt.Errorf("consume warm-up: %w", err)
+		}
 	}
 
 	type side struct {
 		system   string
 		baseline bool
 		groups   int
+		n        int // records in the side's stream
 		run      func(ctx context.Context, rep int) (readRun, error)
 	}
 	sides := []side{
-		{"raw-select", true, 1, func(ctx context.Context, _ int) (readRun, error) {
-			return rawRead(ctx, env, rawPool, stream, 1)
+		{"raw-select", true, 1, n1, func(ctx context.Context, _ int) (readRun, error) {
+			return rawRead(ctx, env, rawPool, stream1, 1)
 		}},
-		{"consume-group", false, 1, func(ctx context.Context, rep int) (readRun, error) {
-			return groupsRead(ctx, env, stream, fmt.Sprintf("g1-%d", rep), 1, int64(n))
+		{"consume-group", false, 1, n1, func(ctx context.Context, rep int) (readRun, error) {
+			return groupsRead(ctx, env, stream1, fmt.Sprintf("g1-%d", rep), 1, int64(n1))
 		}},
-		{"raw-select-5x", true, 5, func(ctx context.Context, _ int) (readRun, error) {
-			return rawRead(ctx, env, rawPool, stream, 5)
+		{"raw-select-5x", true, 5, n5, func(ctx context.Context, _ int) (readRun, error) {
+			return rawRead(ctx, env, rawPool, stream5, 5)
 		}},
-		{"consume-5-groups", false, 5, func(ctx context.Context, rep int) (readRun, error) {
-			return groupsRead(ctx, env, stream, fmt.Sprintf("g5-%d", rep), 5, int64(n))
+		{"consume-5-groups", false, 5, n5, func(ctx context.Context, rep int) (readRun, error) {
+			return groupsRead(ctx, env, stream5, fmt.Sprintf("g5-%d", rep), 5, int64(n5))
 		}},
 	}
 	totals := make([]loadResult, len(sides))
@@ -150,9 +215,9 @@ func (s consumeScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 		}
 		r := loadToResult("consume", sd.system, sd.baseline, p, totals[i])
 		whole := float64(wholes[i].records) / wholes[i].elapsed.Seconds()
-		r.Note = fmt.Sprintf("%d records read by each of %d group(s), %d repetition(s); rate and CPU from the moment every partition of every group was handed its first batch (the start-up, Run to the first batch, is `%s join`); with the start-up %.0f records/s; latency: the time between two batches of a partition (group: fetch, handler, commit)", n, sd.groups, reps, r.Case, whole)
+		r.Note = fmt.Sprintf("%d records read by each of %d group(s), %d repetition(s); rate and CPU from the moment every partition of every group was handed its first batch (the start-up, Run to the first batch, is `%s join`), %.1f s of steady read per repetition; with the start-up %.0f records/s; latency: the time between two batches of a partition (group: fetch, handler, commit)", sd.n, sd.groups, reps, r.Case, totals[i].elapsed.Seconds()/float64(reps), whole)
 		if sd.baseline {
-			r.Note = fmt.Sprintf("%d records, %d reader goroutine(s) (one per partition per set), %d repetition(s); rate and CPU from the moment every reader's first query returned (as for the groups' partitions); with the first queries %.0f records/s; latency: one range query of %d rows", n, consumePartitions*sd.groups, reps, whole, consumeBatch)
+			r.Note = fmt.Sprintf("%d records read by each of %d set(s) of %d reader goroutines (one per partition), %d repetition(s); rate and CPU from the moment every reader's first query returned (as for the groups' partitions), %.1f s of steady read per repetition; with the first queries %.0f records/s; latency: one range query of %d rows", sd.n, sd.groups, consumePartitions, reps, totals[i].elapsed.Seconds()/float64(reps), whole, consumeBatch)
 		} else {
 			jr := timingResult("consume", sd.system+"-join", r.Case+" join", false, p, "one Consumer's Run to its first batch: its pool's connections, join, first heartbeat, start positions, first fetch", starts[i])
 			jr.Note = "The start-up that the consume rate above leaves out, as kafka-consumer-perf-test reports its fetch rate apart from the rebalance time."
@@ -165,6 +230,20 @@ func (s consumeScenario) Run(ctx context.Context, env *Env) ([]Result, error) {
 	out[1].RatioTo, out[1].Ratio = out[0].Case, ratio(out[1].RecordsPerSec, out[0].RecordsPerSec)
 	out[3].RatioTo, out[3].Ratio = out[2].Case, ratio(out[3].RecordsPerSec, out[2].RecordsPerSec)
 	return append(out, joins...), nil
+}
+
+// checkpoint writes out the dirty pages of what the scenario just loaded, so that
+// its first measured side does not run beside their writing. A role that may not
+// checkpoint (SQLSTATE 42501: neither superuser nor pg_checkpoint) skips it, with a
+// warning.
+func checkpoint(ctx context.Context, env *Env) error {
+	_, err := env.Pool.Exec(ctx, "CHECKPOINT")
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		env.Logger.Warn("no checkpoint after the fill: the role may not", "error", err)
+		return nil
+	}
+	return err
 }
 
 // benchPool opens a pool on env's database with at most conns connections, for a
@@ -467,35 +546,47 @@ SELECT $1::text, $2::integer, $3::bigint + g, $2::integer::text || '-' || ($3::b
   FROM generate_series(0::bigint, $4::bigint - 1) AS g`
 
 // fillStream appends perPartition events of about size bytes to each of stream's
-// partitions, in transactions of at most 100,000 rows.
+// partitions, in transactions of at most 100,000 rows, then vacuums and analyzes
+// streamd.events: the fill's insert-triggered autovacuum (the private clusters' naptime
+// is 10 s) otherwise ran during the reads that follow, in one side's measured part
+// and not the other's (five times in one consume scenario run of 70 s, session 15).
 func fillStream(ctx context.Context, pool *pgxpool.Pool, stream string, partitions, perPartition, size int) error {
 	const chunk = 100_000
+	// The partitions fill at once, one connection each (at most 4).
+	var g errgroup.Group
+	g.SetLimit(4)
 	for part := int32(0); part < int32(partitions); part++ {
-		for done := 0; done < perPartition; done += chunk {
-			k := min(chunk, perPartition-done)
-			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				base, ts, err := reserveOffsets(ctx, tx, stream, part, k)
-				if err != nil {
+		g.Go(func() error {
+			for done := 0; done < perPartition; done += chunk {
+				k := min(chunk, perPartition-done)
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					base, ts, err := reserveOffsets(ctx, tx, stream, part, k)
+					if err != nil {
+						return err
+					}
+					_, err = tx.Exec(ctx, fillSQL, stream, part, base, int64(k), size, ts)
 					return err
+				})
+				if err != nil {
+					return fmt.Errorf("fill %s/%d: %w", stream, part, err)
 				}
-				_, err = tx.Exec(ctx, fillSQL, stream, part, base, int64(k), size, ts)
-				return err
-			})
-			if err != nil {
-				return fmt.Errorf("fill %s/%d: %w", stream, part, err)
 			}
-		}
+			return nil
+		})
 	}
-	// ANALYZE can be a deadlock victim against a concurrent CREATE INDEX on events
-	// (another test of the same database turning a read index on): try again.
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	// VACUUM (ANALYZE) can be a deadlock victim against a concurrent CREATE INDEX on
+	// events (another test of the same database turning a read index on): try again.
 	bo := backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for attempt := 1; ; attempt++ {
-		_, err := pool.Exec(ctx, "ANALYZE streamd.events")
+		_, err := pool.Exec(ctx, "VACUUM (ANALYZE) streamd.events")
 		if err == nil {
 			return nil
 		}
 		if attempt == 5 || !sqlerr.Retriable(err) {
-			return fmt.Errorf("analyze events: %w", err)
+			return fmt.Errorf("vacuum events: %w", err)
 		}
 		bo.Wait(ctx)
 	}

@@ -51,3 +51,20 @@ func TestConsumeScenario(t *testing.T) {
 		require.Positive(t, j.Timing.P50, j.Case)
 	}
 }
+
+// TestConsumeCasesLastTheCaseDuration: each consume case's stream lasts at least the
+// suite's CaseDuration at rates above the quiet machine's (at 200k records a side's
+// read lasted 0.5–1.2 s in the quick suite, and one stall was a fifth of it).
+func TestConsumeCasesLastTheCaseDuration(t *testing.T) {
+	for _, s := range []Suite{QuickSuite(), FullSuite()} {
+		one, five := consumeSizes(s)
+		require.GreaterOrEqual(t, float64(one)/consumeFastest1, s.CaseDuration.Seconds(), "%s: one group", s.Name)
+		require.GreaterOrEqual(t, float64(5*five)/consumeFastest5, s.CaseDuration.Seconds(), "%s: five groups", s.Name)
+		require.Zero(t, one%(consumePartitions*consumeBatch), s.Name)
+		require.Zero(t, five%(consumePartitions*consumeBatch), s.Name)
+	}
+	// Not lowered to pass: above the last quiet quick suite's steady rates (one
+	// group 269k records/s, its raw readers 366k; five groups 399k, raw 451k).
+	require.GreaterOrEqual(t, consumeFastest1, 366_000)
+	require.GreaterOrEqual(t, consumeFastest5, 451_000)
+}

@@ -294,6 +294,8 @@ func (kafkaScenario) groupRead(ctx context.Context, env *Env, addr, stream strin
 //   - sequential: group-tailer (native) and then kafka-group (franz-go), one after
 //     the other as before session 13, each with its own load: their p99s differed by
 //     ±10 ms between runs on a loaded 2-core machine, more than the target's 1 ms.
+//     The sequential group-tailer case is also the latency target's (commit → group
+//     handler): the latency scenario's own mode, which the quick suite leaves out.
 func (kafkaScenario) endToEnd(ctx context.Context, env *Env) ([]Result, error) {
 	d := env.Suite.KafkaLatencyDuration
 	if d <= 0 {

@@ -59,7 +59,9 @@ type Suite struct {
 // QuickSuite is `make bench`: its produce, producer, appendpath, fetch and profile
 // scenarios take about two and a half minutes on a 2-core machine (batch size 10 is
 // left to the full suite to leave room for the other scenarios). The latency
-// scenario is left to the full suite and `make bench-latency`.
+// scenario is left to the full suite and `make bench-latency`; the latency target's
+// case (its group-tailer mode) is the kafka scenario's, which runs it for
+// KafkaLatencyDuration.
 func QuickSuite() Suite {
 	return Suite{
 		Name:              "quick",

@@ -100,9 +100,15 @@ func targets() []target {
 	}
 	ts = append(ts,
 		target{
-			Goal:     "latency, commit → consumer-group handler, tailer wake-ups, 1,000 events/s, fsync on: p50 ≤ 1 ms, p99 ≤ 5 ms",
-			Case:     fmt.Sprintf("latency group-tailer %d/s", latencyRate),
-			MaxP50Ms: 1, MaxP99Ms: 5, Scenario: "latency", System: "group-tailer",
+			// The kafka scenario's sequential group-tailer case is the latency
+			// scenario's group-tailer mode (latencyScenario.run, the same producers,
+			// consumer and wake-ups), which the quick suite runs only there; it is
+			// read in every suite, so that the line has the suite's repeats.
+			Goal: "latency, commit → consumer-group handler, tailer wake-ups, 1,000 events/s, fsync on: p50 ≤ 1 ms, p99 ≤ 5 ms " +
+				"(the latency scenario's group-tailer mode, as the kafka scenario runs it alone after its paired mode: in every suite, repeated)",
+			Case:         e2eCase("group-tailer"),
+			MinEventRate: 0.9 * latencyRate,
+			MaxP50Ms:     1, MaxP99Ms: 5, Scenario: "kafka", System: "group-tailer",
 		},
 		target{
 			Goal:     "rebalance: a member joining a group of one settles (every partition owned, balanced) in well under a second: p50 ≤ 1000 ms",
@@ -195,9 +201,20 @@ func (r *Report) headline(t target) string {
 		if tm == nil {
 			return fmt.Sprintf("%s — `%s` has no timing", t.Goal, t.Case)
 		}
-		ok := (t.MaxP50Ms == 0 || tm.P50 <= t.MaxP50Ms) && (t.MaxP99Ms == 0 || tm.P99 <= t.MaxP99Ms)
-		return fmt.Sprintf("%s — `%s`: p50 %s ms, p99 %s ms over %d sample(s)%s: **%s**",
-			t.Goal, t.Case, msText(tm.P50), msText(tm.P99), tm.Count, repeatsText(c), verdict(ok))
+		// Over repeats, the verdict is on the median p50 and the median p99 of the
+		// repeats, each stated with its spread.
+		p50, p99 := tm.P50, tm.P99
+		figures := fmt.Sprintf("p50 %s ms, p99 %s ms over %d sample(s)%s", msText(p50), msText(p99), tm.Count, repeatsText(c))
+		if len(c.P50Samples) > 1 && len(c.P50Samples) == len(c.P99Samples) {
+			p50, p99 = median(c.P50Samples), median(c.P99Samples)
+			lo50, hi50 := spread(c.P50Samples)
+			lo99, hi99 := spread(c.P99Samples)
+			figures = fmt.Sprintf("p50 %s ms (spread %s–%s), p99 %s ms (spread %s–%s): the medians of %d repeats of about %d sample(s)",
+				msText(p50), msText(lo50), msText(hi50), msText(p99), msText(lo99), msText(hi99), len(c.P50Samples), tm.Count)
+		}
+		rate, fast := rateShortfall(t, c)
+		ok := fast && (t.MaxP50Ms == 0 || p50 <= t.MaxP50Ms) && (t.MaxP99Ms == 0 || p99 <= t.MaxP99Ms)
+		return fmt.Sprintf("%s — `%s`: %s%s: **%s**", t.Goal, t.Case, figures, rate, verdict(ok))
 	}
 	base := find(r.Results, t.Baseline)
 	if base.Case == "" {
@@ -218,6 +235,15 @@ func (r *Report) headline(t target) string {
 		line += fmt.Sprintf("; best case, another configuration, for comparison only: `%s` %.2f× `%s`", b.Case, b.Ratio, b.RatioTo)
 	}
 	return line
+}
+
+// rateShortfall says, when c's producers fell short of the rate t is named at, by how
+// much (and false: the verdict cannot be met); else "" and true.
+func rateShortfall(t target, c Result) (string, bool) {
+	if t.MinEventRate > 0 && c.EventRate < t.MinEventRate {
+		return fmt.Sprintf(" (at %.0f events/s: the producers did not reach the %.0f/s the verdict needs)", c.EventRate, t.MinEventRate), false
+	}
+	return "", true
 }
 
 // p99Headline states a target that bounds c's p99 by its baseline's plus a margin.
@@ -243,11 +269,8 @@ func (r *Report) p99Headline(t target, c Result) string {
 	if a := find(r.Results, t.Alone); t.Alone != "" && a.Timing != nil {
 		diff += fmt.Sprintf("; the baseline alone, in other seconds (`%s`): p50 %s ms, p99 %s ms", t.Alone, msText(a.Timing.P50), msText(a.Timing.P99))
 	}
-	rate := ""
-	if t.MinEventRate > 0 && c.EventRate < t.MinEventRate {
-		ok = false
-		rate = fmt.Sprintf(" (at %.0f events/s: the producers did not reach the %.0f/s the verdict needs)", c.EventRate, t.MinEventRate)
-	}
+	rate, fast := rateShortfall(t, c)
+	ok = ok && fast
 	return fmt.Sprintf("%s — `%s`: p50 %s ms, p99 %s ms; `%s`: p50 %s ms, p99 %s ms%s%s%s: **%s**",
 		t.Goal, t.Case, msText(c.Timing.P50), msText(c.Timing.P99), t.Baseline, msText(base.Timing.P50), msText(base.Timing.P99),
 		diff, p99OverText(c, over), rate, verdict(ok))
