@@ -326,7 +326,14 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (more, ok bool) {
 		drop++
 	}
 	if drop > 0 {
-		r.events = append([]streams.Event(nil), r.events[drop:]...)
+		// Resliced, not copied: at its bound a reader drops a record or so per read,
+		// and a copy of the ~1,000 it keeps (248 bytes an Event) on each read was
+		// 250 KB a read, the most of what a process serving a tail consumer allocated
+		// (a GC every 25 ms; session 15). The dropped Events stay in the array (it is
+		// never written below its length: fetches may still hold slices of it) until
+		// an append outgrows it and copies only what is kept, about a quarter of the
+		// records later.
+		r.events = r.events[drop:]
 	}
 	if r.start < r.lso {
 		r.start = min(r.lso, r.next)
@@ -389,7 +396,8 @@ func (r *tailReader) serve(offset int64, maxBytes int) (evs []streams.Event, lso
 		n++
 	}
 	// The slice's events are never written again (reads append past them, the
-	// bounds copy what they keep), so it is the fetch's without a copy.
+	// bounds reslice past them, a growing append copies them), so it is the fetch's
+	// without a copy.
 	return r.events[i : i+n : i+n], r.lso, r.hw, r.changed, true
 }
 
