@@ -540,3 +540,42 @@ func TestTailReaderPollsForAWaitingFetch(t *testing.T) {
 	require.Less(t, time.Since(start), 3*time.Second)
 	require.Equal(t, answered+1, ts.srv.tails.answered.Load(), "answered by the reader")
 }
+
+// TestFetchWaitingOnReadersEndsWithItsClient: a client that goes away while its
+// fetch long-polls on the tail readers takes the fetch with it: the wait ends at once
+// (not at its max.wait), the connection's goroutines end, and the reader, which
+// other fetches share, carries on.
+func TestFetchWaitingOnReadersEndsWithItsClient(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	ts := startServer(t, pool, &Config{Wakeups: hub})
+	ctx := testCtx(t)
+	topic := testdb.Name("tailgone")
+	sc := streams.NewClient(pool, nil)
+	require.NoError(t, sc.CreateStream(ctx, topic, 1))
+	gone, err := kgo.NewClient(kgo.SeedBrokers(ts.addr))
+	require.NoError(t, err)
+	defer gone.Close()
+	_, err = fetchReq(topic, 0, 0, 0, 1).RequestWith(ctx, gone)
+	require.NoError(t, err)
+	testdb.WaitFor(t, 10*time.Second, "the reader", func() bool { return tailHolds(ts, topic, 0, 0) })
+
+	read := ts.srv.tails.read.Load()
+	done := fetchWaiting(t, ctx, ts, gone, fetchReq(topic, 0, 0, time.Minute, 1))
+	require.Equal(t, read, ts.srv.tails.read.Load(), "the fetch waits on the reader, not on the log")
+	gone.Close()
+	select {
+	case res := <-done:
+		require.Error(t, res.err, "the client closed under its fetch")
+	case <-ctx.Done():
+		t.Fatal("the client's fetch did not end with its Close")
+	}
+	testdb.WaitFor(t, 10*time.Second, "the waiting fetch ended", func() bool { return ts.srv.fetchesWaiting.Load() == 0 })
+	testdb.WaitFor(t, 10*time.Second, "the client's connections ended", func() bool {
+		ts.srv.mu.Lock()
+		defer ts.srv.mu.Unlock()
+		return len(ts.srv.conns) == 0
+	})
+	require.True(t, tailHolds(ts, topic, 0, 0), "the reader carries on")
+}
