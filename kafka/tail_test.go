@@ -547,19 +547,12 @@ func TestTailReaderPollsForAWaitingFetch(t *testing.T) {
 // other fetches share, carries on.
 func TestFetchWaitingOnReadersEndsWithItsClient(t *testing.T) {
 	t.Parallel()
-	pool := testdb.Pool(t)
-	hub := wakeup.NewHub()
-	ts := startServer(t, pool, &Config{Wakeups: hub})
-	ctx := testCtx(t)
-	topic := testdb.Name("tailgone")
-	sc := streams.NewClient(pool, nil)
-	require.NoError(t, sc.CreateStream(ctx, topic, 1))
+	sn := newTailScene(t, "tailgone")
+	ts, ctx, topic := sn.ts, sn.ctx, sn.topic
 	gone, err := kgo.NewClient(kgo.SeedBrokers(ts.addr))
 	require.NoError(t, err)
 	defer gone.Close()
-	_, err = fetchReq(topic, 0, 0, 0, 1).RequestWith(ctx, gone)
-	require.NoError(t, err)
-	testdb.WaitFor(t, 10*time.Second, "the reader", func() bool { return tailHolds(ts, topic, 0, 0) })
+	sn.startReader(t, gone)
 
 	read := ts.srv.tails.read.Load()
 	done := fetchWaiting(t, ctx, ts, gone, fetchReq(topic, 0, 0, time.Minute, 1))
@@ -578,4 +571,31 @@ func TestFetchWaitingOnReadersEndsWithItsClient(t *testing.T) {
 		return len(ts.srv.conns) == 0
 	})
 	require.True(t, tailHolds(ts, topic, 0, 0), "the reader carries on")
+}
+
+// tailScene is a server with a wake-up hub and a one-partition topic of its own.
+type tailScene struct {
+	ts    *testServer
+	hub   *wakeup.Hub
+	ctx   context.Context
+	topic string
+	sc    *streams.Client
+}
+
+func newTailScene(t *testing.T, prefix string) *tailScene {
+	t.Helper()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	s := &tailScene{ts: startServer(t, pool, &Config{Wakeups: hub}), hub: hub, ctx: testCtx(t), topic: testdb.Name(prefix), sc: streams.NewClient(pool, nil)}
+	require.NoError(t, s.sc.CreateStream(s.ctx, s.topic, 1))
+	return s
+}
+
+// startReader starts the partition's tail reader with a fetch from offset 0 by cl,
+// and waits until it has read.
+func (s *tailScene) startReader(t *testing.T, cl *kgo.Client) {
+	t.Helper()
+	_, err := fetchReq(s.topic, 0, 0, 0, 1).RequestWith(s.ctx, cl)
+	require.NoError(t, err)
+	testdb.WaitFor(t, 10*time.Second, "the tail reader", func() bool { return tailHolds(s.ts, s.topic, 0, 0) })
 }
