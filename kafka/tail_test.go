@@ -573,6 +573,25 @@ func TestFetchWaitingOnReadersEndsWithItsClient(t *testing.T) {
 	require.True(t, tailHolds(ts, topic, 0, 0), "the reader carries on")
 }
 
+// TestTailReaderPollsAfterARead: a reader reads again tailPollMin after a read that
+// found records, as the native consumer's long poll does, so a commit whose wake-up
+// is late or lost is read without waiting for the next wake-up, the reader's check
+// or a fetch's poll (none here: its check is an hour, no fetch waits).
+func TestTailReaderPollsAfterARead(t *testing.T) {
+	t.Parallel()
+	sn := newTailScene(t, "tailpollread")
+	ts, ctx, topic := sn.ts, sn.ctx, sn.topic
+	tailOpts(ts, 0, time.Hour, nil)
+	sn.startReader(t, newClient(t, []string{ts.addr}))
+	_, err := sn.sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("announced")}}, nil)
+	require.NoError(t, err)
+	sn.hub.NotifyPartitions(topic, 0)
+	testdb.WaitFor(t, 10*time.Second, "the announced record read", func() bool { return tailHolds(ts, topic, 0, 1) })
+	_, err = sn.sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("unannounced")}}, nil)
+	require.NoError(t, err)
+	testdb.WaitFor(t, 10*time.Second, "the unannounced record read", func() bool { return tailHolds(ts, topic, 0, 2) })
+}
+
 // tailScene is a server with a wake-up hub and a one-partition topic of its own.
 type tailScene struct {
 	ts    *testServer
