@@ -10,7 +10,6 @@ import (
 
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
-	"github.com/streamd/streamd/wakeup"
 )
 
 // TestTailReaderMemoryIsWhatItCounts: a reader that follows a partition a record at a
@@ -19,17 +18,9 @@ import (
 // decoded its records into (streams' fetch decoder: at least 64 KiB per read), nor
 // records' Events uncounted. Not parallel: it measures the heap.
 func TestTailReaderMemoryIsWhatItCounts(t *testing.T) {
-	pool := testdb.Pool(t)
-	hub := wakeup.NewHub()
-	ts := startServer(t, pool, &Config{Wakeups: hub})
-	ctx := testCtx(t)
-	topic := testdb.Name("tailmemory")
-	sc := streams.NewClient(pool, nil)
-	require.NoError(t, sc.CreateStream(ctx, topic, 1))
-	cl := newClient(t, []string{ts.addr})
-	_, err := fetchReq(topic, 0, 0, 0, 1).RequestWith(ctx, cl)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 0) }, 10*time.Second, time.Millisecond)
+	sn := newTailScene(t, "tailmemory")
+	ts, hub, ctx, topic, sc := sn.ts, sn.hub, sn.ctx, sn.topic, sn.sc
+	sn.startReader(t, newClient(t, []string{ts.addr}))
 
 	const n = 300 // 16-byte records, one read each
 	for i := range n {
@@ -54,4 +45,47 @@ func TestTailReaderMemoryIsWhatItCounts(t *testing.T) {
 	t.Logf("the reader counted %d bytes for %d records and held %d", counted, held, retained)
 	// A 64 KiB buffer per read would be about 19 MiB; the payloads alone, 4,800 bytes.
 	require.LessOrEqual(t, retained, int64(counted)+256<<10, "heap a reader held for %d records it counted as %d bytes", held, counted)
+}
+
+// TestTailReaderAtItsBoundAllocatesLittlePerRead: a reader at its bound (a partition
+// followed a record at a time, as at the tail, past the ~1,000 small records
+// tailMaxBytes holds) allocates per read about what the read decoded, not a copy of
+// every record it keeps (248 bytes an Event, about 250 KB a read: 1.6 GB in a 15 s
+// run of the end-to-end bench, a GC every 25 ms). Not parallel: it measures the heap.
+func TestTailReaderAtItsBoundAllocatesLittlePerRead(t *testing.T) {
+	sn := newTailScene(t, "tailboundalloc")
+	ts, hub, ctx, topic, sc := sn.ts, sn.hub, sn.ctx, sn.topic, sn.sc
+	sn.startReader(t, newClient(t, []string{ts.addr}))
+
+	// Past the bound at once: 2,000 records of 16 bytes (heldSize 1,040 each).
+	recs := make([]streams.Record, 2000)
+	for i := range recs {
+		recs[i] = streams.Record{Bytes: fmt.Appendf(nil, "record-%09d", i)}
+	}
+	_, err := sc.AppendPartition(ctx, topic, 0, recs, nil)
+	require.NoError(t, err)
+	hub.NotifyPartitions(topic, 0)
+	testdb.WaitFor(t, 10*time.Second, "the reader past its bound", func() bool { return tailHolds(ts, topic, 0, 2000) })
+	r := ts.srv.tails.get(partKey{topic, 0})
+	require.NotNil(t, r)
+	r.mu.Lock()
+	held := len(r.events)
+	r.mu.Unlock()
+	require.Greater(t, held, 900, "the reader holds its bound's worth")
+	require.Less(t, held, 2000, "the reader keeps its bound")
+
+	const reads = 50
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range reads {
+		_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: fmt.Appendf(nil, "record-%09d", 2000+i)}}, nil)
+		require.NoError(t, err)
+		hub.NotifyPartitions(topic, 0)
+		testdb.WaitFor(t, 10*time.Second, "the reader's read", func() bool { return tailHolds(ts, topic, 0, int64(2001+i)) })
+	}
+	runtime.ReadMemStats(&after)
+	perRead := int64(after.TotalAlloc-before.TotalAlloc) / reads
+	t.Logf("%d bytes allocated a read (the test's appends and waits included), the reader holding %d records", perRead, held)
+	// A copy of what it holds would be held × 248 bytes, about 250 KB.
+	require.Less(t, perRead, int64(64<<10), "bytes allocated per read at the bound")
 }

@@ -540,3 +540,81 @@ func TestTailReaderPollsForAWaitingFetch(t *testing.T) {
 	require.Less(t, time.Since(start), 3*time.Second)
 	require.Equal(t, answered+1, ts.srv.tails.answered.Load(), "answered by the reader")
 }
+
+// TestFetchWaitingOnReadersEndsWithItsClient: a client that goes away while its
+// fetch long-polls on the tail readers takes the fetch with it: the wait ends at once
+// (not at its max.wait), the connection's goroutines end, and the reader, which
+// other fetches share, carries on.
+func TestFetchWaitingOnReadersEndsWithItsClient(t *testing.T) {
+	t.Parallel()
+	sn := newTailScene(t, "tailgone")
+	ts, ctx, topic := sn.ts, sn.ctx, sn.topic
+	gone, err := kgo.NewClient(kgo.SeedBrokers(ts.addr))
+	require.NoError(t, err)
+	defer gone.Close()
+	sn.startReader(t, gone)
+
+	read := ts.srv.tails.read.Load()
+	done := fetchWaiting(t, ctx, ts, gone, fetchReq(topic, 0, 0, time.Minute, 1))
+	require.Equal(t, read, ts.srv.tails.read.Load(), "the fetch waits on the reader, not on the log")
+	gone.Close()
+	select {
+	case res := <-done:
+		require.Error(t, res.err, "the client closed under its fetch")
+	case <-ctx.Done():
+		t.Fatal("the client's fetch did not end with its Close")
+	}
+	testdb.WaitFor(t, 10*time.Second, "the waiting fetch ended", func() bool { return ts.srv.fetchesWaiting.Load() == 0 })
+	testdb.WaitFor(t, 10*time.Second, "the client's connections ended", func() bool {
+		ts.srv.mu.Lock()
+		defer ts.srv.mu.Unlock()
+		return len(ts.srv.conns) == 0
+	})
+	require.True(t, tailHolds(ts, topic, 0, 0), "the reader carries on")
+}
+
+// TestTailReaderPollsAfterARead: a reader reads again tailPollMin after a read that
+// found records, as the native consumer's long poll does, so a commit whose wake-up
+// is late or lost is read without waiting for the next wake-up, the reader's check
+// or a fetch's poll (none here: its check is an hour, no fetch waits).
+func TestTailReaderPollsAfterARead(t *testing.T) {
+	t.Parallel()
+	sn := newTailScene(t, "tailpollread")
+	ts, ctx, topic := sn.ts, sn.ctx, sn.topic
+	tailOpts(ts, 0, time.Hour, nil)
+	sn.startReader(t, newClient(t, []string{ts.addr}))
+	_, err := sn.sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("announced")}}, nil)
+	require.NoError(t, err)
+	sn.hub.NotifyPartitions(topic, 0)
+	testdb.WaitFor(t, 10*time.Second, "the announced record read", func() bool { return tailHolds(ts, topic, 0, 1) })
+	_, err = sn.sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: []byte("unannounced")}}, nil)
+	require.NoError(t, err)
+	testdb.WaitFor(t, 10*time.Second, "the unannounced record read", func() bool { return tailHolds(ts, topic, 0, 2) })
+}
+
+// tailScene is a server with a wake-up hub and a one-partition topic of its own.
+type tailScene struct {
+	ts    *testServer
+	hub   *wakeup.Hub
+	ctx   context.Context
+	topic string
+	sc    *streams.Client
+}
+
+func newTailScene(t *testing.T, prefix string) *tailScene {
+	t.Helper()
+	pool := testdb.Pool(t)
+	hub := wakeup.NewHub()
+	s := &tailScene{ts: startServer(t, pool, &Config{Wakeups: hub}), hub: hub, ctx: testCtx(t), topic: testdb.Name(prefix), sc: streams.NewClient(pool, nil)}
+	require.NoError(t, s.sc.CreateStream(s.ctx, s.topic, 1))
+	return s
+}
+
+// startReader starts the partition's tail reader with a fetch from offset 0 by cl,
+// and waits until it has read.
+func (s *tailScene) startReader(t *testing.T, cl *kgo.Client) {
+	t.Helper()
+	_, err := fetchReq(s.topic, 0, 0, 0, 1).RequestWith(s.ctx, cl)
+	require.NoError(t, err)
+	testdb.WaitFor(t, 10*time.Second, "the tail reader", func() bool { return tailHolds(s.ts, s.topic, 0, 0) })
+}
