@@ -49,6 +49,7 @@ func run() error {
 	quietLoad := flag.Float64("quiet-load", 1.0, "the load average -wait-quiet waits for")
 	fromJSON := flag.String("from-json", "", "run nothing: redraw the charts and the RESULTS.md section from this results file")
 	latency := flag.Duration("latency", 0, "run the latency scenario for this long per mode (the full suite's default is 20s; quick and tiny leave it out unless this is set)")
+	kafkaE2E := flag.Duration("kafka-e2e", 0, "override how long each of the kafka scenario's end-to-end modes runs (quick 15s, full 20s)")
 	growthLog := flag.String("growth-log", "", "override the suite's log sizes for the growth scenario, e.g. 0,1M,10M")
 	dropBallast := flag.Bool("drop-ballast", false, "run nothing: drop the growth scenario's kept ballast database (and dead runs' temporary ones)")
 	flag.Parse()
@@ -70,6 +71,9 @@ func run() error {
 	}
 	if *repeats > 0 {
 		suite.Repeats = *repeats
+	}
+	if *kafkaE2E > 0 {
+		suite.KafkaLatencyDuration = *kafkaE2E
 	}
 	if *latency > 0 {
 		suite.LatencyDuration = *latency
