@@ -539,10 +539,18 @@ $$;
 -- not dense. messages/send.go's sendDirectSQL calls this and expands the blocks the
 -- same way (offsetBlock); a client that does so fails on a database without it
 -- (migrate first), rather than take consecutive values of a sequence counting in ones.
+-- Written as a loop of simple expressions, which PL/pgSQL evaluates without starting
+-- an executor: as ARRAY(SELECT nextval ... FROM generate_series(...)) the call cost
+-- the server about what the nextvals it saved had (bench/RESULTS.md, session 15).
 CREATE OR REPLACE FUNCTION streamd.queue_offset_blocks(p_seq regclass, p_n integer) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_blocks bigint[] := '{}';
 BEGIN
-    RETURN ARRAY(SELECT nextval(p_seq) FROM generate_series(1, (p_n + 127) / 128));
+    FOR i IN 1 .. (p_n + 127) / 128 LOOP
+        v_blocks := v_blocks || nextval(p_seq);
+    END LOOP;
+    RETURN v_blocks;
 END;
 $$;
 
