@@ -205,7 +205,7 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 		// not a dedup key (queue_send's p_fresh_ids).
 		made := freshIDs(n)
 		if plain {
-			texts := make([]string, n) // pgx encodes a []string without reflection
+			texts := make([]string, n)
 			for i, d := range data {
 				texts[i] = *d // plain: every message has JSON data
 			}
