@@ -375,17 +375,22 @@ func TestFIFOHeadLookupIsIndexedByTenant(t *testing.T) {
 	require.NotContains(t, plan, "Rows Removed by Filter", "the head lookup reads past other tenants' rows:\n%s", plan)
 }
 
+// sendersScene is the concurrent send tests' setting: a context that ends after a
+// minute, the test pool, a new standard queue and a Client.
+func sendersScene(t *testing.T) (context.Context, *pgxpool.Pool, string, *messages.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	pool := testdb.Pool(t)
+	return ctx, pool, newQueue(t, pool, nil), newClient(t, pool, nil)
+}
+
 // The common send (client-made ids, JSON only: one statement, not queue_send) under
 // concurrency: senders race receivers that ack what they get. Each send's results
 // name the messages it stored (offset and id, in batch order), every message sent is
 // received and acked exactly once, and none is left (Q1).
 func TestConcurrentCommonSendsWithLiveReceivers(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	pool := testdb.Pool(t)
-	q := newQueue(t, pool, nil)
-	c := newClient(t, pool, nil)
+	ctx, pool, q, c := sendersScene(t)
 	const senders, batches, batch = 3, 10, 20
 	const total = senders * batches * batch
 
@@ -450,4 +455,55 @@ func TestConcurrentCommonSendsWithLiveReceivers(t *testing.T) {
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM streamd.queue_messages WHERE stream_name = $1`, q).Scan(&left))
 	require.Zero(t, left)
+}
+
+// A batch's offsets are consecutive, in batch order, while other sends to the queue
+// run: each send reserves its offsets in blocks of 128 (one nextval of the queue's
+// sequence per block; migration 0205), the common send (one statement) and
+// queue_send's paths alike. With one nextval per message, concurrent sends
+// interleaved their offsets. A batch larger than a block is consecutive within each
+// block, and offsets stay unique.
+func TestConcurrentSendsTakeConsecutiveOffsets(t *testing.T) {
+	t.Parallel()
+	ctx, pool, q, c := sendersScene(t)
+	const senders, batches = 4, 15
+	var mu sync.Mutex
+	seen := map[int64]bool{}
+	var wg sync.WaitGroup
+	for s := range senders {
+		wg.Add(1)
+		go func() { // owner: the test; exits after its batches
+			defer wg.Done()
+			for b := range batches {
+				n := 100
+				if b%5 == 4 {
+					n = 300 // three blocks
+				}
+				msgs := make([]messages.OutgoingMessage, n)
+				for i := range msgs {
+					msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprintf(`{"s":%d,"b":%d,"i":%d}`, s, b, i))}
+					if s%2 == 1 {
+						msgs[i].Headers = map[string]string{"via": "queue_send"}
+					}
+				}
+				res, err := c.Send(ctx, q, msgs...)
+				require.NoError(t, err)
+				require.Len(t, res, n)
+				for i, r := range res {
+					require.Equal(t, res[i-i%128].Offset+int64(i%128), r.Offset,
+						"sender %d batch %d: message %d's offset after message %d's %d", s, b, i, i-i%128, res[i-i%128].Offset)
+				}
+				mu.Lock()
+				for _, r := range res {
+					require.False(t, seen[r.Offset], "offset %d twice", r.Offset)
+					seen[r.Offset] = true
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	var stored int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM streamd.queue_messages WHERE stream_name = $1`, q).Scan(&stored))
+	require.Equal(t, len(seen), stored)
 }

@@ -3,6 +3,7 @@ package messages
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -194,24 +195,29 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 			dlqs[i] = &m.DeadLetterQueue
 		}
 	}
+	plain := fresh && !anyBytes && nilIfAllNil(meta) == nil && nilIfAllNil(delays) == nil && nilIfAllNil(deliverAt) == nil &&
+		nilIfAllNil(groups) == nil && nilIfAllNil(attempts) == nil && nilIfAllNil(dlqs) == nil
 	if fresh {
 		// No message names an id: the ids are made here rather than by the SQL
 		// (which does the same for other clients, and for the unnamed ids of a batch
 		// that names some): a UUID costs the database server as much as a tenth of
 		// the insert, and the server is what a busy queue waits for. A made id is
 		// not a dedup key (queue_send's p_fresh_ids).
+		made := freshIDs(n)
+		if plain {
+			texts := make([]string, n)
+			for i, d := range data {
+				texts[i] = *d // plain: every message has JSON data
+			}
+			out, ok, err := c.sendDirect(ctx, db, queue, made, texts)
+			if err != nil || ok {
+				return out, err
+			}
+			// No such queue, or a FIFO queue: queue_send raises the typed error.
+		}
 		for i := range ids {
-			id := uuid.NewString()
-			ids[i] = &id
+			ids[i] = &made[i]
 		}
-	}
-	if fresh && !anyBytes && nilIfAllNil(meta) == nil && nilIfAllNil(delays) == nil && nilIfAllNil(deliverAt) == nil &&
-		nilIfAllNil(groups) == nil && nilIfAllNil(attempts) == nil && nilIfAllNil(dlqs) == nil {
-		out, ok, err := c.sendDirect(ctx, db, queue, ids, data)
-		if err != nil || ok {
-			return out, err
-		}
-		// No such queue, or a FIFO queue: queue_send raises the typed error.
 	}
 	// An option no message sets travels as one NULL instead of n: less to encode
 	// and decode, and queue_send skips what a NULL array does not need.
@@ -270,26 +276,30 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 // cost the server about a quarter of a send of 100, and this statement saves most of
 // it (bench/RESULTS.md, "Issue 22, session 11"). It does what queue_send's common path
 // does: queue_send_target takes the queue's lock and reads its row; t takes the
-// offsets from the queue's sequence in batch order; a message over the queue's max
-// payload (or without data) hands the batch to queue_send_check, which raises its
-// typed error, so nothing is stored. A queue that does not exist, or is FIFO, gives t
-// no row, so nothing is inserted or returned: the caller then calls queue_send. The
+// batch's blocks of offsets from the queue's sequence (queue_offset_blocks: one
+// nextval per offsetBlock messages, where one per message cost the server about 8% of
+// the send; bench/RESULTS.md, "Issue 22, session 15"), and message i (from 0) gets
+// block i / offsetBlock plus i % offsetBlock; a message over the queue's max payload
+// (or without data) hands the batch to queue_send_check, which raises its typed
+// error, so nothing is stored. A queue that does not exist, or is FIFO, gives t no
+// row, so nothing is inserted or returned: the caller then calls queue_send. The
 // time ($4, or the clock) and the tenant are read once, after the lock (the lateral
-// subquery n runs once, for the queue's one row).
+// subquery n runs once, for the queue's one row). The queue's name and limit are t's
+// own columns: read from the row value (qr) they were taken apart at every message.
 //
-// The INSERT has no RETURNING, and the offsets come back as t's array, in batch
-// order: RETURNING would need SELECT on queue_messages, and a role granted only
-// INSERT (a send-only producer, docs/tenants.md) can call queue_send, so it must be
-// able to send this way too (TestSendOnlyRoleSends). A data-modifying WITH runs to
-// its end whether or not the outer query reads it. The answer is one row, the
-// offsets as one array (the ids are the caller's): a row per message cost the server
-// 5–18% of the send in a probe (bench/RESULTS.md, "Issue 22, session 12").
+// The INSERT has no RETURNING, and the answer is t's blocks, one row: RETURNING
+// would need SELECT on queue_messages, and a role granted only INSERT (a send-only
+// producer, docs/tenants.md) can call queue_send, so it must be able to send this
+// way too (TestSendOnlyRoleSends). A data-modifying WITH runs to its end whether or
+// not the outer query reads it. A row per message cost the server 5–18% of the send
+// in a probe (bench/RESULTS.md, "Issue 22, session 12"); the client expands the
+// blocks as the insert does.
 //
 // This statement names queue_messages' columns: the layout is a contract of the
 // client as well as of the functions (DESIGN.md, "The queue's storage").
 const sendDirectSQL = `WITH t AS MATERIALIZED (
-		SELECT q AS qr, n.now, n.tenant,
-		       ARRAY(SELECT nextval(q.offset_seq) FROM generate_series(1, cardinality($2::text[]))) AS offs
+		SELECT q AS qr, q.queue_name AS qname, q.max_payload_bytes AS maxb, n.now, n.tenant,
+		       streamd.queue_offset_blocks(q.offset_seq, cardinality($2::text[])) AS blocks
 		FROM streamd.queue_send_target($1) q
 		CROSS JOIN LATERAL (SELECT coalesce($4::timestamptz, clock_timestamp()) AS now,
 		                           nullif(current_setting('streamd.tenant_id', true), '') AS tenant
@@ -297,34 +307,54 @@ const sendDirectSQL = `WITH t AS MATERIALIZED (
 	), ins AS (
 		INSERT INTO streamd.queue_messages (stream_name, "offset", message_id, data, enqueued_at,
 			visibility_timeout, tenant_id)
-		SELECT (t.qr).queue_name, u.o,
-		       CASE WHEN u.d IS NULL OR octet_length(u.d) > (t.qr).max_payload_bytes
+		SELECT t.qname, t.blocks[(u.i - 1) / 128 + 1] + (u.i - 1) % 128,
+		       CASE WHEN u.d IS NULL OR octet_length(u.d) > t.maxb
 		            THEN streamd.queue_send_check(t.qr, $2, $3, NULL, NULL, NULL, NULL) ELSE u.id END,
 		       u.d::jsonb, t.now, t.now, t.tenant
-		FROM t CROSS JOIN LATERAL unnest(t.offs, $2::text[], $3::text[]) u(o, id, d)
+		FROM t CROSS JOIN LATERAL unnest($2::text[], $3::text[]) WITH ORDINALITY u(id, d, i)
 	)
-	SELECT t.offs FROM t`
+	SELECT t.blocks FROM t`
+
+// offsetBlock is how many offsets one value of a queue's sequence reserves (its
+// INCREMENT; streamd.queue_offset_blocks, migration 0205), the 128 of sendDirectSQL.
+const offsetBlock = 128
 
 // sendDirect sends the common batch with sendDirectSQL; ok is false when it stored
 // nothing because the queue is missing or FIFO (the caller falls back on queue_send).
 // ids are the client's fresh UUIDs: no dedup key, so no conflict to look for.
-func (c *Client) sendDirect(ctx context.Context, db streams.DBTX, queue string, ids, data []*string) ([]SendResult, bool, error) {
-	var offs []int64
-	err := db.QueryRow(ctx, sendDirectSQL, queue, ids, data, c.sqlNow()).Scan(&offs)
+func (c *Client) sendDirect(ctx context.Context, db streams.DBTX, queue string, ids, data []string) ([]SendResult, bool, error) {
+	var blocks []int64
+	err := db.QueryRow(ctx, sendDirectSQL, queue, ids, data, c.sqlNow()).Scan(&blocks)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
 	}
-	if len(offs) != len(ids) {
-		return nil, false, fmt.Errorf("send to queue %s: %d offsets for %d messages", queue, len(offs), len(ids))
+	if len(blocks) != (len(ids)+offsetBlock-1)/offsetBlock {
+		return nil, false, fmt.Errorf("send to queue %s: %d offset blocks for %d messages", queue, len(blocks), len(ids))
 	}
 	out := make([]SendResult, len(ids))
 	for i, id := range ids {
-		out[i] = SendResult{MessageID: *id, Offset: offs[i]}
+		out[i] = SendResult{MessageID: id, Offset: blocks[i/offsetBlock] + int64(i%offsetBlock)}
 	}
 	return out, true, nil
+}
+
+// freshIDs returns n random (version 4) UUIDs as text, from one read of the random
+// source for the batch instead of one per id.
+func freshIDs(n int) []string {
+	b := make([]byte, 16*n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (it crashes the program instead)
+	out := make([]string, n)
+	for i := range out {
+		var u uuid.UUID
+		copy(u[:], b[16*i:])
+		u[6] = u[6]&0x0f | 0x40 // version 4
+		u[8] = u[8]&0x3f | 0x80 // RFC 4122 variant
+		out[i] = u.String()
+	}
+	return out
 }
 
 // nilIfAllNil returns s, or nil (SQL NULL) when every element is nil.

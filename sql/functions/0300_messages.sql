@@ -96,7 +96,8 @@ LANGUAGE sql AS $$
     FROM (SELECT DISTINCT q FROM unnest(p_queues) q WHERE q IS NOT NULL ORDER BY q) l
 $$;
 
--- Every queue has its offsets' sequence (L5: offsets per queue; migration 0086),
+-- Every queue has its offsets' sequence (L5: offsets per queue; migration 0086), in
+-- steps of 128 (a block of offsets per nextval: queue_take_offsets, migration 0205),
 -- however its row is made (queue_create, or a plain INSERT INTO streamd.queues), and
 -- the sequence goes with the row. Its name is fixed by the queue's name, so a
 -- queue_create of an existing queue (an upsert, which fires this trigger before it
@@ -116,7 +117,7 @@ BEGIN
         RETURN NEW;
     END IF;
     PERFORM pg_advisory_xact_lock(1396986165, hashtext(NEW.queue_name));
-    EXECUTE format('CREATE SEQUENCE IF NOT EXISTS streamd.%I AS bigint MINVALUE 1 START 1', v_name);
+    EXECUTE format('CREATE SEQUENCE IF NOT EXISTS streamd.%I AS bigint MINVALUE 1 START 1 INCREMENT BY 128', v_name);
     IF EXISTS (SELECT 1 FROM streamd.tenant_roles) THEN
         PERFORM pg_advisory_xact_lock(hashtext('streamd.tenant_roles'));
         FOR v_role IN SELECT t.role_name FROM streamd.tenant_roles t JOIN pg_catalog.pg_roles r ON r.rolname = t.role_name LOOP
@@ -292,7 +293,8 @@ $$;
 -- holds is not stored again, and its row carries the original's offset. The arrays
 -- are parallel; any but p_data may be NULL. A NULL message id gets a UUID; a NULL
 -- deliver-at means now + the delay (0 when NULL). Offsets are the queue's sequence's,
--- taken in batch order before the insert, so the result is read from the arrays, not
+-- taken in batch order before the insert (queue_take_offsets: consecutive in a batch
+-- of up to 128), so the result is read from the arrays, not
 -- from the insert's rows (no join or sort of them).
 --
 -- Dedup covers the ids a sender names (migration 0012): such a row has dedup = true
@@ -369,7 +371,7 @@ BEGIN
     IF p_fresh_ids AND NOT v_q.fifo AND p_metadata IS NULL AND p_delays_ms IS NULL
        AND p_deliver_at IS NULL AND p_groups IS NULL AND p_max_attempts IS NULL AND p_dlqs IS NULL
        AND p_data_bytes IS NULL THEN
-        v_offs := ARRAY(SELECT nextval(v_q.offset_seq) FROM generate_series(1, v_n));
+        v_offs := streamd.queue_take_offsets(v_q.offset_seq, v_n);
         INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, enqueued_at, visibility_timeout,
                                                  tenant_id)
         SELECT p_queue, u.o,
@@ -400,7 +402,7 @@ BEGIN
         ORDER BY s.k
         ON CONFLICT (stream_name, group_key, tenant_id) DO UPDATE SET visible_at = g.visible_at WHERE false;
         v_now := coalesce(p_now, clock_timestamp()); -- after the group locks (the clock rule)
-        v_offs := ARRAY(SELECT nextval(v_q.offset_seq) FROM generate_series(1, v_n));
+        v_offs := streamd.queue_take_offsets(v_q.offset_seq, v_n);
         INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, enqueued_at, visibility_timeout,
                                                  group_key, tenant_id)
         SELECT p_queue, u.o,
@@ -445,11 +447,11 @@ BEGIN
     -- every undelayed message's, so that receives do not read past it; they find it
     -- through queue_messages_due once it is due (due_at, set here and never updated:
     -- migration 0120).
-    v_all := ARRAY(SELECT nextval(v_q.offset_seq)
+    v_all := ARRAY(SELECT u.o
                           + CASE WHEN NOT v_q.fifo
-                                      AND coalesce(p_deliver_at[i], v_now + make_interval(secs => coalesce(p_delays_ms[i], 0) / 1000.0)) > v_now
+                                      AND coalesce(p_deliver_at[u.i], v_now + make_interval(secs => coalesce(p_delays_ms[u.i], 0) / 1000.0)) > v_now
                                  THEN 4503599627370496 ELSE 0 END
-                   FROM generate_series(1, v_n) i);
+                   FROM unnest(streamd.queue_take_offsets(v_q.offset_seq, v_n)) WITH ORDINALITY u(o, i));
     IF p_fresh_ids THEN
         -- Every id is new: no conflict to look for.
         INSERT INTO streamd.queue_messages AS m (stream_name, "offset", message_id, data, metadata, enqueued_at,
@@ -523,6 +525,42 @@ BEGIN
     FROM unnest(v_ids) WITH ORDINALITY v(id, i)
     LEFT JOIN unnest(v_new, v_offs) n(id, o) ON n.id = v.id
     ORDER BY v.i;
+END;
+$$;
+
+-- The blocks of offsets of a batch of p_n messages, from the queue's sequence p_seq:
+-- one nextval per block of 128 messages instead of one per message (migration 0205).
+-- A queue's sequence counts in steps of 128, so each nextval reserves the 128 offsets
+-- from the value it returns; message i (0-based) of the batch gets block i / 128 plus
+-- i % 128 (queue_take_offsets). A batch of up to 128 takes one nextval and its offsets
+-- are consecutive whatever other sends take meanwhile (one nextval per message let
+-- concurrent sends interleave). A call that takes a single offset (nextval) reserves
+-- a block and uses its first: offsets are unique and grow with each take; they are
+-- not dense. messages/send.go's sendDirectSQL calls this and expands the blocks the
+-- same way (offsetBlock); a client that does so fails on a database without it
+-- (migrate first), rather than take consecutive values of a sequence counting in ones.
+-- Written as a loop of simple expressions, which PL/pgSQL evaluates without starting
+-- an executor: as ARRAY(SELECT nextval ... FROM generate_series(...)) the call cost
+-- the server about what the nextvals it saved had (bench/RESULTS.md, session 15).
+CREATE OR REPLACE FUNCTION streamd.queue_offset_blocks(p_seq regclass, p_n integer) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_blocks bigint[] := '{}';
+BEGIN
+    FOR i IN 1 .. (p_n + 127) / 128 LOOP
+        v_blocks := v_blocks || nextval(p_seq);
+    END LOOP;
+    RETURN v_blocks;
+END;
+$$;
+
+-- A batch's offsets in batch order (queue_offset_blocks, expanded).
+CREATE OR REPLACE FUNCTION streamd.queue_take_offsets(p_seq regclass, p_n integer) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_blocks bigint[] := streamd.queue_offset_blocks(p_seq, p_n);
+BEGIN
+    RETURN ARRAY(SELECT v_blocks[i / 128 + 1] + i % 128 FROM generate_series(0, p_n - 1) i);
 END;
 $$;
 
