@@ -210,7 +210,8 @@ func TestLeaseUpdatesAreHOT(t *testing.T) {
 // with every receipt's group: 1,000 rows and 100,000 comparisons, 32–107 ms per ack of
 // 100 (bench/RESULTS.md, "Issue 22, session 15 (fifo15)"). A database of its own per
 // case, to set those statistics; pg_stat_xact_user_tables counts the transaction's
-// own index fetches.
+// own index fetches. A discard of messages not in flight locks their groups as the
+// settlements do, and read the queue's 1,000 group rows for 100 messages the same way.
 func TestFIFOGroupStatementsReadOnlyTheirGroups(t *testing.T) {
 	t.Parallel()
 	for _, small := range []struct{ queues, groups int }{{50, 1}, {10, 3}} {
@@ -304,6 +305,17 @@ func fifoGroupStatementsReadOnlyTheirGroups(t *testing.T, smallQueues, smallGrou
 		require.Equal(t, batch, settled)
 		n := groupFetches(tx) - before
 		require.Less(t, n, int64(5*batch), "a nack of %d read %d group rows of %d", batch, n, groups)
+		return nil
+	}))
+	// A discard (of messages not in flight) locks their groups too.
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		before := groupFetches(tx)
+		var discarded int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM streamd.queue_discard($1, $2, NULL)`,
+			q, offs).Scan(&discarded))
+		require.Equal(t, batch, discarded)
+		n := groupFetches(tx) - before
+		require.Less(t, n, int64(5*batch), "a discard of %d read %d group rows of %d", batch, n, groups)
 		return nil
 	}))
 }
