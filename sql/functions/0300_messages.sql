@@ -1308,14 +1308,17 @@ DECLARE
 BEGIN
     v_q := streamd.queue_get(p_queue);
     IF v_q.fifo THEN
+        -- A locking probe of the primary key per group, in key order, as in
+        -- queue_lock_groups (a join scanned the queue's groups).
         SELECT coalesce(array_agg(l.group_key ORDER BY l.group_key, l.tenant_id), '{}'),
                coalesce(array_agg(l.tenant_id ORDER BY l.group_key, l.tenant_id), '{}')
-        INTO v_groups, v_tens FROM (
-            SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
-            WHERE g.stream_name = p_queue
-              AND (g.group_key, g.tenant_id) IN (SELECT m.group_key, coalesce(m.tenant_id, '') FROM streamd.queue_messages m
-                                                 WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets))
-            ORDER BY g.group_key, g.tenant_id FOR UPDATE OF g) l;
+        INTO v_groups, v_tens
+        FROM (SELECT DISTINCT m.group_key AS key, coalesce(m.tenant_id, '') AS ten FROM streamd.queue_messages m
+              WHERE m.stream_name = p_queue AND m."offset" = ANY(p_offsets)
+              ORDER BY 1, 2) k
+        CROSS JOIN LATERAL (SELECT g.group_key, g.tenant_id FROM streamd.message_groups g
+                            WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten
+                            FOR UPDATE) l;
         v_now := coalesce(p_now, clock_timestamp()); -- after the group locks (the clock rule)
     END IF;
     WITH del AS (
