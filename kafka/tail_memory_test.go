@@ -89,3 +89,42 @@ func TestTailReaderAtItsBoundAllocatesLittlePerRead(t *testing.T) {
 	// A copy of what it holds would be held × 248 bytes, about 250 KB.
 	require.Less(t, perRead, int64(64<<10), "bytes allocated per read at the bound")
 }
+
+// TestTailReaderOfLargeRecordsHoldsWhatItCounts: a reader at its bound holding large
+// records (100 KiB each, ten of them within tailMaxBytes, one read each) keeps no
+// more heap than it counts: the records it dropped are released, not kept alive by
+// the array it resliced past them until an append outgrows it (the slice's doubling
+// left up to as many dropped records as kept ones, twice the bound). Not parallel: it
+// measures the heap.
+func TestTailReaderOfLargeRecordsHoldsWhatItCounts(t *testing.T) {
+	sn := newTailScene(t, "tailmemlarge")
+	ts, hub, ctx, topic, sc := sn.ts, sn.hub, sn.ctx, sn.topic, sn.sc
+	sn.startReader(t, newClient(t, []string{ts.addr}))
+	var base runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&base)
+
+	const n, size = 60, 100 << 10
+	worst, worstCounted := int64(0), 0
+	for i := range n {
+		_, err := sc.AppendPartition(ctx, topic, 0, []streams.Record{{Bytes: make([]byte, size)}}, nil)
+		require.NoError(t, err)
+		hub.NotifyPartitions(topic, 0)
+		testdb.WaitFor(t, 10*time.Second, "the reader's read", func() bool { return tailHolds(ts, topic, 0, int64(i+1)) })
+		r := ts.srv.tails.get(partKey{topic, 0})
+		require.NotNil(t, r)
+		r.mu.Lock()
+		counted := r.bytes
+		r.mu.Unlock()
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		if over := int64(m.HeapAlloc) - int64(base.HeapAlloc) - int64(counted); over > worst {
+			worst, worstCounted = over, counted
+		}
+	}
+	t.Logf("at worst the heap held %d bytes more than the reader counted (%d)", worst, worstCounted)
+	// Two dropped records more than counted would be 200 KiB; the test's own buffers
+	// (a read's decoding, the append's encoding) are about a record or two.
+	require.LessOrEqual(t, worst, int64(512<<10), "heap beyond what the reader counted (%d bytes)", worstCounted)
+}
