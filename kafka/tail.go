@@ -114,6 +114,7 @@ type tailReader struct {
 	lso, hw int64 // the log start and high watermark its last read saw
 	events  []streams.Event
 	bytes   int
+	dead    int           // heldSize of the dropped records events' array still holds below it
 	changed chan struct{} // closed (and replaced) when it read something new or stopped
 
 	// poll (cap 1) asks for a read now: the safety-net poll of a fetch waiting on r
@@ -319,6 +320,9 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (found, more, ok b
 		}
 		added += heldSize(&e)
 	}
+	if len(r.events)+len(res.Events) > cap(r.events) {
+		r.dead = 0 // the append copies only what r.events holds
+	}
 	r.events = append(r.events, res.Events...)
 	r.bytes += added
 	r.t.bytes.Add(int64(added))
@@ -335,6 +339,7 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (found, more, ok b
 		drop < keepFrom && r.t.bytes.Load() > tailTotalBytes) {
 		sz := heldSize(&r.events[drop])
 		r.bytes -= sz
+		r.dead += sz
 		r.t.bytes.Add(-int64(sz))
 		r.start = r.events[drop].Offset + 1
 		drop++
@@ -345,9 +350,15 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (found, more, ok b
 		// 250 KB a read, the most of what a process serving a tail consumer allocated
 		// (a GC every 25 ms; session 15). The dropped Events stay in the array (it is
 		// never written below its length: fetches may still hold slices of it) until
-		// an append outgrows it and copies only what is kept, about a quarter of the
-		// records later.
+		// an append outgrows it and copies only what is kept, or until they come to a
+		// sixteenth of what it counts: then it copies what it keeps, so that the heap
+		// it holds is what the bounds count (an append doubles a short slice, and
+		// left as many dropped large records as kept ones:
+		// TestTailReaderOfLargeRecordsHoldsWhatItCounts).
 		r.events = r.events[drop:]
+		if r.dead > r.bytes/16 {
+			r.events, r.dead = append([]streams.Event(nil), r.events...), 0
+		}
 	}
 	if r.start < r.lso {
 		r.start = min(r.lso, r.next)
@@ -410,8 +421,8 @@ func (r *tailReader) serve(offset int64, maxBytes int) (evs []streams.Event, lso
 		n++
 	}
 	// The slice's events are never written again (reads append past them, the
-	// bounds reslice past them, a growing append copies them), so it is the fetch's
-	// without a copy.
+	// bounds reslice past them or copy what they keep, a growing append copies them),
+	// so it is the fetch's without a copy.
 	return r.events[i : i+n : i+n], r.lso, r.hw, r.changed, true
 }
 
