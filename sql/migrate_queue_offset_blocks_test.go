@@ -5,8 +5,10 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamd/streamd/internal/testdb"
 	schema "github.com/streamd/streamd/sql"
 )
 
@@ -100,4 +102,49 @@ func TestMigration0205KeepsTheQueuesMessages(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, ids, 5, "the ready message and the four sent after the migration: %v", ids)
 	require.Equal(t, "ready", ids[0])
+}
+
+// TestMigration0205TakesAQueueMadeWhileItRuns: a queue made while migration 0205 runs
+// (by a server on the old functions, whose trigger made its sequence counting in
+// ones; here the sequence is named) and committed before the migration does gets
+// the steps of 128 too: its sends' blocks do not overlap (with a sequence counting in
+// ones a send of 2 took offsets 1 and 2, and the next send 2 and 3: a duplicate key).
+func TestMigration0205TakesAQueueMadeWhileItRuns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connectBefore(t, 205)
+	pool, err := pgxpool.New(ctx, conn.Config().ConnString())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	maker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = maker.Rollback(context.Background()) }()
+	_, err = maker.Exec(ctx, `
+		CREATE SEQUENCE streamd.seq_late AS bigint MINVALUE 1 START 1;
+		INSERT INTO streamd.queues (queue_name, max_delivery_attempts, offset_seq) VALUES ('late', 5, 'streamd.seq_late')`)
+	require.NoError(t, err)
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := schema.MigrateConn(ctx, conn)
+		migrated <- err
+	}()
+	// The migration waits for the queue's INSERT (a statement of a migration or
+	// function file: pg_stat_activity shows its first KiB, a comment).
+	testdb.WaitForLockWait(t, pool, maker, "--")
+	require.NoError(t, maker.Commit(ctx))
+	require.NoError(t, <-migrated)
+
+	send := func() []int64 {
+		t.Helper()
+		rows, err := pool.Query(ctx, `SELECT "offset" FROM streamd.queue_send('late', NULL, ARRAY['{}', '{}'], NULL, NULL,
+			NULL, NULL, NULL, NULL, NULL) ORDER BY ord`)
+		require.NoError(t, err)
+		offs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		return offs
+	}
+	first := send()
+	second := send()
+	require.Greater(t, second[0], first[1], "the second send's block above the first's: %v then %v", first, second)
 }
