@@ -335,6 +335,12 @@ func TestHeartbeatThatWaitedIsNotExpired(t *testing.T) {
 	other := mustJoin("other", session)
 	m := mustJoin("m", session)
 	dead := mustJoin("dead", 10*time.Millisecond) // makes m's heartbeat take the group row (last: a join expires it)
+	// m's heartbeat takes the group row only when it finds a member past its session:
+	// started within dead's 10 ms, it found none, never waited, and the wait below
+	// timed out (seen once in a clean-clone make test).
+	waitFor(t, 5*time.Second, "dead's session ran out", func() bool {
+		return sessionExpired(t, pool, stream, group, dead.consumerID)
+	})
 
 	holder, holderPID := holdGroupRow(t, pool, stream, group)
 	conn, pid := acquirePID(t, pool)
