@@ -63,8 +63,9 @@ func TestConsumeCasesLastTheCaseDuration(t *testing.T) {
 		require.Zero(t, one%(consumePartitions*consumeBatch), s.Name)
 		require.Zero(t, five%(consumePartitions*consumeBatch), s.Name)
 	}
-	// Not lowered to pass: above the last quiet quick suite's steady rates (one
-	// group 269k records/s, its raw readers 366k; five groups 399k, raw 451k).
-	require.GreaterOrEqual(t, consumeFastest1, 366_000)
-	require.GreaterOrEqual(t, consumeFastest5, 451_000)
+	// Not lowered to pass: above the last quiet quick suite's steady rates (session 15,
+	// 11:21, with the fill vacuumed: one group 564k records/s, its raw readers 458k;
+	// five groups 580k, raw 487k; session 14: 269k, 366k, 399k, 451k).
+	require.GreaterOrEqual(t, consumeFastest1, 564_000)
+	require.GreaterOrEqual(t, consumeFastest5, 580_000)
 }
