@@ -243,11 +243,11 @@ func (s *Server) runTail(r *tailReader) {
 	idle, check := r.idle, r.check
 	sub := s.cfg.Wakeups.SubscribePartition(r.key.topic, r.key.partition)
 	defer sub.Close()
-	// Its wait: a wake-up, the poll of a fetch waiting on it, or its own poll (the
-	// Waiter's wait, with the fetches' polls besides).
-	polls := backoff.New(min(tailPollMin, check), check)
-	timer := time.NewTimer(check)
-	defer timer.Stop()
+	// Its wait: a wake-up, its own poll, or the poll of a fetch waiting on it.
+	w, err := wakeup.NewWaiter(sub, &wakeup.PollOpts{MinInterval: min(tailPollMin, check), MaxInterval: check})
+	if err != nil {
+		return
+	}
 	ctx := r.ctx
 	// The stream's identity, read from its row alone: DescribeStreamTx also reads every
 	// partition's head, each second per reader (a topic's readers read its heads
@@ -263,7 +263,7 @@ func (s *Server) runTail(r *tailReader) {
 			return
 		}
 		if found {
-			polls.Reset()
+			w.Reset()
 		}
 		if time.Since(time.Unix(0, r.used.Load())) > idle {
 			return
@@ -278,14 +278,8 @@ func (s *Server) runTail(r *tailReader) {
 		if more {
 			continue
 		}
-		timer.Reset(polls.Peek())
-		select {
-		case <-sub.C:
-			polls.Reset()
-		case <-r.poll:
-		case <-timer.C:
-			polls.Next()
-		case <-ctx.Done():
+		w.WaitOr(ctx, r.poll)
+		if ctx.Err() != nil {
 			return
 		}
 	}

@@ -157,20 +157,43 @@ func (s *Subscription) Close() {
 // Wait blocks until a wake-up arrives (true), or timeout passes or ctx ends (false).
 // A wake-up that arrived since the last Wait returns at once.
 func (s *Subscription) Wait(ctx context.Context, timeout time.Duration) bool {
-	select {
-	case <-s.c:
-		return true
-	default:
+	return waitEnd(ctx, s, timeout, nil) == woken
+}
+
+// How a wait ended (waitEnd).
+type ending int
+
+const (
+	woken    ending = iota // a wake-up of the subscription
+	asked                  // the also channel delivered
+	timedOut               // the timeout passed
+	canceled               // ctx ended
+)
+
+// waitEnd waits for a wake-up of s (a nil s has none), a value from also (a nil also
+// never delivers), timeout or the end of ctx, and says which came. A wake-up that
+// arrived since the last wait ends it at once.
+func waitEnd(ctx context.Context, s *Subscription, timeout time.Duration, also <-chan struct{}) ending {
+	var c <-chan struct{}
+	if s != nil {
+		c = s.c
+		select {
+		case <-c:
+			return woken
+		default:
+		}
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
-	case <-s.c:
-		return true
+	case <-c:
+		return woken
+	case <-also:
+		return asked
 	case <-t.C:
-		return false
+		return timedOut
 	case <-ctx.Done():
-		return false
+		return canceled
 	}
 }
 

@@ -147,6 +147,33 @@ func TestWaiterBacksOffAndResets(t *testing.T) {
 	require.ErrorContains(t, err, "MaxInterval")
 }
 
+// TestWaiterWaitOrEndsWhenAsked: WaitOr ends (false) when its channel delivers, long
+// before the interval, and leaves the interval as it was (a read asked for is not a
+// poll that found nothing); a wake-up still ends it (true) and starts the intervals
+// over; without a subscription it is asked or polls.
+func TestWaiterWaitOrEndsWhenAsked(t *testing.T) {
+	t.Parallel()
+	h := NewHub()
+	s := h.Subscribe(KindQueue, "q")
+	defer s.Close()
+	ctx := context.Background()
+	for _, sub := range []*Subscription{s, nil} {
+		w, err := NewWaiter(sub, &PollOpts{MinInterval: time.Hour, MaxInterval: 4 * time.Hour})
+		require.NoError(t, err)
+		ask := make(chan struct{}, 1)
+		ask <- struct{}{}
+		require.False(t, w.WaitOr(ctx, ask), "asked, not woken")
+		require.Equal(t, time.Hour, w.bo.Peek(), "an asked read leaves the interval")
+	}
+	w, err := NewWaiter(s, &PollOpts{MinInterval: 10 * time.Millisecond, MaxInterval: time.Hour})
+	require.NoError(t, err)
+	require.False(t, w.WaitOr(ctx, nil), "the interval passed")
+	require.Equal(t, 20*time.Millisecond, w.bo.Peek(), "a poll that passed doubles the interval")
+	h.Notify(KindQueue, "q")
+	require.True(t, w.WaitOr(ctx, make(chan struct{})))
+	require.Equal(t, 10*time.Millisecond, w.bo.Peek())
+}
+
 // TestPoll: Poll tries at once, again at each wake-up, and returns try's error, nil
 // at the deadline, or ctx's error when ctx ends first; a nil subscription polls.
 func TestPoll(t *testing.T) {

@@ -67,22 +67,27 @@ func NewWaiter(sub *Subscription, opts *PollOpts) (*Waiter, error) {
 // Wait blocks until a wake-up (true; the next interval is the shortest again) or the
 // current poll interval passes (false, and the next interval doubles), or ctx ends
 // (false). Read after it returns either way.
-func (w *Waiter) Wait(ctx context.Context) bool { return w.wait(ctx, -1) }
+func (w *Waiter) Wait(ctx context.Context) bool { return w.wait(ctx, -1, nil) }
 
-// wait is Wait that also ends after limit, when limit is not negative.
-func (w *Waiter) wait(ctx context.Context, limit time.Duration) bool {
+// WaitOr is Wait that also ends when also delivers: a read someone else asks for
+// (false; the poll interval stays as it was). A nil also never delivers.
+func (w *Waiter) WaitOr(ctx context.Context, also <-chan struct{}) bool {
+	return w.wait(ctx, -1, also)
+}
+
+// wait is WaitOr that also ends after limit, when limit is not negative.
+func (w *Waiter) wait(ctx context.Context, limit time.Duration, also <-chan struct{}) bool {
 	d := w.bo.Peek()
 	if limit >= 0 && limit < d {
 		d = limit
 	}
-	if w.sub != nil && w.sub.Wait(ctx, d) {
+	switch waitEnd(ctx, w.sub, d, also) {
+	case woken:
 		w.bo.Reset()
 		return true
+	case timedOut, canceled:
+		w.bo.Next()
 	}
-	if w.sub == nil {
-		backoff.Sleep(ctx, d)
-	}
-	w.bo.Next()
 	return false
 }
 
@@ -114,7 +119,7 @@ func Poll(ctx context.Context, sub *Subscription, deadline time.Time, opts *Poll
 		if left <= 0 {
 			return nil
 		}
-		w.wait(ctx, left)
+		w.wait(ctx, left, nil)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
