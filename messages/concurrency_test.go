@@ -507,3 +507,64 @@ func TestConcurrentSendsTakeConsecutiveOffsets(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM streamd.queue_messages WHERE stream_name = $1`, q).Scan(&stored))
 	require.Equal(t, len(seen), stored)
 }
+
+// TestSendsOverABlockWithBlocksApart: a send of more than one block of offsets
+// (128) whose blocks are not consecutive stores each message at the offset its result
+// names, through the direct send and through queue_send alike. Another session's
+// nextval between one send's blocks is what makes them apart under concurrency; here
+// a sequence cache of 2 makes it so at once: session A's first send takes the first
+// value of its cache, B's the first of the next pair, and A's send of 300 then takes
+// its cached second value and a pair past B's (three blocks, the second and third
+// apart from the first). An expansion of the blocks that assumes them consecutive
+// stores message 128 at B's offset (a duplicate key) or where its result does not say.
+func TestSendsOverABlockWithBlocksApart(t *testing.T) {
+	t.Parallel()
+	for _, via := range []string{"direct", "queue_send"} {
+		t.Run(via, func(t *testing.T) {
+			ctx, pool, q, c := sendersScene(t)
+			var seq string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT offset_seq::text FROM streamd.queues WHERE queue_name = $1`, q).Scan(&seq))
+			_, err := pool.Exec(ctx, `ALTER SEQUENCE `+seq+` CACHE 2`)
+			require.NoError(t, err)
+			a, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer a.Release()
+			b, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer b.Release()
+			batch := func(n int) []messages.OutgoingMessage {
+				msgs := make([]messages.OutgoingMessage, n)
+				for i := range msgs {
+					msgs[i] = messages.OutgoingMessage{Data: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}
+					if via == "queue_send" {
+						msgs[i].Headers = map[string]string{"via": via}
+					}
+				}
+				return msgs
+			}
+			sent := map[string]int64{}
+			for _, step := range []struct {
+				conn *pgxpool.Conn
+				n    int
+			}{{a, 1}, {b, 1}, {a, 300}} {
+				res, err := c.SendTx(ctx, step.conn, q, batch(step.n)...)
+				require.NoError(t, err)
+				for _, r := range res {
+					sent[r.MessageID] = r.Offset
+				}
+			}
+			require.Len(t, sent, 302)
+			rows, err := pool.Query(ctx, `SELECT message_id, "offset" FROM streamd.queue_messages WHERE stream_name = $1`, q)
+			require.NoError(t, err)
+			stored := map[string]int64{}
+			for rows.Next() {
+				var id string
+				var off int64
+				require.NoError(t, rows.Scan(&id, &off))
+				stored[id] = off
+			}
+			require.NoError(t, rows.Err())
+			require.Equal(t, sent, stored, "each message at the offset its send's result names")
+		})
+	}
+}
