@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -62,11 +63,20 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 	deadline := time.Now().Add(maxWait)
 	// The tail readers answer when they hold every partition's offset (tail.go);
 	// otherwise, or once one of them stops, the fetch reads the log.
-	if ok, err := s.fetchFromTails(ctx, r.c, req, resp, allowed, deadline, longPoll); err != nil {
+	if a, err := s.fetchFromTails(ctx, r.c, req, resp, allowed, deadline, longPoll, r.corr); err != nil {
 		return nil, err
-	} else if ok {
+	} else if a.ok {
 		r.c.stash.noteAnswer(resp)
-		return resp, nil
+		if !a.written {
+			return resp, nil
+		}
+		// A reader wrote the answer (all but rest): nothing more to send.
+		if len(a.rest) > 0 {
+			if _, err := r.c.nc.Write(a.rest); err != nil {
+				return nil, fmt.Errorf("writing the rest of a fetch's answer: %w", err)
+			}
+		}
+		return nil, nil
 	}
 	s.tails.read.Add(1)
 	var sub *wakeup.Subscription // nil: the long poll only polls
