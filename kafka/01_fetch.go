@@ -3,7 +3,6 @@ package kafka
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -63,20 +62,11 @@ func handleFetch(ctx context.Context, r *request) (kmsg.Response, error) {
 	deadline := time.Now().Add(maxWait)
 	// The tail readers answer when they hold every partition's offset (tail.go);
 	// otherwise, or once one of them stops, the fetch reads the log.
-	if a, err := s.fetchFromTails(ctx, r.c, req, resp, allowed, deadline, longPoll, r.corr); err != nil {
+	if ok, err := s.fetchFromTails(ctx, r.c, req, resp, allowed, deadline, longPoll); err != nil {
 		return nil, err
-	} else if a.ok {
+	} else if ok {
 		r.c.stash.noteAnswer(resp)
-		if !a.written {
-			return resp, nil
-		}
-		// A reader wrote the answer (all but rest): nothing more to send.
-		if len(a.rest) > 0 {
-			if _, err := r.c.nc.Write(a.rest); err != nil {
-				return nil, fmt.Errorf("writing the rest of a fetch's answer: %w", err)
-			}
-		}
-		return nil, nil
+		return resp, nil
 	}
 	s.tails.read.Add(1)
 	var sub *wakeup.Subscription // nil: the long poll only polls

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -87,7 +86,6 @@ type tailReaders struct {
 	running    atomic.Int64
 	answered   atomic.Int64
 	read       atomic.Int64
-	completed  atomic.Int64 // of answered: those a reader wrote (fetchFromTails; counted as it writes)
 }
 
 // tailReadKey is the context key of a reader's statements (its value: the
@@ -118,9 +116,6 @@ type tailReader struct {
 	bytes   int
 	dead    int           // heldSize of the dropped records events' array still holds below it
 	changed chan struct{} // closed (and replaced) when it read something new or stopped
-
-	// waits are the fetches waiting on r (fetchFromTails) that r may answer.
-	waits map[*tailWait]struct{}
 
 	// poll (cap 1) asks for a read now: the safety-net poll of a fetch waiting on r
 	// (fetchFromTails), at the log's long poll's intervals.
@@ -269,7 +264,6 @@ func (s *Server) runTail(r *tailReader) {
 		}
 		if found {
 			w.Reset()
-			r.answerWaits()
 		}
 		if time.Since(time.Unix(0, r.used.Load())) > idle {
 			return
@@ -433,21 +427,14 @@ func (r *tailReader) serve(offset int64, maxBytes int) (evs []streams.Event, lso
 // or while it waits (a reader stopped, or the client asks below what it holds): the
 // log is read then, as without readers. The partitions the principal may not read
 // are refused as fetchOnce refuses them: a reader is used only below that decision.
-//
-// While it waits, the reader whose read finds records answers it (tailWait): it
-// fills resp on its own goroutine and, when the connection has no answer queued
-// before this one, writes the frame (corr: the request's correlation id) as far as
-// the socket takes it at once; the fetch's goroutine writes what is left
-// (tailAnswer.rest). One goroutine wake-up less between the read and the socket than
-// waking the fetch's goroutine to do it (session 16, kafka20).
 func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchRequest, resp *kmsg.FetchResponse,
-	allowed *access.Decisions, deadline time.Time, longPoll bool, corr int32) (tailAnswer, error) {
+	allowed *access.Decisions, deadline time.Time, longPoll bool) (bool, error) {
 	if s.cfg.Wakeups == nil {
-		return tailAnswer{}, nil
+		return false, nil
 	}
 	jobs := fetchSkeleton(req, resp, allowed)
 	if len(jobs) == 0 {
-		return tailAnswer{}, nil
+		return false, nil
 	}
 	readers := make([]*tailReader, len(jobs))
 	missing := false
@@ -459,13 +446,12 @@ func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchReq
 		}
 	}
 	if missing {
-		return tailAnswer{}, nil
+		return false, nil
 	}
 	maxBytes := int(req.MaxBytes)
 	if maxBytes <= 0 {
 		maxBytes = 50 << 20
 	}
-	minBytes := max(int(req.MinBytes), 1)
 	codecs := map[string]int8{}
 	for _, j := range jobs {
 		if _, ok := codecs[j.topic]; !ok {
@@ -504,12 +490,10 @@ func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchReq
 			pollTimer.Stop()
 		}
 	}()
-	changed := make([]<-chan struct{}, len(jobs))
-	// fill puts what the readers hold into resp and returns its record bytes; false:
-	// a reader no longer holds its partition's offset. It runs on the fetch's
-	// goroutine, or on the reader's that holds the fetch's tailWait (claimed).
-	fill := func() (int, bool) {
+	cases := make([]reflect.SelectCase, 0, len(jobs)+4)
+	for {
 		total := 0
+		cases = cases[:0]
 		for i, j := range jobs {
 			p := j.partition
 			codec := codecs[j.topic]
@@ -518,11 +502,11 @@ func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchReq
 			if codec != codecNone {
 				readBytes = compressedReadBytes(readBytes)
 			}
-			evs, lso, hw, ch, ok := readers[i].serve(p.FetchOffset, readBytes)
+			evs, lso, hw, changed, ok := readers[i].serve(p.FetchOffset, readBytes)
 			if !ok {
-				return 0, false
+				return false, nil
 			}
-			changed[i] = ch
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(changed)})
 			rp := j.rp
 			rp.ErrorCode = 0
 			rp.RecordBatches = []byte{}
@@ -536,17 +520,9 @@ func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchReq
 			}
 			total += n
 		}
-		return total, true
-	}
-	cases := make([]reflect.SelectCase, 0, len(jobs)+4)
-	for {
-		total, ok := fill()
-		if !ok {
-			return tailAnswer{}, nil
-		}
-		if !longPoll || total >= minBytes || c.draining.Err() != nil || !time.Now().Before(deadline) {
+		if !longPoll || total >= max(int(req.MinBytes), 1) || c.draining.Err() != nil || !time.Now().Before(deadline) {
 			s.tails.answered.Add(1)
-			return tailAnswer{ok: true}, nil
+			return true, nil
 		}
 		if !waiting {
 			waiting = true
@@ -556,58 +532,15 @@ func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchReq
 			timer = time.NewTimer(time.Until(deadline))
 			pollTimer = time.NewTimer(polls.Next())
 		}
-		w := &tailWait{done: make(chan struct{}), answer: func() tailAnswer {
-			total, ok := fill()
-			switch {
-			case !ok:
-				return tailAnswer{done: true}
-			case total < minBytes:
-				return tailAnswer{}
-			}
-			// Counted before the write: the client may have the answer before a count
-			// after it.
-			s.tails.answered.Add(1)
-			a := tailAnswer{ok: true, done: true}
-			if c.queued.Load() == 0 { // no answer before this one is waiting to be written
-				frame := encodeResponse(nil, corr, resp)
-				s.tails.completed.Add(1)
-				if a.rest, a.written = c.tryWrite(frame); !a.written {
-					s.tails.completed.Add(-1)
-				}
-			}
-			return a
-		}}
-		cases = cases[:0]
-		for _, ch := range changed {
-			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)})
-		}
 		cases = append(cases,
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c.draining.Done())},
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer.C)},
-			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(pollTimer.C)},
-			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.done)})
-		// Registered once the cases are built: from here a reader may fill resp (and
-		// changed) until this goroutine claims w or w is done.
-		for _, r := range readers {
-			r.addWait(w)
-		}
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(pollTimer.C)})
 		chosen, _, _ := reflect.Select(cases)
-		claimed := w.claimed.CompareAndSwap(false, true)
-		for _, r := range readers {
-			r.removeWait(w)
-		}
-		if !claimed {
-			// A reader answers it (or is about to): what it found decides; below
-			// min.bytes, the wait goes on, with what woke this goroutine.
-			<-w.done
-			if w.result.done {
-				return w.result, nil
-			}
-		}
 		switch chosen {
 		case len(jobs):
-			return tailAnswer{}, ctx.Err() // the client went away
+			return false, ctx.Err() // the client went away
 		case len(jobs) + 2:
 			deadline = time.Now() // answer what there is
 		case len(jobs) + 3:
@@ -620,91 +553,6 @@ func (s *Server) fetchFromTails(ctx context.Context, c *conn, req *kmsg.FetchReq
 			pollTimer.Reset(polls.Next())
 		}
 	}
-}
-
-// tailAnswer is how fetchFromTails answered: ok, resp is the answer (false: read the
-// log); written, a reader wrote resp's frame already but for rest, which the fetch's
-// goroutine writes. done (tailWait) is false when a reader's fill found less than
-// min.bytes: the fetch waits on.
-type tailAnswer struct {
-	ok, written, done bool
-	rest              []byte
-}
-
-// tailWait is a fetch waiting on tail readers (fetchFromTails). A reader whose read
-// found records runs answer on its own goroutine if it claims the wait first (the
-// fetch's goroutine claims it when it wakes for another reason), puts its result in
-// result and closes done.
-type tailWait struct {
-	claimed atomic.Bool
-	answer  func() tailAnswer
-	result  tailAnswer
-	done    chan struct{}
-}
-
-// tailAnswersPerRead bounds the waiting fetches one read of a reader answers on its
-// goroutine (answerWaits); the others wake on its signal and answer on their own, so
-// that many consumers of one partition do not hold up its next read.
-const tailAnswersPerRead = 4
-
-func (r *tailReader) addWait(w *tailWait) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.waits == nil {
-		r.waits = map[*tailWait]struct{}{}
-	}
-	r.waits[w] = struct{}{}
-}
-
-func (r *tailReader) removeWait(w *tailWait) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.waits, w)
-}
-
-// answerWaits answers, on r's goroutine, up to tailAnswersPerRead of the fetches
-// waiting on r that no one claimed yet (after a read that found records).
-func (r *tailReader) answerWaits() {
-	r.mu.Lock()
-	var ws []*tailWait
-	for w := range r.waits {
-		if len(ws) == tailAnswersPerRead {
-			break
-		}
-		delete(r.waits, w)
-		ws = append(ws, w)
-	}
-	r.mu.Unlock()
-	for _, w := range ws {
-		if !w.claimed.CompareAndSwap(false, true) {
-			continue
-		}
-		w.result = w.answer()
-		close(w.done)
-	}
-}
-
-// tryWrite writes b to the connection in one attempt that does not block (a TCP
-// connection's socket; not TLS), and returns what it did not write (all of b when it
-// could not try, the socket's buffer was full or the write failed: the caller's
-// blocking write then reports the failure) and whether it wrote any of b.
-func (c *conn) tryWrite(b []byte) (rest []byte, wrote bool) {
-	sc, ok := c.nc.(syscall.Conn)
-	if !ok {
-		return b, false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return b, false
-	}
-	n := 0
-	if err := rc.Write(func(fd uintptr) bool {
-		n, _ = syscall.Write(int(fd), b)
-		return true // one attempt: never wait for the socket
-	}); err != nil || n <= 0 {
-		return b, false
-	}
-	return b[n:], true
 }
 
 // startTails starts the readers of the partitions resp answered without error at or

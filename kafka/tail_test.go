@@ -3,7 +3,6 @@ package kafka
 import (
 	"context"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -618,67 +617,4 @@ func (s *tailScene) startReader(t *testing.T, cl *kgo.Client) {
 	_, err := fetchReq(s.topic, 0, 0, 0, 1).RequestWith(s.ctx, cl)
 	require.NoError(t, err)
 	testdb.WaitFor(t, 10*time.Second, "the tail reader", func() bool { return tailHolds(s.ts, s.topic, 0, 0) })
-}
-
-// TestTailReaderWritesTheAnswerOfTheFetchWaitingOnIt: a fetch long-polling on tail
-// readers is answered by the reader whose read found the record, on the reader's
-// goroutine (the frame written to the client from there), with the record.
-func TestTailReaderWritesTheAnswerOfTheFetchWaitingOnIt(t *testing.T) {
-	t.Parallel()
-	topic := testdb.Name("tailwrite")
-	hub := wakeup.NewHub()
-	pool := testdb.Pool(t)
-	ts := startServer(t, pool, &Config{Wakeups: hub})
-	ctx := testCtx(t)
-	sc := streams.NewClient(pool, nil)
-	require.NoError(t, sc.CreateStream(ctx, topic, 2))
-	cl := newClient(t, []string{ts.addr})
-	req := fetchReq(topic, 0, 0, 0, 1)
-	addFetchPartition(req, 1, 0)
-	_, err := req.RequestWith(ctx, cl) // at the log end: starts both readers
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 0) && tailHolds(ts, topic, 1, 0) }, 10*time.Second, time.Millisecond)
-
-	req.MaxWaitMillis = 10_000
-	done := fetchWaiting(t, ctx, ts, cl, req)
-	_, err = pool.Exec(ctx, `INSERT INTO streamd.events (stream_name, partition, data_bytes) VALUES ($1, 1, $2)`, topic, []byte("found"))
-	require.NoError(t, err)
-	hub.NotifyPartitions(topic, 1)
-	resp := answerOf(t, done, "no answer within 15s")
-	ps := resp.Topics[0].Partitions
-	require.Empty(t, ps[0].RecordBatches)
-	recs := recordsOf(t, ps[1].RecordBatches)
-	require.Len(t, recs, 1)
-	require.Equal(t, "found", string(recs[0].Value))
-	require.Equal(t, []int64{0, 1}, []int64{ps[0].HighWatermark, ps[1].HighWatermark})
-	require.Equal(t, int64(1), ts.srv.tails.completed.Load(), "the reader wrote the answer")
-}
-
-// A reader's write of a waiting fetch's answer never waits for the client
-// (tryWrite): on a socket whose peer reads nothing, it returns what the socket did
-// not take.
-func TestTryWriteDoesNotWaitForTheClient(t *testing.T) {
-	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	peer, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	defer peer.Close() // it reads nothing
-	nc, err := ln.Accept()
-	require.NoError(t, err)
-	defer nc.Close()
-	c := &conn{nc: nc}
-	var left atomic.Int64
-	go func() {
-		chunk := make([]byte, 1<<20)
-		for {
-			rest, _ := c.tryWrite(chunk)
-			if len(rest) > 0 {
-				left.Store(int64(len(rest)))
-				return
-			}
-		}
-	}()
-	testdb.WaitFor(t, 20*time.Second, "a write the socket did not take all of", func() bool { return left.Load() > 0 })
 }
