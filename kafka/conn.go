@@ -24,10 +24,9 @@ import (
 // serial processing); Produce requests run side by side in goroutines of their own
 // (owned by serve, which waits for them), up to maxPipelined, each partition's
 // appends in the order the requests came (turns); writeLoop (owned by serve) writes
-// the answers in that order, those of the Produce requests and those queued behind
-// them (serve writes an answer itself when none is queued before it, one wake-up
-// less: writeReply); readLoop (owned by serve) reads frames ahead by one, so a client
-// that disconnects during a long request cancels it. serve waits for the others.
+// the answers in that order; readLoop (owned by serve) reads frames ahead by one, so
+// a client that disconnects during a long request cancels it. serve waits for the
+// others.
 type conn struct {
 	s      *Server
 	nc     net.Conn
@@ -59,9 +58,6 @@ type conn struct {
 	// (fetchParallelism), those included.
 	stash    fetchStash
 	fetchSem chan struct{}
-	// queued counts the replies serve handed to writeLoop that writeLoop has not
-	// written (or dropped) yet: at 0, serve writes its reply itself.
-	queued atomic.Int32
 }
 
 func (s *Server) newConn(nc net.Conn, draining context.Context) *conn {
@@ -137,7 +133,6 @@ func (c *conn) serve() {
 		c.writeLoop(replies)
 	}()
 	send := func(r *reply) bool {
-		c.queued.Add(1)
 		select {
 		case replies <- r:
 			return true
@@ -145,28 +140,13 @@ func (c *conn) serve() {
 			return false
 		}
 	}
-	// deliver answers a request that ran on serve's goroutine: written from here when
-	// no reply is queued before it (writeLoop is idle: serve is its only sender), so
-	// that a Fetch's answer is not one more goroutine hand-off away from the socket
-	// (each a wake-up the OS schedules; session 16, kafka20); behind the queued ones
-	// otherwise, so that answers keep the order of the requests. false: the
-	// connection ends.
-	var out []byte
-	deliver := func(r *reply) bool {
-		if c.queued.Load() > 0 {
-			return send(r)
-		}
-		var ok bool
-		out, ok = c.writeReply(out, r)
-		return ok
-	}
 	for body := range c.frames {
 		if c.sasl != nil && c.sasl.raw {
 			raw, err := c.rawSASL(body)
 			if err != nil {
 				return
 			}
-			if !deliver(&reply{raw: raw, isRaw: true}) {
+			if !send(&reply{raw: raw, isRaw: true}) {
 				return
 			}
 			continue
@@ -198,7 +178,7 @@ func (c *conn) serve() {
 			r.corr = call.h.corr
 		}
 		r.last = c.closeAfterResponse
-		if !deliver(r) || r.err != nil || r.last {
+		if !send(r) || r.err != nil || r.last {
 			return
 		}
 	}
@@ -212,45 +192,28 @@ func (c *conn) writeLoop(replies <-chan *reply) {
 		if r.ready != nil {
 			<-r.ready
 		}
-		if h := c.s.writeLoopHook; h != nil {
-			h()
+		switch {
+		case r.err != nil:
+			c.s.logger.Debug("kafka connection closed", "remote", c.remote, "err", r.err)
+			c.close()
+			return
+		case r.isRaw:
+			out = append(binary.BigEndian.AppendUint32(out[:0], uint32(len(r.raw))), r.raw...)
+		case r.resp == nil:
+			continue
+		default:
+			out = encodeResponse(out[:0], r.corr, r.resp)
 		}
-		var ok bool
-		out, ok = c.writeReply(out, r)
-		c.queued.Add(-1)
-		if !ok {
+		if _, err := c.nc.Write(out); err != nil {
+			c.s.logger.Debug("kafka write failed", "remote", c.remote, "err", err)
+			c.close()
+			return
+		}
+		if r.last {
+			c.close()
 			return
 		}
 	}
-}
-
-// writeReply writes r (its frame encoded into out's array, returned for reuse): a
-// reply with an error, a failed write or a last reply closes the connection and
-// returns false. Its two callers never write at the same time: writeLoop, and serve
-// while no reply is queued (writeLoop is idle).
-func (c *conn) writeReply(out []byte, r *reply) ([]byte, bool) {
-	switch {
-	case r.err != nil:
-		c.s.logger.Debug("kafka connection closed", "remote", c.remote, "err", r.err)
-		c.close()
-		return out, false
-	case r.isRaw:
-		out = append(binary.BigEndian.AppendUint32(out[:0], uint32(len(r.raw))), r.raw...)
-	case r.resp == nil:
-		return out, true
-	default:
-		out = encodeResponse(out[:0], r.corr, r.resp)
-	}
-	if _, err := c.nc.Write(out); err != nil {
-		c.s.logger.Debug("kafka write failed", "remote", c.remote, "err", err)
-		c.close()
-		return out, false
-	}
-	if r.last {
-		c.close()
-		return out, false
-	}
-	return out, true
 }
 
 // turn orders one partition's appends across the pipelined Produce requests of a

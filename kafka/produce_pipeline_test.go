@@ -2,18 +2,14 @@ package kafka
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"io"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
-	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
@@ -109,64 +105,5 @@ func TestPipelinedProduceKeepsEachPartitionsOrder(t *testing.T) {
 		for j, e := range res.Events {
 			require.Equal(t, fmt.Sprint(j*partitions+int(p)), string(e.Bytes), "partition %d offset %d", p, e.Offset)
 		}
-	}
-}
-
-// A Fetch pipelined behind a Produce on one connection is answered after it, even
-// when the Produce's answer is still waiting to be written once the Fetch has run
-// (here: the connection's writer held): serve writes a reply itself only when none
-// is queued before it.
-func TestFetchBehindAProduceIsAnsweredAfterIt(t *testing.T) {
-	t.Parallel()
-	pool := testdb.Pool(t)
-	ts := startServer(t, pool, nil)
-	ctx := testCtx(t)
-	sc := streams.NewClient(pool, nil)
-	topic := testdb.Name("pipefetch")
-	require.NoError(t, sc.CreateStream(ctx, topic, 2))
-	held, release := make(chan struct{}, 1), make(chan struct{})
-	ts.srv.writeLoopHook = func() {
-		select {
-		case held <- struct{}{}:
-		default:
-		}
-		<-release
-	}
-	c := rawConn(t, ts.addr)
-
-	formatter := kmsg.NewRequestFormatter(kmsg.FormatterClientID("pipe"))
-	produce := kmsg.NewPtrProduceRequest()
-	produce.SetVersion(8)
-	produce.Acks, produce.TimeoutMillis = -1, 10000
-	pt := kmsg.NewProduceRequestTopic()
-	pt.Topic = topic
-	pp := kmsg.NewProduceRequestTopicPartition()
-	pp.Partition, pp.Records = 0, rawBatch(kmsg.Record{Value: []byte("first")})
-	pt.Partitions = append(pt.Partitions, pp)
-	produce.Topics = append(produce.Topics, pt)
-	fetch := kmsg.NewPtrFetchRequest()
-	fetch.SetVersion(11)
-	fetch.ReplicaID, fetch.MaxBytes = -1, 1<<20 // MaxWaitMillis 0: answered at once
-	ft := kmsg.NewFetchRequestTopic()
-	ft.Topic = topic
-	fp := kmsg.NewFetchRequestTopicPartition()
-	fp.Partition, fp.PartitionMaxBytes, fp.LogStartOffset = 1, 1<<20, -1
-	ft.Partitions = append(ft.Partitions, fp)
-	fetch.Topics = append(fetch.Topics, ft)
-	_, err := c.Write(append(formatter.AppendRequest(nil, produce, 1), formatter.AppendRequest(nil, fetch, 2)...))
-	require.NoError(t, err)
-
-	<-held // the Produce's answer, ready and held
-	fetches := ts.srv.metrics.requests.WithLabelValues("Fetch", "ok")
-	testdb.WaitFor(t, 20*time.Second, "the Fetch to have run", func() bool { return promtestutil.ToFloat64(fetches) == 1 })
-	close(release)
-	for _, want := range []int32{1, 2} {
-		var size [4]byte
-		_, err := io.ReadFull(c, size[:])
-		require.NoError(t, err)
-		body := make([]byte, binary.BigEndian.Uint32(size[:]))
-		_, err = io.ReadFull(c, body)
-		require.NoError(t, err)
-		require.Equal(t, want, int32(binary.BigEndian.Uint32(body[:4])), "answers come in the order of the requests")
 	}
 }

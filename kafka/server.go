@@ -251,9 +251,6 @@ type Server struct {
 	// fetchHeadsHook, when set (tests), is called before a Fetch pass that holds
 	// min.bytes reads the head rows of the reads still under way.
 	fetchHeadsHook func()
-	// writeLoopHook, when set (tests), is called before a connection's writeLoop
-	// writes a reply, on its goroutine.
-	writeLoopHook func()
 
 	// compression caches each topic's fetch codec (fetch_compression.go).
 	compression topicCompression
