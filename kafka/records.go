@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"slices"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -116,57 +117,171 @@ func toStreamRecords(recs []kmsg.Record) []streams.Record {
 // produced batch has one), so each record reports its own time. Holes left by
 // compaction or retention stay holes (offset deltas skip them).
 func appendBatches(dst []byte, events []streams.Event) []byte {
+	dst = slices.Grow(dst, batchesSize(events))
 	for start := 0; start < len(events); {
-		end := start + 1
-		for end < len(events) && events[end].Timestamp.Equal(events[start].Timestamp) {
-			end++
-		}
-		dst = appendBatch(dst, events[start:end])
+		end := runEnd(events, start)
+		at := len(dst)
+		dst = slices.Grow(dst, batchHeaderLen) // room for the header, written last
+		dst = appendRecords(dst[:at+batchHeaderLen], events[start:end])
+		putBatchHeader(dst[at:], events[start:end], codecNone)
 		start = end
 	}
 	return dst
 }
 
-func appendBatch(dst []byte, events []streams.Event) []byte {
-	first := events[0].Offset
-	ts := events[0].Timestamp.UnixMilli()
-	var recs []byte
+// runEnd is the end of the run of events with the log time of events[start].
+func runEnd(events []streams.Event, start int) int {
+	end := start + 1
+	for end < len(events) && events[end].Timestamp.Equal(events[start].Timestamp) {
+		end++
+	}
+	return end
+}
+
+// batchesSize is about the bytes appendBatches writes for events, as a capacity
+// hint: a batch header per log time, a record's framing (varints of 30 bytes at
+// most for records under 16 MiB) and its key, value and headers. The records are
+// encoded straight into one buffer of about this size, without a copy of each
+// record or of the batch (kmsg's Record and RecordBatch encoding made both, and grew
+// the records' slice from nil: a third of the kafka.Server's CPU in a profile of the
+// bench's consume case, bench/RESULTS.md session 16).
+func batchesSize(events []streams.Event) int {
+	n := 0
 	for i := range events {
 		e := &events[i]
-		r := kmsg.Record{OffsetDelta: int32(e.Offset - first), Value: eventValue(e), Headers: eventHeaders(e), Key: e.KeyBytes}
-		if e.Key != "" {
-			r.Key = []byte(e.Key)
+		if i == 0 || !e.Timestamp.Equal(events[i-1].Timestamp) {
+			n += batchHeaderLen
 		}
-		recs = appendRecord(recs, &r)
+		n += 30 + e.Size()
+		for _, h := range e.RawHeaders {
+			n += 10 + len(h.Key) + len(h.Value)
+		}
+		for k, v := range e.Headers {
+			n += 10 + len(k) + len(v)
+		}
 	}
-	b := kmsg.RecordBatch{
-		FirstOffset:          first,
-		PartitionLeaderEpoch: -1,
-		Magic:                2,
-		Attributes:           attrLogAppendTime,
-		LastOffsetDelta:      int32(events[len(events)-1].Offset - first),
-		FirstTimestamp:       ts,
-		MaxTimestamp:         ts,
-		ProducerID:           -1,
-		ProducerEpoch:        -1,
-		FirstSequence:        -1,
-		NumRecords:           int32(len(events)),
-		Records:              recs,
+	return n
+}
+
+// putBatchHeader writes the header of b, a record batch v2 whose records (those of
+// events, one log time, compressed with codec) follow the header's batchHeaderLen
+// bytes: first offset, length, no leader epoch, magic 2, attributes (codec,
+// LogAppendTime), last offset delta, the log time as first and max timestamp, no
+// producer, the record count, and the CRC-32C of everything after it.
+func putBatchHeader(b []byte, events []streams.Event, codec int8) {
+	be := binary.BigEndian
+	first := events[0].Offset
+	ts := uint64(events[0].Timestamp.UnixMilli())
+	be.PutUint64(b[0:], uint64(first))
+	be.PutUint32(b[8:], uint32(len(b)-12))
+	be.PutUint32(b[12:], math.MaxUint32) // partition leader epoch -1
+	b[16] = 2                            // magic
+	be.PutUint16(b[21:], uint16(attrLogAppendTime|int16(codec)))
+	be.PutUint32(b[23:], uint32(events[len(events)-1].Offset-first))
+	be.PutUint64(b[27:], ts)
+	be.PutUint64(b[35:], ts)
+	be.PutUint64(b[43:], math.MaxUint64) // producer id -1
+	be.PutUint16(b[51:], math.MaxUint16) // producer epoch -1
+	be.PutUint32(b[53:], math.MaxUint32) // first sequence -1
+	be.PutUint32(b[57:], uint32(len(events)))
+	be.PutUint32(b[17:], crc32.Checksum(b[21:], crc32c))
+}
+
+// appendRecords appends the records of events (of one batch, whose first offset is
+// events[0]'s) to dst as Kafka encodes them (kmsg.Record's encoding, with its
+// length): attributes 0, timestamp delta 0, the offset delta, the key, the value
+// (eventValue) and the headers (eventHeaders' order), each record's length computed
+// first so that it is written in place.
+func appendRecords(dst []byte, events []streams.Event) []byte {
+	first := events[0].Offset
+	var keys []string // the sorted header keys of a record with string headers
+	for i := range events {
+		e := &events[i]
+		delta := e.Offset - first
+		value := eventValue(e)
+		keys = keys[:0]
+		if e.RawHeaders == nil && len(e.Headers) > 0 {
+			for k := range e.Headers {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+		}
+		// Attributes and timestamp delta (0): a byte each.
+		body := 2 + varintLen(delta) + keyLen(e) + bytesLen(value)
+		nh := len(e.RawHeaders) + len(keys)
+		body += varintLen(int64(nh))
+		for _, h := range e.RawHeaders {
+			body += varintLen(int64(len(h.Key))) + len(h.Key) + bytesLen(h.Value)
+		}
+		for _, k := range keys {
+			v := e.Headers[k]
+			body += varintLen(int64(len(k))) + len(k) + varintLen(int64(len(v))) + len(v)
+		}
+		dst = binary.AppendVarint(dst, int64(body))
+		dst = append(dst, 0, 0)
+		dst = binary.AppendVarint(dst, delta)
+		dst = appendKey(dst, e)
+		dst = appendBytes(dst, value)
+		dst = binary.AppendVarint(dst, int64(nh))
+		for _, h := range e.RawHeaders {
+			dst = binary.AppendVarint(dst, int64(len(h.Key)))
+			dst = append(dst, h.Key...)
+			dst = appendBytes(dst, h.Value)
+		}
+		for _, k := range keys {
+			v := e.Headers[k]
+			dst = binary.AppendVarint(dst, int64(len(k)))
+			dst = append(dst, k...)
+			dst = binary.AppendVarint(dst, int64(len(v)))
+			dst = append(dst, v...)
+		}
 	}
-	b.Length = int32(batchHeaderLen - 12 + len(recs))
-	start := len(dst)
-	dst = b.AppendTo(dst)
-	binary.BigEndian.PutUint32(dst[start+17:], crc32.Checksum(dst[start+21:], crc32c))
 	return dst
 }
 
-// appendRecord encodes r with its length, computed here (kmsg writes Length as given).
-func appendRecord(dst []byte, r *kmsg.Record) []byte {
-	body := r.AppendTo(nil)
-	// AppendTo wrote r.Length (0, one byte) first: replace it with the body's length.
-	body = body[1:]
-	dst = binary.AppendVarint(dst, int64(len(body)))
-	return append(dst, body...)
+// varintLen is the size of v as a zigzag varint.
+func varintLen(v int64) int {
+	u := uint64(v<<1) ^ uint64(v>>63)
+	n := 1
+	for u >= 0x80 {
+		u >>= 7
+		n++
+	}
+	return n
+}
+
+// bytesLen is the size of b as Kafka's varint-prefixed bytes (null: length -1).
+func bytesLen(b []byte) int {
+	if b == nil {
+		return 1
+	}
+	return varintLen(int64(len(b))) + len(b)
+}
+
+// appendBytes appends b as Kafka's varint-prefixed bytes (null: length -1).
+func appendBytes(dst, b []byte) []byte {
+	if b == nil {
+		return binary.AppendVarint(dst, -1)
+	}
+	dst = binary.AppendVarint(dst, int64(len(b)))
+	return append(dst, b...)
+}
+
+// keyLen and appendKey are the size and the encoding of what a Kafka consumer gets
+// as the key: the text key's bytes, the key stored as bytes, or null.
+func keyLen(e *streams.Event) int {
+	if e.Key != "" {
+		return varintLen(int64(len(e.Key))) + len(e.Key)
+	}
+	return bytesLen(e.KeyBytes)
+}
+
+func appendKey(dst []byte, e *streams.Event) []byte {
+	if e.Key != "" {
+		dst = binary.AppendVarint(dst, int64(len(e.Key)))
+		return append(dst, e.Key...)
+	}
+	return appendBytes(dst, e.KeyBytes)
 }
 
 // eventValue is what a Kafka consumer gets as the value: the bytes, or the JSON
@@ -179,29 +294,4 @@ func eventValue(e *streams.Event) []byte {
 		return []byte(e.Data)
 	}
 	return nil
-}
-
-// eventHeaders are the raw headers when the record has them (appended over Kafka),
-// else the string headers (appended by the Go client or SQL), by key.
-func eventHeaders(e *streams.Event) []kmsg.Header {
-	if e.RawHeaders != nil {
-		out := make([]kmsg.Header, len(e.RawHeaders))
-		for i, h := range e.RawHeaders {
-			out[i] = kmsg.Header{Key: h.Key, Value: h.Value}
-		}
-		return out
-	}
-	if len(e.Headers) == 0 {
-		return nil
-	}
-	keys := make([]string, 0, len(e.Headers))
-	for k := range e.Headers {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	out := make([]kmsg.Header, len(keys))
-	for i, k := range keys {
-		out[i] = kmsg.Header{Key: k, Value: []byte(e.Headers[k])}
-	}
-	return out
 }
