@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -197,18 +196,18 @@ func appendCompressedBatches(dst []byte, events []streams.Event, codec int8, lim
 		plain   []byte
 		scratch bytes.Buffer
 	)
+	sc := batchScratchPool.Get().(*batchScratch)
+	defer batchScratchPool.Put(sc)
 	base := len(dst)
 	for start := 0; start < len(events); {
 		end := runEnd(events, start)
-		plain = appendRecords(plain[:0], events[start:end])
+		plain = sc.appendRecords(plain[:0], events[start:end])
 		recs, used := plain, int8(codecNone)
 		if out := compressRecords(codec, plain, &scratch); out != nil {
 			recs, used = out, codec
 		}
 		at := len(dst)
-		dst = slices.Grow(dst, batchHeaderLen+len(recs))
-		dst = append(dst[:at+batchHeaderLen], recs...)
-		putBatchHeader(dst[at:], events[start:end], used)
+		dst = sc.appendBatchOf(dst, events[start:end], used, recs)
 		if len(dst)-base > limit && at > base {
 			return dst[:at]
 		}

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"math"
 	"slices"
+	"sync"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -116,14 +116,23 @@ func toStreamRecords(recs []kmsg.Record) []streams.Record {
 // LogAppendTime timestamps: one batch per run of events with the same log time (a
 // produced batch has one), so each record reports its own time. Holes left by
 // compaction or retention stay holes (offset deltas skip them).
+//
+// kmsg encodes every record and batch header; what is ours is the buffers: dst is
+// grown once to about the size written (batchesSize), and each record is encoded
+// into scratch reused across records and calls (batchScratch). Encoding each record
+// into a fresh slice, growing the records from nil and copying the batch took a
+// third of the kafka.Server's CPU in a profile of the bench's consume case
+// (bench/RESULTS.md, session 16).
 func appendBatches(dst []byte, events []streams.Event) []byte {
 	dst = slices.Grow(dst, batchesSize(events))
+	sc := batchScratchPool.Get().(*batchScratch)
+	defer batchScratchPool.Put(sc)
 	for start := 0; start < len(events); {
 		end := runEnd(events, start)
+		// The records go straight after room for the header, which is written last.
 		at := len(dst)
-		dst = slices.Grow(dst, batchHeaderLen) // room for the header, written last
-		dst = appendRecords(dst[:at+batchHeaderLen], events[start:end])
-		putBatchHeader(dst[at:], events[start:end], codecNone)
+		dst = sc.appendRecords(append(dst, sc.header[:]...), events[start:end])
+		sc.putHeader(dst[at:], events[start:end], codecNone)
 		start = end
 	}
 	return dst
@@ -140,11 +149,7 @@ func runEnd(events []streams.Event, start int) int {
 
 // batchesSize is about the bytes appendBatches writes for events, as a capacity
 // hint: a batch header per log time, a record's framing (varints of 30 bytes at
-// most for records under 16 MiB) and its key, value and headers. The records are
-// encoded straight into one buffer of about this size, without a copy of each
-// record or of the batch (kmsg's Record and RecordBatch encoding made both, and grew
-// the records' slice from nil: a third of the kafka.Server's CPU in a profile of the
-// bench's consume case, bench/RESULTS.md session 16).
+// most for records under 16 MiB) and its key, value and headers.
 func batchesSize(events []streams.Event) int {
 	n := 0
 	for i := range events {
@@ -163,125 +168,106 @@ func batchesSize(events []streams.Event) int {
 	return n
 }
 
-// putBatchHeader writes the header of b, a record batch v2 whose records (those of
-// events, one log time, compressed with codec) follow the header's batchHeaderLen
-// bytes: first offset, length, no leader epoch, magic 2, attributes (codec,
-// LogAppendTime), last offset delta, the log time as first and max timestamp, no
-// producer, the record count, and the CRC-32C of everything after it.
-func putBatchHeader(b []byte, events []streams.Event, codec int8) {
-	be := binary.BigEndian
-	first := events[0].Offset
-	ts := uint64(events[0].Timestamp.UnixMilli())
-	be.PutUint64(b[0:], uint64(first))
-	be.PutUint32(b[8:], uint32(len(b)-12))
-	be.PutUint32(b[12:], math.MaxUint32) // partition leader epoch -1
-	b[16] = 2                            // magic
-	be.PutUint16(b[21:], uint16(attrLogAppendTime|int16(codec)))
-	be.PutUint32(b[23:], uint32(events[len(events)-1].Offset-first))
-	be.PutUint64(b[27:], ts)
-	be.PutUint64(b[35:], ts)
-	be.PutUint64(b[43:], math.MaxUint64) // producer id -1
-	be.PutUint16(b[51:], math.MaxUint16) // producer epoch -1
-	be.PutUint32(b[53:], math.MaxUint32) // first sequence -1
-	be.PutUint32(b[57:], uint32(len(events)))
-	be.PutUint32(b[17:], crc32.Checksum(b[21:], crc32c))
+// appendBatchOf appends the record batch v2 of events (one log time) whose encoded
+// records, compressed with codec, are recs.
+func (sc *batchScratch) appendBatchOf(dst []byte, events []streams.Event, codec int8, recs []byte) []byte {
+	at := len(dst)
+	dst = append(append(dst, sc.header[:]...), recs...)
+	sc.putHeader(dst[at:], events, codec)
+	return dst
 }
 
-// appendRecords appends the records of events (of one batch, whose first offset is
-// events[0]'s) to dst as Kafka encodes them (kmsg.Record's encoding, with its
-// length): attributes 0, timestamp delta 0, the offset delta, the key, the value
-// (eventValue) and the headers (eventHeaders' order), each record's length computed
-// first so that it is written in place.
-func appendRecords(dst []byte, events []streams.Event) []byte {
+// putHeader writes the header of batch, a record batch v2 of events (one log time)
+// whose records (compressed with codec) follow its first batchHeaderLen bytes, as
+// kmsg encodes it: first offset, length, no leader epoch, magic 2, the codec and
+// LogAppendTime, the last offset delta, the log time as first and max timestamp, no
+// producer, the record count; then the CRC-32C of everything after the CRC.
+func (sc *batchScratch) putHeader(batch []byte, events []streams.Event, codec int8) {
 	first := events[0].Offset
-	var keys []string // the sorted header keys of a record with string headers
+	ts := events[0].Timestamp.UnixMilli()
+	b := kmsg.RecordBatch{
+		FirstOffset:          first,
+		Length:               int32(len(batch) - 12),
+		PartitionLeaderEpoch: -1,
+		Magic:                2,
+		Attributes:           attrLogAppendTime | int16(codec),
+		LastOffsetDelta:      int32(events[len(events)-1].Offset - first),
+		FirstTimestamp:       ts,
+		MaxTimestamp:         ts,
+		ProducerID:           -1,
+		ProducerEpoch:        -1,
+		FirstSequence:        -1,
+		NumRecords:           int32(len(events)),
+	}
+	copy(batch, b.AppendTo(sc.header[:0]))
+	binary.BigEndian.PutUint32(batch[17:], crc32.Checksum(batch[21:], crc32c))
+}
+
+// batchScratch is what encoding a fetch's records reuses: a batch header's
+// encoding, one record's encoding, its headers, the sorted keys of string headers,
+// and a byte arena for the keys and header values kmsg takes as []byte (a slice of
+// it stays valid when a later append moves the arena: the old array is not written
+// again).
+type batchScratch struct {
+	header     [batchHeaderLen]byte
+	rec, arena []byte
+	headers    []kmsg.Header
+	keys       []string
+}
+
+var batchScratchPool = sync.Pool{New: func() any { return new(batchScratch) }}
+
+// appendRecords appends the records of events (one batch, whose first offset is
+// events[0]'s) to dst as kmsg.Record encodes them, each with its length: kmsg writes
+// Length as given, so each record is encoded first (into sc.rec) and its length
+// put before it.
+func (sc *batchScratch) appendRecords(dst []byte, events []streams.Event) []byte {
+	first := events[0].Offset
 	for i := range events {
 		e := &events[i]
-		delta := e.Offset - first
-		value := eventValue(e)
-		keys = keys[:0]
-		if e.RawHeaders == nil && len(e.Headers) > 0 {
-			for k := range e.Headers {
-				keys = append(keys, k)
-			}
-			slices.Sort(keys)
+		sc.arena = sc.arena[:0]
+		r := kmsg.Record{OffsetDelta: int32(e.Offset - first), Value: eventValue(e), Key: e.KeyBytes, Headers: sc.eventHeaders(e)}
+		if e.Key != "" {
+			r.Key = sc.bytes(e.Key)
 		}
-		// Attributes and timestamp delta (0): a byte each.
-		body := 2 + varintLen(delta) + keyLen(e) + bytesLen(value)
-		nh := len(e.RawHeaders) + len(keys)
-		body += varintLen(int64(nh))
-		for _, h := range e.RawHeaders {
-			body += varintLen(int64(len(h.Key))) + len(h.Key) + bytesLen(h.Value)
-		}
-		for _, k := range keys {
-			v := e.Headers[k]
-			body += varintLen(int64(len(k))) + len(k) + varintLen(int64(len(v))) + len(v)
-		}
-		dst = binary.AppendVarint(dst, int64(body))
-		dst = append(dst, 0, 0)
-		dst = binary.AppendVarint(dst, delta)
-		dst = appendKey(dst, e)
-		dst = appendBytes(dst, value)
-		dst = binary.AppendVarint(dst, int64(nh))
-		for _, h := range e.RawHeaders {
-			dst = binary.AppendVarint(dst, int64(len(h.Key)))
-			dst = append(dst, h.Key...)
-			dst = appendBytes(dst, h.Value)
-		}
-		for _, k := range keys {
-			v := e.Headers[k]
-			dst = binary.AppendVarint(dst, int64(len(k)))
-			dst = append(dst, k...)
-			dst = binary.AppendVarint(dst, int64(len(v)))
-			dst = append(dst, v...)
-		}
+		sc.rec = r.AppendTo(sc.rec[:0])
+		body := sc.rec[1:] // AppendTo wrote Length (0, one byte) first
+		dst = binary.AppendVarint(dst, int64(len(body)))
+		dst = append(dst, body...)
 	}
 	return dst
 }
 
-// varintLen is the size of v as a zigzag varint.
-func varintLen(v int64) int {
-	u := uint64(v<<1) ^ uint64(v>>63)
-	n := 1
-	for u >= 0x80 {
-		u >>= 7
-		n++
-	}
-	return n
+// bytes returns s's bytes, copied into the arena.
+func (sc *batchScratch) bytes(s string) []byte {
+	at := len(sc.arena)
+	sc.arena = append(sc.arena, s...)
+	return sc.arena[at:len(sc.arena):len(sc.arena)]
 }
 
-// bytesLen is the size of b as Kafka's varint-prefixed bytes (null: length -1).
-func bytesLen(b []byte) int {
-	if b == nil {
-		return 1
+// eventHeaders are the raw headers when the record has them (appended over Kafka),
+// else the string headers (appended by the Go client or SQL), by key; in sc's
+// slices, valid until the next record.
+func (sc *batchScratch) eventHeaders(e *streams.Event) []kmsg.Header {
+	sc.headers = sc.headers[:0]
+	if e.RawHeaders != nil {
+		for _, h := range e.RawHeaders {
+			sc.headers = append(sc.headers, kmsg.Header{Key: h.Key, Value: h.Value})
+		}
+		return sc.headers
 	}
-	return varintLen(int64(len(b))) + len(b)
-}
-
-// appendBytes appends b as Kafka's varint-prefixed bytes (null: length -1).
-func appendBytes(dst, b []byte) []byte {
-	if b == nil {
-		return binary.AppendVarint(dst, -1)
+	if len(e.Headers) == 0 {
+		return nil
 	}
-	dst = binary.AppendVarint(dst, int64(len(b)))
-	return append(dst, b...)
-}
-
-// keyLen and appendKey are the size and the encoding of what a Kafka consumer gets
-// as the key: the text key's bytes, the key stored as bytes, or null.
-func keyLen(e *streams.Event) int {
-	if e.Key != "" {
-		return varintLen(int64(len(e.Key))) + len(e.Key)
+	sc.keys = sc.keys[:0]
+	for k := range e.Headers {
+		sc.keys = append(sc.keys, k)
 	}
-	return bytesLen(e.KeyBytes)
-}
-
-func appendKey(dst []byte, e *streams.Event) []byte {
-	if e.Key != "" {
-		dst = binary.AppendVarint(dst, int64(len(e.Key)))
-		return append(dst, e.Key...)
+	slices.Sort(sc.keys)
+	for _, k := range sc.keys {
+		sc.headers = append(sc.headers, kmsg.Header{Key: k, Value: sc.bytes(e.Headers[k])})
 	}
-	return appendBytes(dst, e.KeyBytes)
+	return sc.headers
 }
 
 // eventValue is what a Kafka consumer gets as the value: the bytes, or the JSON
