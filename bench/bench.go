@@ -86,6 +86,12 @@ type Env struct {
 	// Notes collects findings that are not throughput figures (profiles); they go
 	// into the report.
 	Notes []Note
+	// ConsumeCPUProfile, when set, is the file the kafka scenario's consume case
+	// writes a CPU profile of its franz-go group read to (the last repeat's), with
+	// the samples labelled side=server (the kafka.Server's goroutines) or
+	// side=franz-go (the client's and the bench loop's); unlabelled samples are the
+	// runtime's own (the GC's background work). Split with pprof -tagfocus.
+	ConsumeCPUProfile string
 }
 
 // StreamName returns a fresh stream name for this run.
@@ -205,6 +211,9 @@ type Options struct {
 	Scenarios []string
 	// Logger receives progress. Defaults to a logger that discards.
 	Logger *slog.Logger
+	// ConsumeCPUProfile, when set, is the file the kafka scenario writes a CPU
+	// profile of its consume case's franz-go read to (Env.ConsumeCPUProfile).
+	ConsumeCPUProfile string
 }
 
 // Run migrates nothing (the caller migrates), runs the scenarios on pool in order and
@@ -220,6 +229,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Report, error)
 		Suite:  opts.Suite,
 		RunID:  randomID(),
 		Logger: logger,
+
+		ConsumeCPUProfile: opts.ConsumeCPUProfile,
 	}
 	rep := &Report{
 		Date:  time.Now().UTC(),

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -28,10 +30,13 @@ import (
 //     in flight against franz-go's 4,000 and flattered the ratio) and the COPY
 //     reference at the same shape;
 //   - consume: a franz-go group consumer (classic protocol, range assignor) reading a
-//     pre-filled stream of 4 partitions from the start to the end, committing after
-//     every poll, against one consumergroup.Consumer (asynchronous commits) and the
+//     pre-filled stream of 4 partitions from the start to the end, against one
+//     consumergroup.Consumer (asynchronous commits, at most every 100 ms) and the
 //     raw range read, as in the consume scenario; each rate from the moment every
-//     partition returned records (steadyWindow), the start-up reported beside it;
+//     partition returned records (steadyWindow), the start-up reported beside it.
+//     Twice: with franz-go's autocommit every 100 ms, the native policy (the
+//     target's case since session 16), and committing synchronously after every
+//     poll (the target's case before);
 //   - end to end (with Suite.KafkaLatencyDuration and wal_level=logical): commit →
 //     franz-go group consumer at 1,000 events/s, woken through the tailer like the
 //     native consumer of the latency scenario's group-tailer mode: both consumers
@@ -108,7 +113,8 @@ func startKafkaServer(ctx context.Context, env *Env, pool *pgxpool.Pool, hub *wa
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(sctx, ln) }() // owner: stop, which ends and waits for it
+	// Its goroutines carry side=server in CPU profiles (Env.ConsumeCPUProfile).
+	go pprof.Do(sctx, pprof.Labels("side", "server"), func(ctx context.Context) { done <- srv.Serve(ctx, ln) }) // owner: stop, which ends and waits for it
 	return ln.Addr().String(), func() { cancel(); <-done }, nil
 }
 
@@ -199,11 +205,16 @@ func (s kafkaScenario) consume(ctx context.Context, env *Env, addr string) ([]Re
 	if err != nil {
 		return nil, err
 	}
-	kg, err := s.groupRead(ctx, env, addr, stream, int64(n))
+	kg, err := s.groupRead(ctx, env, addr, stream, int64(n), false)
 	if err != nil {
 		return nil, fmt.Errorf("kafka consume: %w", err)
 	}
+	ka, err := s.groupRead(ctx, env, addr, stream, int64(n), true)
+	if err != nil {
+		return nil, fmt.Errorf("kafka consume, auto-commit: %w", err)
+	}
 	raw.steady.latency, native.steady.latency, kg.steady.latency = summarize(raw.samples), summarize(native.samples), summarize(kg.samples)
+	ka.steady.latency = summarize(ka.samples)
 	wholeRate := func(r readRun) float64 { return float64(r.whole.records) / r.whole.elapsed.Seconds() }
 	base := Params{PayloadBytes: consumePayload, BatchSize: consumeBatch, Conns: consumePartitions, Partitions: consumePartitions}
 	rr := loadToResult("kafka", "raw-select", true, base, raw.steady)
@@ -215,14 +226,21 @@ func (s kafkaScenario) consume(ctx context.Context, env *Env, addr string) ([]Re
 	kp := Params{PayloadBytes: consumePayload, Conns: 1, Partitions: consumePartitions, Mode: "commit-each-poll"}
 	kr := loadToResult("kafka", "kgo-group", false, kp, kg.steady)
 	kr.Note = fmt.Sprintf("%d records, one franz-go group consumer (classic, range), CommitUncommittedOffsets after every poll; rate from the moment every partition returned records (the client's creation to it: %s; with it %.0f records/s); latency: one poll and its commit", n, fmtDurations(kg.starts), wholeRate(kg))
-	kr.RatioTo, kr.Ratio, kr.Target = nr.Case, ratio(kr.RecordsPerSec, nr.RecordsPerSec), kafkaTarget
+	kr.RatioTo, kr.Ratio = nr.Case, ratio(kr.RecordsPerSec, nr.RecordsPerSec)
+	kp.Mode = "auto-commit"
+	ar := loadToResult("kafka", "kgo-group", false, kp, ka.steady)
+	ar.Note = fmt.Sprintf("%d records, one franz-go group consumer (classic, range), autocommitting every 100 ms as the native group commits (asynchronously, at most every 100 ms); rate from the moment every partition returned records (the client's creation to it: %s; with it %.0f records/s); latency: one poll", n, fmtDurations(ka.starts), wholeRate(ka))
+	// The target's case since session 16: the native group's commit policy (the
+	// commit after every poll is kr, kept beside it).
+	ar.RatioTo, ar.Ratio, ar.Target = nr.Case, ratio(ar.RecordsPerSec, nr.RecordsPerSec), kafkaTarget
 	rr.Note += wholeReadNote(raw.wholeRead)
 	nr.Note += wholeReadNote(native.wholeRead)
 	kr.Note += wholeReadNote(kg.wholeRead)
-	for _, r := range []Result{rr, nr, kr} {
+	ar.Note += wholeReadNote(ka.wholeRead)
+	for _, r := range []Result{rr, nr, kr, ar} {
 		env.Logger.Info("case", "case", r.Case, "records_per_sec", int(r.RecordsPerSec))
 	}
-	return []Result{rr, nr, kr}, nil
+	return []Result{rr, nr, kr, ar}, nil
 }
 
 // fmtDurations lists durations in milliseconds.
@@ -235,18 +253,48 @@ func fmtDurations(ds []time.Duration) string {
 }
 
 // groupRead reads stream from the start with a franz-go group consumer of a fresh
-// group until it has n records, committing after every poll. As for the native group
+// group until it has n records, committing after every poll (CommitUncommittedOffsets),
+// or with autoCommit as the native group commits: franz-go's autocommit every 100 ms
+// (the native Consumer's CommitInterval), asynchronously. As for the native group
 // (steadyWindow), the rate and the CPU count from the moment every partition had
-// returned records; the time from the client's creation to it is the start-up. Latency samples
-// are one poll and its commit each.
-func (kafkaScenario) groupRead(ctx context.Context, env *Env, addr, stream string, n int64) (readRun, error) {
+// returned records; the time from the client's creation to it is the start-up. Latency
+// samples are one poll (and its commit) each. With env.ConsumeCPUProfile, the read
+// that commits after every poll is CPU-profiled, its goroutines and the client's
+// labelled side=franz-go.
+func (kafkaScenario) groupRead(ctx context.Context, env *Env, addr, stream string, n int64, autoCommit bool) (rr readRun, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
+	if env.ConsumeCPUProfile != "" && !autoCommit {
+		f, err := os.Create(env.ConsumeCPUProfile)
+		if err != nil {
+			return rr, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return rr, err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}()
+	}
+	// The client's goroutines inherit the label.
+	pprof.Do(ctx, pprof.Labels("side", "franz-go"), func(ctx context.Context) { rr, err = groupPolls(ctx, env, addr, stream, n, autoCommit) })
+	return rr, err
+}
+
+func groupPolls(ctx context.Context, env *Env, addr, stream string, n int64, autoCommit bool) (readRun, error) {
 	var rr readRun
 	sw := newSteadyWindow(env, consumePartitions) // a reader per partition
 	sw.start = time.Now()
+	commit := kgo.DisableAutoCommit()
+	if autoCommit {
+		commit = kgo.AutoCommitInterval(100 * time.Millisecond)
+	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumerGroup("bench-kafka-"+env.RunID+"-"+randomID()),
-		kgo.ConsumeTopics(stream), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DisableAutoCommit(),
+		kgo.ConsumeTopics(stream), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), commit,
 		kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
 		return rr, err
@@ -272,8 +320,10 @@ func (kafkaScenario) groupRead(ctx context.Context, env *Env, addr, stream strin
 				records += int64(len(p.Records))
 			}
 		})
-		if err := cl.CommitUncommittedOffsets(ctx); err != nil {
-			return rr, fmt.Errorf("commit: %w", err)
+		if !autoCommit {
+			if err := cl.CommitUncommittedOffsets(ctx); err != nil {
+				return rr, fmt.Errorf("commit: %w", err)
+			}
 		}
 		rr.samples = append(rr.samples, time.Since(t0))
 	}

@@ -3,15 +3,12 @@ package kafka
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/streamd/streamd/streamconfig"
 	"github.com/streamd/streamd/streams"
@@ -199,25 +196,18 @@ func appendCompressedBatches(dst []byte, events []streams.Event, codec int8, lim
 		plain   []byte
 		scratch bytes.Buffer
 	)
+	sc := batchScratchPool.Get().(*batchScratch)
+	defer batchScratchPool.Put(sc)
 	base := len(dst)
 	for start := 0; start < len(events); {
-		end := start + 1
-		for end < len(events) && events[end].Timestamp.Equal(events[start].Timestamp) {
-			end++
-		}
-		plain = appendBatch(plain[:0], events[start:end])
-		var b kmsg.RecordBatch
-		if err := b.ReadFrom(plain); err != nil {
-			panic(fmt.Sprintf("kafka: a batch appendBatch wrote does not decode: %v", err)) // a bug, not input
-		}
-		if out := compressRecords(codec, b.Records, &scratch); out != nil {
-			b.Records = out
-			b.Attributes |= int16(codec)
-			b.Length = int32(batchHeaderLen - 12 + len(out))
+		end := runEnd(events, start)
+		plain = sc.appendRecords(plain[:0], events[start:end])
+		recs, used := plain, int8(codecNone)
+		if out := compressRecords(codec, plain, &scratch); out != nil {
+			recs, used = out, codec
 		}
 		at := len(dst)
-		dst = b.AppendTo(dst)
-		binary.BigEndian.PutUint32(dst[at+17:], crc32.Checksum(dst[at+21:], crc32c))
+		dst = sc.appendBatchOf(dst, events[start:end], used, recs)
 		if len(dst)-base > limit && at > base {
 			return dst[:at]
 		}

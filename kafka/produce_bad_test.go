@@ -13,15 +13,32 @@ import (
 	"github.com/streamd/streamd/streams"
 )
 
+// appendRecord encodes r with its length, computed here (kmsg writes Length as given).
+func appendRecord(dst []byte, r *kmsg.Record) []byte {
+	body := r.AppendTo(nil)
+	// AppendTo wrote r.Length (0, one byte) first: replace it with the body's length.
+	body = body[1:]
+	dst = binary.AppendVarint(dst, int64(len(body)))
+	return append(dst, body...)
+}
+
 // rawBatch is an uncompressed record batch v2 of the given records (CRC computed).
 func rawBatch(recs ...kmsg.Record) []byte {
-	var body []byte
 	for i := range recs {
 		recs[i].OffsetDelta = int32(i)
+	}
+	return kmsgBatch(kmsg.RecordBatch{PartitionLeaderEpoch: -1, LastOffsetDelta: int32(len(recs) - 1),
+		ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1}, recs)
+}
+
+// kmsgBatch is b with recs as its records, as kmsg encodes it: magic 2, the records
+// with their lengths (appendRecord), the count, the length and the CRC set.
+func kmsgBatch(b kmsg.RecordBatch, recs []kmsg.Record) []byte {
+	var body []byte
+	for i := range recs {
 		body = appendRecord(body, &recs[i])
 	}
-	b := kmsg.RecordBatch{Magic: 2, PartitionLeaderEpoch: -1, LastOffsetDelta: int32(len(recs) - 1),
-		ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(len(recs)), Records: body}
+	b.Magic, b.NumRecords, b.Records = 2, int32(len(recs)), body
 	b.Length = int32(batchHeaderLen - 12 + len(body))
 	out := b.AppendTo(nil)
 	binary.BigEndian.PutUint32(out[17:], crc32.Checksum(out[21:], crc32c))

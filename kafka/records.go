@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"slices"
+	"sync"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -115,35 +116,81 @@ func toStreamRecords(recs []kmsg.Record) []streams.Record {
 // LogAppendTime timestamps: one batch per run of events with the same log time (a
 // produced batch has one), so each record reports its own time. Holes left by
 // compaction or retention stay holes (offset deltas skip them).
+//
+// kmsg encodes every record and batch header; what is ours is the buffers: dst is
+// grown once to about the size written (batchesSize), and each record is encoded
+// into scratch reused across records and calls (batchScratch). Encoding each record
+// into a fresh slice, growing the records from nil and copying the batch took a
+// third of the kafka.Server's CPU in a profile of the bench's consume case
+// (bench/RESULTS.md, session 16).
 func appendBatches(dst []byte, events []streams.Event) []byte {
+	dst = slices.Grow(dst, batchesSize(events))
+	sc := batchScratchPool.Get().(*batchScratch)
+	defer batchScratchPool.Put(sc)
 	for start := 0; start < len(events); {
-		end := start + 1
-		for end < len(events) && events[end].Timestamp.Equal(events[start].Timestamp) {
-			end++
-		}
-		dst = appendBatch(dst, events[start:end])
+		end := runEnd(events, start)
+		// The records go straight after room for the header, which is written last.
+		at := len(dst)
+		dst = sc.appendRecords(append(dst, sc.header[:]...), events[start:end])
+		sc.putHeader(dst[at:], events[start:end], codecNone)
 		start = end
 	}
 	return dst
 }
 
-func appendBatch(dst []byte, events []streams.Event) []byte {
-	first := events[0].Offset
-	ts := events[0].Timestamp.UnixMilli()
-	var recs []byte
+// runEnd is the end of the run of events with the log time of events[start].
+func runEnd(events []streams.Event, start int) int {
+	end := start + 1
+	for end < len(events) && events[end].Timestamp.Equal(events[start].Timestamp) {
+		end++
+	}
+	return end
+}
+
+// batchesSize is about the bytes appendBatches writes for events, as a capacity
+// hint: a batch header per log time, a record's framing (varints of 30 bytes at
+// most for records under 16 MiB) and its key, value and headers.
+func batchesSize(events []streams.Event) int {
+	n := 0
 	for i := range events {
 		e := &events[i]
-		r := kmsg.Record{OffsetDelta: int32(e.Offset - first), Value: eventValue(e), Headers: eventHeaders(e), Key: e.KeyBytes}
-		if e.Key != "" {
-			r.Key = []byte(e.Key)
+		if i == 0 || !e.Timestamp.Equal(events[i-1].Timestamp) {
+			n += batchHeaderLen
 		}
-		recs = appendRecord(recs, &r)
+		n += 30 + e.Size()
+		for _, h := range e.RawHeaders {
+			n += 10 + len(h.Key) + len(h.Value)
+		}
+		for k, v := range e.Headers {
+			n += 10 + len(k) + len(v)
+		}
 	}
+	return n
+}
+
+// appendBatchOf appends the record batch v2 of events (one log time) whose encoded
+// records, compressed with codec, are recs.
+func (sc *batchScratch) appendBatchOf(dst []byte, events []streams.Event, codec int8, recs []byte) []byte {
+	at := len(dst)
+	dst = append(append(dst, sc.header[:]...), recs...)
+	sc.putHeader(dst[at:], events, codec)
+	return dst
+}
+
+// putHeader writes the header of batch, a record batch v2 of events (one log time)
+// whose records (compressed with codec) follow its first batchHeaderLen bytes, as
+// kmsg encodes it: first offset, length, no leader epoch, magic 2, the codec and
+// LogAppendTime, the last offset delta, the log time as first and max timestamp, no
+// producer, the record count; then the CRC-32C of everything after the CRC.
+func (sc *batchScratch) putHeader(batch []byte, events []streams.Event, codec int8) {
+	first := events[0].Offset
+	ts := events[0].Timestamp.UnixMilli()
 	b := kmsg.RecordBatch{
 		FirstOffset:          first,
+		Length:               int32(len(batch) - 12),
 		PartitionLeaderEpoch: -1,
 		Magic:                2,
-		Attributes:           attrLogAppendTime,
+		Attributes:           attrLogAppendTime | int16(codec),
 		LastOffsetDelta:      int32(events[len(events)-1].Offset - first),
 		FirstTimestamp:       ts,
 		MaxTimestamp:         ts,
@@ -151,22 +198,76 @@ func appendBatch(dst []byte, events []streams.Event) []byte {
 		ProducerEpoch:        -1,
 		FirstSequence:        -1,
 		NumRecords:           int32(len(events)),
-		Records:              recs,
 	}
-	b.Length = int32(batchHeaderLen - 12 + len(recs))
-	start := len(dst)
-	dst = b.AppendTo(dst)
-	binary.BigEndian.PutUint32(dst[start+17:], crc32.Checksum(dst[start+21:], crc32c))
+	copy(batch, b.AppendTo(sc.header[:0]))
+	binary.BigEndian.PutUint32(batch[17:], crc32.Checksum(batch[21:], crc32c))
+}
+
+// batchScratch is what encoding a fetch's records reuses: a batch header's
+// encoding, one record's encoding, its headers, the sorted keys of string headers,
+// and a byte arena for the keys and header values kmsg takes as []byte (a slice of
+// it stays valid when a later append moves the arena: the old array is not written
+// again).
+type batchScratch struct {
+	header     [batchHeaderLen]byte
+	rec, arena []byte
+	headers    []kmsg.Header
+	keys       []string
+}
+
+var batchScratchPool = sync.Pool{New: func() any { return new(batchScratch) }}
+
+// appendRecords appends the records of events (one batch, whose first offset is
+// events[0]'s) to dst as kmsg.Record encodes them, each with its length: kmsg writes
+// Length as given, so each record is encoded first (into sc.rec) and its length
+// put before it.
+func (sc *batchScratch) appendRecords(dst []byte, events []streams.Event) []byte {
+	first := events[0].Offset
+	for i := range events {
+		e := &events[i]
+		sc.arena = sc.arena[:0]
+		r := kmsg.Record{OffsetDelta: int32(e.Offset - first), Value: eventValue(e), Key: e.KeyBytes, Headers: sc.eventHeaders(e)}
+		if e.Key != "" {
+			r.Key = sc.bytes(e.Key)
+		}
+		sc.rec = r.AppendTo(sc.rec[:0])
+		body := sc.rec[1:] // AppendTo wrote Length (0, one byte) first
+		dst = binary.AppendVarint(dst, int64(len(body)))
+		dst = append(dst, body...)
+	}
 	return dst
 }
 
-// appendRecord encodes r with its length, computed here (kmsg writes Length as given).
-func appendRecord(dst []byte, r *kmsg.Record) []byte {
-	body := r.AppendTo(nil)
-	// AppendTo wrote r.Length (0, one byte) first: replace it with the body's length.
-	body = body[1:]
-	dst = binary.AppendVarint(dst, int64(len(body)))
-	return append(dst, body...)
+// bytes returns s's bytes, copied into the arena.
+func (sc *batchScratch) bytes(s string) []byte {
+	at := len(sc.arena)
+	sc.arena = append(sc.arena, s...)
+	return sc.arena[at:len(sc.arena):len(sc.arena)]
+}
+
+// eventHeaders are the raw headers when the record has them (appended over Kafka),
+// else the string headers (appended by the Go client or SQL), by key; in sc's
+// slices, valid until the next record.
+func (sc *batchScratch) eventHeaders(e *streams.Event) []kmsg.Header {
+	sc.headers = sc.headers[:0]
+	if e.RawHeaders != nil {
+		for _, h := range e.RawHeaders {
+			sc.headers = append(sc.headers, kmsg.Header{Key: h.Key, Value: h.Value})
+		}
+		return sc.headers
+	}
+	if len(e.Headers) == 0 {
+		return nil
+	}
+	sc.keys = sc.keys[:0]
+	for k := range e.Headers {
+		sc.keys = append(sc.keys, k)
+	}
+	slices.Sort(sc.keys)
+	for _, k := range sc.keys {
+		sc.headers = append(sc.headers, kmsg.Header{Key: k, Value: sc.bytes(e.Headers[k])})
+	}
+	return sc.headers
 }
 
 // eventValue is what a Kafka consumer gets as the value: the bytes, or the JSON
@@ -179,29 +280,4 @@ func eventValue(e *streams.Event) []byte {
 		return []byte(e.Data)
 	}
 	return nil
-}
-
-// eventHeaders are the raw headers when the record has them (appended over Kafka),
-// else the string headers (appended by the Go client or SQL), by key.
-func eventHeaders(e *streams.Event) []kmsg.Header {
-	if e.RawHeaders != nil {
-		out := make([]kmsg.Header, len(e.RawHeaders))
-		for i, h := range e.RawHeaders {
-			out[i] = kmsg.Header{Key: h.Key, Value: h.Value}
-		}
-		return out
-	}
-	if len(e.Headers) == 0 {
-		return nil
-	}
-	keys := make([]string, 0, len(e.Headers))
-	for k := range e.Headers {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	out := make([]kmsg.Header, len(keys))
-	for i, k := range keys {
-		out[i] = kmsg.Header{Key: k, Value: []byte(e.Headers[k])}
-	}
-	return out
 }
