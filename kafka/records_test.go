@@ -112,3 +112,17 @@ func TestBatchesAllocateOnce(t *testing.T) {
 	require.LessOrEqual(t, allocs, 1.0, "allocations to encode 1,000 records")
 	require.LessOrEqual(t, len(appendBatches(nil, events)), batchesSize(events), "the capacity hint covers what is written")
 }
+
+// TestEmptyStringHeaderIsEmptyOnAFreshScratch: a string header whose value is ""
+// reaches the consumer as an empty value, not a null one, also when it is the first
+// thing a fresh batchScratch (a new one from the pool) copies into its arena.
+func TestEmptyStringHeaderIsEmptyOnAFreshScratch(t *testing.T) {
+	t.Parallel()
+	ts := time.UnixMilli(1_790_000_000_000)
+	events := []streams.Event{{Offset: 7, Timestamp: ts, Bytes: []byte("v"), Headers: map[string]string{"a": "", "b": "2"}}}
+	want := eventsBatch(events, []kmsg.Record{{Value: []byte("v"), Headers: []kmsg.Header{{Key: "a", Value: []byte{}}, {Key: "b", Value: []byte("2")}}}})
+	sc := new(batchScratch)
+	got := sc.appendRecords(append([]byte(nil), sc.header[:]...), events)
+	sc.putHeader(got, events, codecNone)
+	require.Equal(t, want, got)
+}
