@@ -238,8 +238,11 @@ func (sc *batchScratch) appendRecords(dst []byte, events []streams.Event) []byte
 	return dst
 }
 
-// bytes returns s's bytes, copied into the arena.
+// bytes returns s's bytes, copied into the arena; never nil (kmsg writes nil as null).
 func (sc *batchScratch) bytes(s string) []byte {
+	if s == "" {
+		return []byte{} // appending nothing to a nil arena (a fresh scratch) gives nil
+	}
 	at := len(sc.arena)
 	sc.arena = append(sc.arena, s...)
 	return sc.arena[at:len(sc.arena):len(sc.arena)]
