@@ -87,10 +87,11 @@ type Env struct {
 	// into the report.
 	Notes []Note
 	// ConsumeCPUProfile, when set, is the file the kafka scenario's consume case
-	// writes a CPU profile of its franz-go group read to (the last repeat's), with
-	// the samples labelled side=server (the kafka.Server's goroutines) or
-	// side=franz-go (the client's and the bench loop's); unlabelled samples are the
-	// runtime's own (the GC's background work). Split with pprof -tagfocus.
+	// writes a CPU profile of its commit-each-poll franz-go group read to (the
+	// last repeat's), with the samples labelled side=server (the kafka.Server's
+	// goroutines) or side=franz-go (the client's and the bench loop's); unlabelled
+	// samples are the runtime's own (the GC's background work). Split with pprof
+	// -tagfocus.
 	ConsumeCPUProfile string
 }
 
@@ -212,7 +213,8 @@ type Options struct {
 	// Logger receives progress. Defaults to a logger that discards.
 	Logger *slog.Logger
 	// ConsumeCPUProfile, when set, is the file the kafka scenario writes a CPU
-	// profile of its consume case's franz-go read to (Env.ConsumeCPUProfile).
+	// profile of its consume case's commit-each-poll franz-go read to
+	// (Env.ConsumeCPUProfile).
 	ConsumeCPUProfile string
 }
 

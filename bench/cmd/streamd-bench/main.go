@@ -51,7 +51,7 @@ func run() error {
 	latency := flag.Duration("latency", 0, "run the latency scenario for this long per mode (the full suite's default is 20s; quick and tiny leave it out unless this is set)")
 	kafkaE2E := flag.Duration("kafka-e2e", 0, "override how long each of the kafka scenario's end-to-end modes runs (quick 15s, full 20s)")
 	growthLog := flag.String("growth-log", "", "override the suite's log sizes for the growth scenario, e.g. 0,1M,10M")
-	consumeProfile := flag.String("consume-cpuprofile", "", "write a CPU profile of the kafka scenario's franz-go consume read to this file (samples labelled side=server or side=franz-go)")
+	consumeProfile := flag.String("consume-cpuprofile", "", "write a CPU profile of the kafka scenario's commit-each-poll franz-go consume read (not the target's auto-commit one) to this file (samples labelled side=server or side=franz-go)")
 	dropBallast := flag.Bool("drop-ballast", false, "run nothing: drop the growth scenario's kept ballast database (and dead runs' temporary ones)")
 	flag.Parse()
 
