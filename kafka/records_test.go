@@ -108,9 +108,12 @@ func TestBatchesAllocateOnce(t *testing.T) {
 	for i := range events {
 		events[i] = streams.Event{Offset: int64(i), Timestamp: ts, Key: fmt.Sprint("key-", i), Data: json.RawMessage(`{"payload":"0123456789abcdef"}`)}
 	}
+	require.LessOrEqual(t, len(appendBatches(nil, events)), batchesSize(events), "the capacity hint covers what is written")
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops the pooled scratch at random (make test-race): counted by make test")
+	}
 	allocs := testing.AllocsPerRun(20, func() { appendBatches(nil, events) })
 	require.LessOrEqual(t, allocs, 1.0, "allocations to encode 1,000 records")
-	require.LessOrEqual(t, len(appendBatches(nil, events)), batchesSize(events), "the capacity hint covers what is written")
 }
 
 // TestEmptyStringHeaderIsEmptyOnAFreshScratch: a string header whose value is ""
