@@ -5,7 +5,6 @@ import (
 	"context"
 	"reflect"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,12 +108,11 @@ type tailReader struct {
 
 	mu      sync.Mutex
 	stopped bool
-	start   int64 // the first offset it holds
-	next    int64 // the next offset it reads
-	lso, hw int64 // the log start and high watermark its last read saw
-	events  []streams.Event
+	start   int64       // the first offset it holds
+	next    int64       // the next offset it reads
+	lso, hw int64       // the log start and high watermark its last read saw
+	held    heldRecords // the records from start to next (tail_held.go)
 	bytes   int
-	dead    int           // heldSize of the dropped records events' array still holds below it
 	changed chan struct{} // closed (and replaced) when it read something new or stopped
 
 	// poll (cap 1) asks for a read now: the safety-net poll of a fetch waiting on r
@@ -217,7 +215,7 @@ func (r *tailReader) stop() {
 	}
 	r.stopped = true
 	r.t.bytes.Add(-int64(r.bytes))
-	r.events, r.bytes = nil, 0
+	r.held, r.bytes = heldRecords{}, 0
 	close(r.changed)
 }
 
@@ -308,16 +306,21 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (found, more, ok b
 	}
 	changed := res.HighWatermark != r.hw || res.LogStartOffset != r.lso || len(res.Events) > 0
 	added := 0
-	for _, e := range res.Events {
-		if e.Offset < from || len(r.events) > 0 && e.Offset <= r.events[len(r.events)-1].Offset {
+	last := from - 1
+	if r.held.len() > 0 {
+		last = max(last, r.held.last().Offset)
+	}
+	for i := range res.Events {
+		if res.Events[i].Offset <= last {
 			return false, false, false // not in offset order past from: never serve it
 		}
-		added += heldSize(&e)
+		last = res.Events[i].Offset
 	}
-	if len(r.events)+len(res.Events) > cap(r.events) {
-		r.dead = 0 // the append copies only what r.events holds
+	for i := range res.Events {
+		sz := heldSize(&res.Events[i])
+		r.held.push(&res.Events[i], sz)
+		added += sz
 	}
-	r.events = append(r.events, res.Events...)
 	r.bytes += added
 	r.t.bytes.Add(int64(added))
 	r.next = res.NextOffset
@@ -327,32 +330,19 @@ func (s *Server) readTail(ctx context.Context, r *tailReader) (found, more, ok b
 	}
 	r.lso, r.hw = res.LogStartOffset, res.HighWatermark
 	// Below the log start nothing is served; the bounds drop the oldest.
-	keepFrom := len(r.events) - len(res.Events) // this read's records stay when the total is past its bound
-	drop := 0
-	for drop < len(r.events) && (r.events[drop].Offset < r.lso || r.bytes > tailMaxBytes || len(r.events)-drop > r.maxRecords ||
-		drop < keepFrom && r.t.bytes.Load() > tailTotalBytes) {
-		sz := heldSize(&r.events[drop])
-		r.bytes -= sz
-		r.dead += sz
-		r.t.bytes.Add(-int64(sz))
-		r.start = r.events[drop].Offset + 1
-		drop++
-	}
-	if drop > 0 {
-		// Resliced, not copied: at its bound a reader drops a record or so per read,
-		// and a copy of the ~1,000 it keeps (248 bytes an Event) on each read was
-		// 250 KB a read, the most of what a process serving a tail consumer allocated
-		// (a GC every 25 ms; session 15). The dropped Events stay in the array (it is
-		// never written below its length: fetches may still hold slices of it) until
-		// an append outgrows it and copies only what is kept, or until they come to a
-		// sixteenth of what it counts: then it copies what it keeps, so that the heap
-		// it holds is what the bounds count (an append doubles a short slice, and
-		// left as many dropped large records as kept ones:
-		// TestTailReaderOfLargeRecordsHoldsWhatItCounts).
-		r.events = r.events[drop:]
-		if r.dead > r.bytes/16 {
-			r.events, r.dead = append([]streams.Event(nil), r.events...), 0
+	// This read's records stay when the total is past its bound. Dropping copies
+	// nothing: a block goes with its last record (tail_held.go).
+	for r.held.len() > 0 {
+		e := r.held.first()
+		if !(e.Offset < r.lso || r.bytes > tailMaxBytes || r.held.len() > r.maxRecords ||
+			r.held.len() > len(res.Events) && r.t.bytes.Load() > tailTotalBytes) {
+			break
 		}
+		sz := heldSize(e)
+		r.bytes -= sz
+		r.t.bytes.Add(-int64(sz))
+		r.start = e.Offset + 1
+		r.held.dropFirst()
 	}
 	if r.start < r.lso {
 		r.start = min(r.lso, r.next)
@@ -404,20 +394,10 @@ func (r *tailReader) serve(offset int64, maxBytes int) (evs []streams.Event, lso
 	if r.stopped || offset < r.start || offset < r.lso || offset > r.next {
 		return nil, 0, 0, nil, false
 	}
-	i := sort.Search(len(r.events), func(i int) bool { return r.events[i].Offset >= offset })
-	n, size := 0, 0
-	for i+n < len(r.events) && n < fetchMaxRecords {
-		sz := r.events[i+n].Size()
-		if n > 0 && size+sz > maxBytes {
-			break
-		}
-		size += sz
-		n++
-	}
-	// The slice's events are never written again (reads append past them, the
-	// bounds reslice past them or copy what they keep, a growing append copies them),
-	// so it is the fetch's without a copy.
-	return r.events[i : i+n : i+n], r.lso, r.hw, r.changed, true
+	// The slice's events are never written again (reads append past them in their
+	// block, the bounds drop whole blocks; records across blocks are a copy), so it is
+	// the fetch's without a copy.
+	return r.held.span(offset, maxBytes, fetchMaxRecords), r.lso, r.hw, r.changed, true
 }
 
 // fetchFromTails answers req from the tail readers when every partition it may read

@@ -32,7 +32,7 @@ func TestTailReaderMemoryIsWhatItCounts(t *testing.T) {
 	r := ts.srv.tails.get(partKey{topic, 0})
 	require.NotNil(t, r)
 	r.mu.Lock()
-	held, counted := len(r.events), r.bytes
+	held, counted := r.held.len(), r.bytes
 	r.mu.Unlock()
 	require.Equal(t, n, held)
 	var withReader, without runtime.MemStats
@@ -69,7 +69,7 @@ func TestTailReaderAtItsBoundAllocatesLittlePerRead(t *testing.T) {
 	r := ts.srv.tails.get(partKey{topic, 0})
 	require.NotNil(t, r)
 	r.mu.Lock()
-	held := len(r.events)
+	held := r.held.len()
 	r.mu.Unlock()
 	require.Greater(t, held, 900, "the reader holds its bound's worth")
 	require.Less(t, held, 2000, "the reader keeps its bound")
@@ -93,9 +93,9 @@ func TestTailReaderAtItsBoundAllocatesLittlePerRead(t *testing.T) {
 // TestTailReaderOfLargeRecordsHoldsWhatItCounts: a reader at its bound holding large
 // records (100 KiB each, ten of them within tailMaxBytes, one read each) keeps no
 // more heap than it counts: the records it dropped are released, not kept alive by
-// the array it resliced past them until an append outgrows it (the slice's doubling
-// left up to as many dropped records as kept ones, twice the bound). Not parallel: it
-// measures the heap.
+// the block that holds them (a block closes once its records count tailBlockBytes;
+// before blocks, the one slice's doubling left up to as many dropped records as kept
+// ones, twice the bound). Not parallel: it measures the heap.
 func TestTailReaderOfLargeRecordsHoldsWhatItCounts(t *testing.T) {
 	sn := newTailScene(t, "tailmemlarge")
 	ts, hub, ctx, topic, sc := sn.ts, sn.hub, sn.ctx, sn.topic, sn.sc

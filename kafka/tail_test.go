@@ -401,7 +401,7 @@ func TestTailReaderKeepsItsBound(t *testing.T) {
 	require.Eventually(t, func() bool { return tailHolds(ts, topic, 0, 20) }, 10*time.Second, time.Millisecond)
 	r := ts.srv.tails.get(partKey{topic, 0})
 	r.mu.Lock()
-	start, held, bytes := r.start, len(r.events), r.bytes
+	start, held, bytes := r.start, r.held.len(), r.bytes
 	r.mu.Unlock()
 	require.Equal(t, int64(15), start)
 	require.Equal(t, 5, held)
