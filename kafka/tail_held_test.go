@@ -3,6 +3,7 @@ package kafka
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -112,4 +113,62 @@ func TestHeldRecordsSpan(t *testing.T) {
 	}
 	require.Empty(t, h.blocks)
 	require.Nil(t, h.span(0, 1<<30, 10))
+}
+
+// heldHeap is the heap a reader's held records keep alive: the blocks' arrays whole
+// (their spare room and the Events dropped from the first block included) and the
+// payloads of every Event those arrays still reference, dropped or not.
+func heldHeap(h *heldRecords) int {
+	n := 0
+	for _, blk := range h.blocks {
+		n += cap(blk) * int(unsafe.Sizeof(streams.Event{}))
+		for i := range blk {
+			n += blk[i].Size()
+		}
+	}
+	return n
+}
+
+// TestHeldRecordsHoldWhatTheyCount: the heap a reader's records keep (heldHeap) is
+// what the bounds count (heldSize of the records held) give or take a sixteenth, as
+// the one slice kept it, whatever the reader holds: a reader that read one record,
+// one that dropped all but the last of a block's records (the log start moved, or the
+// Server's total bound left it its last read), a reader at its bound of small
+// records, one of large records. A per-reader excess (a fresh block's 63 empty Events,
+// 64 KiB of dropped records) is paid by each of up to tailMaxReaders readers, beyond
+// tailTotalBytes.
+func TestHeldRecordsHoldWhatTheyCount(t *testing.T) {
+	type step struct {
+		payload, push, keep int // push records of payload bytes, then drop down to keep
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"one small record", []step{{16, 1, 1}}},
+		{"a block's records dropped but the last", []step{{1 << 10, 32, 1}}},
+		{"two reads, the first dropped", []step{{1 << 10, 20, 20}, {16, 1, 1}}},
+		{"small records at the bound", append([]step{{16, 1000, 1000}}, slices.Repeat([]step{{16, 1, 1000}}, 2000)...)},
+		{"large records at the bound", append([]step{{100 << 10, 10, 10}}, slices.Repeat([]step{{100 << 10, 1, 10}}, 20)...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h heldRecords
+			counted, off := 0, int64(0)
+			for _, s := range tc.steps { // a read: its records pushed, then the oldest dropped
+				for range s.push {
+					e := streams.Event{Offset: off, Bytes: make([]byte, s.payload)}
+					off++
+					h.push(&e, heldSize(&e))
+					counted += heldSize(&e)
+				}
+				for h.len() > s.keep {
+					counted -= heldSize(h.first())
+					h.dropFirst()
+				}
+			}
+			heap := heldHeap(&h)
+			t.Logf("%d records counted as %d bytes keep %d", h.len(), counted, heap)
+			require.LessOrEqual(t, heap, counted+counted/16, "heap the held records keep against what they count")
+		})
+	}
 }
