@@ -13,12 +13,14 @@ import (
 // 19 % of what a process serving a tail consumer allocated (session 16, kafka20).
 const (
 	// tailBlockEvents is the room of a block: a block is one allocation of this many
-	// Events (248 bytes each), made when the last one is full.
+	// Events (248 bytes each), made when the last one is full (less for a reader
+	// that holds fewer records, or for large records: push).
 	tailBlockEvents = 64
 	// tailBlockBytes closes a block early once the records in it count this much
 	// (heldSize): a dropped record stays in its block until the whole block is
-	// dropped, so the dropped records a reader's blocks still hold count less than
-	// this (tailMaxBytes/16, the bound the one slice kept by copying).
+	// dropped or the dropped count a sixteenth of what the reader holds (then the
+	// first block is copied without them: dropFirst), the bound the one slice kept by
+	// copying (tailMaxBytes/16).
 	tailBlockBytes = tailMaxBytes / 16
 )
 
@@ -31,6 +33,8 @@ type heldRecords struct {
 	head      int // the records of blocks[0] dropped
 	n         int // the records held
 	lastBytes int // heldSize of the last block's records
+	bytes     int // heldSize of the records held
+	dead      int // heldSize of the records dropped that blocks[0] still holds
 }
 
 // len returns the number of records held.
@@ -48,25 +52,42 @@ func (h *heldRecords) last() *streams.Event {
 // push appends e, whose heldSize is size, after the records held.
 func (h *heldRecords) push(e *streams.Event, size int) {
 	if k := len(h.blocks); k == 0 || len(h.blocks[k-1]) == cap(h.blocks[k-1]) || h.lastBytes >= tailBlockBytes {
-		h.blocks = append(h.blocks, make([]streams.Event, 0, tailBlockEvents))
+		// A block's room is what the reader may fill: no more than it holds already
+		// (at least 4), nor than records of e's size close it at tailBlockBytes. A
+		// block of 64 for a reader of one record, or for one record of 64 KiB, was
+		// 15 KB of empty Events the bounds do not count, per reader.
+		room := min(tailBlockEvents, max(4, h.n), tailBlockBytes/size+1)
+		h.blocks = append(h.blocks, make([]streams.Event, 0, room))
 		h.lastBytes = 0
 	}
 	k := len(h.blocks) - 1
 	h.blocks[k] = append(h.blocks[k], *e)
 	h.lastBytes += size
+	h.bytes += size
 	h.n++
 }
 
 // dropFirst drops the oldest record held; h must hold one. Its block goes when the
-// block's last record does.
+// block's last record does, or is copied without its dropped records once these
+// count more than a sixteenth of what h holds: a reader left with a record or two
+// (the log start moved, or the Server's total bound left it its last read) kept up
+// to 64 KiB of dropped records and their Events, per reader, beyond the bounds.
 func (h *heldRecords) dropFirst() {
+	size := heldSize(h.first())
 	h.head++
 	h.n--
+	h.bytes -= size
+	h.dead += size
 	if h.head < len(h.blocks[0]) {
+		if h.dead > h.bytes/16 {
+			// A copy: fetches may hold slices of the old array.
+			h.blocks[0] = append([]streams.Event(nil), h.blocks[0][h.head:]...)
+			h.head, h.dead = 0, 0
+		}
 		return
 	}
 	h.blocks[0] = nil
-	h.blocks, h.head = h.blocks[1:], 0
+	h.blocks, h.head, h.dead = h.blocks[1:], 0, 0
 	if len(h.blocks) == 0 {
 		h.blocks, h.lastBytes = nil, 0
 	}

@@ -71,7 +71,13 @@ func TestHeldRecordsSpan(t *testing.T) {
 		h.dropFirst()
 	}
 	all = all[37:]
-	require.Greater(t, len(h.blocks), 300/tailBlockEvents+1, "some blocks closed by their bytes")
+	closedByBytes := 0
+	for _, blk := range h.blocks[:len(h.blocks)-1] {
+		if len(blk) < cap(blk) {
+			closedByBytes++
+		}
+	}
+	require.Greater(t, closedByBytes, 0, "some blocks closed by their bytes")
 	want := func(offset int64, maxBytes, limit int) []streams.Event {
 		i := 0
 		for i < len(all) && all[i].Offset < offset {
