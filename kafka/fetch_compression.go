@@ -196,8 +196,8 @@ func appendCompressedBatches(dst []byte, events []streams.Event, codec int8, lim
 		plain   []byte
 		scratch bytes.Buffer
 	)
-	sc := batchScratchPool.Get().(*batchScratch)
-	defer batchScratchPool.Put(sc)
+	sc := getBatchScratch()
+	defer sc.release()
 	base := len(dst)
 	for start := 0; start < len(events); {
 		end := runEnd(events, start)

@@ -125,8 +125,8 @@ func toStreamRecords(recs []kmsg.Record) []streams.Record {
 // (bench/RESULTS.md, session 16).
 func appendBatches(dst []byte, events []streams.Event) []byte {
 	dst = slices.Grow(dst, batchesSize(events))
-	sc := batchScratchPool.Get().(*batchScratch)
-	defer batchScratchPool.Put(sc)
+	sc := getBatchScratch()
+	defer sc.release()
 	for start := 0; start < len(events); {
 		end := runEnd(events, start)
 		// The records go straight after room for the header, which is written last.
@@ -216,6 +216,23 @@ type batchScratch struct {
 }
 
 var batchScratchPool = sync.Pool{New: func() any { return new(batchScratch) }}
+
+// getBatchScratch takes a scratch from the pool; release gives it back.
+func getBatchScratch() *batchScratch { return batchScratchPool.Get().(*batchScratch) }
+
+// release gives sc back to the pool without what it points to: a header's value is a
+// slice of the event's payload, often of one buffer holding a whole fetch's payloads,
+// which a pooled scratch would otherwise keep alive until its next use.
+func (sc *batchScratch) release() {
+	sc.forget()
+	batchScratchPool.Put(sc)
+}
+
+// forget drops sc's references to the events it encoded (its headers and keys).
+func (sc *batchScratch) forget() {
+	clear(sc.headers[:cap(sc.headers)])
+	clear(sc.keys[:cap(sc.keys)])
+}
 
 // appendRecords appends the records of events (one batch, whose first offset is
 // events[0]'s) to dst as kmsg.Record encodes them, each with its length: kmsg writes

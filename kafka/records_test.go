@@ -129,3 +129,24 @@ func TestEmptyStringHeaderIsEmptyOnAFreshScratch(t *testing.T) {
 	sc.putHeader(got, events, codecNone)
 	require.Equal(t, want, got)
 }
+
+// TestReleasedScratchKeepsNoEvent: a scratch given back to the pool points to none of
+// the events it encoded (their header values and keys), so a pooled scratch does not
+// keep a fetch's payloads alive.
+func TestReleasedScratchKeepsNoEvent(t *testing.T) {
+	ts := time.UnixMilli(1_790_000_000_000)
+	events := []streams.Event{
+		{Offset: 1, Timestamp: ts, Bytes: []byte("v"), RawHeaders: []streams.Header{{Key: "a", Value: []byte("1")}, {Key: "b", Value: []byte("2")}}},
+		{Offset: 2, Timestamp: ts, Bytes: []byte("w"), Headers: map[string]string{"x": "1", "y": "2", "z": "3"}},
+		{Offset: 3, Timestamp: ts, Bytes: []byte("u"), RawHeaders: []streams.Header{{Key: "c", Value: []byte("3")}}},
+	}
+	sc := new(batchScratch)
+	sc.appendRecords(nil, events)
+	sc.forget()
+	for i, h := range sc.headers[:cap(sc.headers)] {
+		require.Equal(t, kmsg.Header{}, h, "header %d", i)
+	}
+	for i, k := range sc.keys[:cap(sc.keys)] {
+		require.Empty(t, k, "key %d", i)
+	}
+}

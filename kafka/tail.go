@@ -395,8 +395,9 @@ func (r *tailReader) serve(offset int64, maxBytes int) (evs []streams.Event, lso
 		return nil, 0, 0, nil, false
 	}
 	// The slice's events are never written again (reads append past them in their
-	// block, the bounds drop whole blocks; records across blocks are a copy), so it is
-	// the fetch's without a copy.
+	// block; the bounds drop a block with its last record, or copy the first block's
+	// kept records into a new one; records across blocks are a copy), so it is the
+	// fetch's without a copy.
 	return r.held.span(offset, maxBytes, fetchMaxRecords), r.lso, r.hw, r.changed, true
 }
 
