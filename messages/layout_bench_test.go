@@ -75,7 +75,9 @@ import (
 // (median and min–max), and the server CPU (the pools' backends' run time from
 // /proc/<pid>/schedstat, when the database is on this machine) and client CPU
 // (getrusage) per batch of 100 of each phase. STREAMD_LAYOUT_SYSTEMS (a comma list),
-// STREAMD_LAYOUT_WORKERS and STREAMD_LAYOUT_MESSAGES narrow a run; with
+// STREAMD_LAYOUT_WORKERS and STREAMD_LAYOUT_MESSAGES narrow a run;
+// STREAMD_LAYOUT_RESIDENT=QxM fills the shared table with Q other queues of M messages
+// each (env.resident); with
 // STREAMD_LAYOUT_EXPLAIN set to a file name, it writes there the plans of one send,
 // receive and ack per system (env.explain).
 func BenchmarkQueueLayouts(b *testing.B) {
@@ -96,6 +98,7 @@ func BenchmarkQueueLayouts(b *testing.B) {
 		systems = slices.DeleteFunc(systems, func(s *layoutSystem) bool { return !slices.Contains(keep, s.name) })
 	}
 	require.NotEmpty(b, systems)
+	env.resident(b, os.Getenv("STREAMD_LAYOUT_RESIDENT"))
 	// The lines go to stdout: the testing package truncates a benchmark's log.
 	fmt.Printf("load at start: %s; %d messages a case; %d rows in streamd.queue_messages\n", loadAvg(), n, env.sharedRows(b))
 
@@ -569,29 +572,33 @@ func (e *layoutEnv) bareSystem(name, queue, table, seq string, named, uuidIDs, g
 		// The receive reads the queue's lease and attempts from its row, and takes
 		// due messages of the delayed lane first, then the main range, as
 		// queue_receive does; a message that used up its attempts is left for
-		// queue_receive (a direct receive would decline to it).
+		// queue_receive (a direct receive would decline to it). The queue's values
+		// are initplans, not a join: a locking scan joined to the queue's row
+		// re-ran the join for every row a concurrent receive had leased since the
+		// scan's snapshot (EvalPlanQual), and cost the drain 9–18% at 4 and 16
+		// workers (the first runs, bench/RESULTS.md).
 		receiveSQL = fmt.Sprintf(`WITH q AS MATERIALIZED (
 				SELECT q.visibility_timeout_ms AS vt, q.max_delivery_attempts AS att, clock_timestamp() AS now
 				FROM streamd.queues q WHERE q.queue_name = $1 AND NOT q.fifo)
 			UPDATE %[1]s m
 			SET delivery_attempts = m.delivery_attempts + 1,
-			    visibility_timeout = q.now + coalesce($3::bigint, q.vt) * interval '1 millisecond',
+			    visibility_timeout = (SELECT q.now + coalesce($3::bigint, q.vt) * interval '1 millisecond' FROM q),
 			    lease_token = encode($4::bytea || int8send($5::bigint # m."offset"), 'hex')::uuid
-			FROM q
 			WHERE m.ctid = ANY(ARRAY(
 				SELECT c.ctid FROM (
-					(SELECT * FROM (SELECT x.ctid FROM %[1]s x, q
-					 WHERE x."offset" >= 4503599627370496 AND x.due_at <= q.now AND x.visibility_timeout <= q.now
-					   AND x.delivery_attempts < coalesce(x.max_delivery_attempts, q.att)
-					 ORDER BY x.due_at LIMIT $2 FOR UPDATE OF x SKIP LOCKED) lane)
+					(SELECT * FROM (SELECT x.ctid FROM %[1]s x
+					 WHERE x."offset" >= 4503599627370496 AND x.due_at <= (SELECT q.now FROM q)
+					   AND x.visibility_timeout <= (SELECT q.now FROM q)
+					   AND x.delivery_attempts < coalesce(x.max_delivery_attempts, (SELECT q.att FROM q))
+					 ORDER BY x.due_at LIMIT $2 FOR UPDATE SKIP LOCKED) lane)
 					UNION ALL
-					(SELECT * FROM (SELECT x.ctid FROM %[1]s x, q
-					 WHERE x."offset" < 4503599627370496 AND x.visibility_timeout <= q.now
-					   AND x.delivery_attempts < coalesce(x.max_delivery_attempts, q.att)
-					 ORDER BY x."offset" LIMIT $2 FOR UPDATE OF x SKIP LOCKED) head)
+					(SELECT * FROM (SELECT x.ctid FROM %[1]s x
+					 WHERE x."offset" < 4503599627370496 AND x.visibility_timeout <= (SELECT q.now FROM q)
+					   AND x.delivery_attempts < coalesce(x.max_delivery_attempts, (SELECT q.att FROM q))
+					 ORDER BY x."offset" LIMIT $2 FOR UPDATE SKIP LOCKED) head)
 					LIMIT $2) c))
 			RETURNING m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
-			          m.delivery_attempts, coalesce(m.max_delivery_attempts, q.att), m.lease_token,
+			          m.delivery_attempts, coalesce(m.max_delivery_attempts, (SELECT q.att FROM q)), m.lease_token,
 			          m.group_key, m.last_error, m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at,
 			          m.data_bytes`, table)
 	}
@@ -745,11 +752,12 @@ func layoutTable(systems []*layoutSystem, workers []int, cases map[layoutKey][]l
 }
 
 // explain writes to path, per system, the plans (EXPLAIN ANALYZE, BUFFERS, WAL, by
-// auto_explain, the functions' statements included) of one send of 100, the receive
-// and ack of those 100, and the empty receive that ends the drain, on pools of one
-// connection each. Each system runs the cycle six times and the last is written: the
-// client's prepared statements are planned generically from their sixth execution
-// (plan_cache_mode auto), as in the rounds.
+// auto_explain, the functions' statements included) of the last send of a case, the
+// first receive and ack of its drain (the queue holding all of its messages, as in the
+// rounds) and the empty receive that ends it, on pools of one connection each, with
+// one worker. Each system runs a whole case before the one written, so that the
+// client's prepared statements are past their first five executions (plan_cache_mode
+// auto plans them generically from there, when the generic plan costs no more).
 func (e *layoutEnv) explain(b *testing.B, systems []*layoutSystem, path string) {
 	ctx := e.ctx
 	var (
@@ -799,23 +807,62 @@ func (e *layoutEnv) explain(b *testing.B, systems []*layoutSystem, path string) 
 		return t
 	}
 	for _, s := range systems {
-		for i := range 6 {
-			take()
-			require.NoError(b, s.send(ctx, 0))
-			send := take()
-			k, _, err := s.drain(ctx)
-			require.NoError(b, err)
-			require.Equal(b, 100, k)
-			drain := take()
-			k, _, err = s.drain(ctx)
-			require.NoError(b, err)
-			require.Zero(b, k)
-			empty := take()
-			if i == 5 {
-				fmt.Fprintf(&out, "=== %s: send of 100\n%s\n=== %s: receive and ack of 100\n%s\n=== %s: the empty receive\n%s\n",
-					s.name, strings.Join(send, "\n"), s.name, strings.Join(drain, "\n"), s.name, strings.Join(empty, "\n"))
+		for i := range 2 {
+			var send []string
+			for k := range e.payloads {
+				take()
+				require.NoError(b, s.send(ctx, k))
+				send = take()
+			}
+			var first, empty []string
+			for j := 0; ; j++ {
+				k, _, err := s.drain(ctx)
+				require.NoError(b, err)
+				if j == 0 {
+					first = take()
+				}
+				if k == 0 {
+					empty = take()
+					break
+				}
+				take()
+			}
+			if i == 1 {
+				fmt.Fprintf(&out, "=== %s: the last send of 100\n%s\n=== %s: the first receive and ack of 100\n%s\n=== %s: the empty receive\n%s\n",
+					s.name, strings.Join(send, "\n"), s.name, strings.Join(first, "\n"), s.name, strings.Join(empty, "\n"))
 			}
 		}
+		_, err := pool.Exec(ctx, "VACUUM "+s.vacuum)
+		require.NoError(b, err)
 	}
 	require.NoError(b, os.WriteFile(path, []byte(out.String()), 0o644))
+}
+
+// resident, given "QxM", creates Q more queues of M messages each in queue_messages,
+// half of them named to sort before the bench's queues and half after, so that the
+// shared table's key holds other queues around them, as a deployment's does (the
+// per-queue tables and the partition are not affected: their statements name them).
+// The queues go when the benchmark ends.
+func (e *layoutEnv) resident(b *testing.B, spec string) {
+	if spec == "" {
+		return
+	}
+	var q, m int
+	_, err := fmt.Sscanf(spec, "%dx%d", &q, &m)
+	require.NoError(b, err, "STREAMD_LAYOUT_RESIDENT")
+	msgs := make([]OutgoingMessage, 100)
+	for i := range msgs {
+		msgs[i] = OutgoingMessage{Data: json.RawMessage(`{"resident":true,"order":1,"customer":"c-1"}`)}
+	}
+	for i := range q {
+		name := testdb.Name([]string{"laya", "layz"}[i%2])
+		require.NoError(b, e.client.CreateQueue(e.ctx, name, nil))
+		b.Cleanup(func() { _ = e.client.DeleteQueue(context.Background(), name) })
+		for k := 0; k < m; k += 100 {
+			_, err := e.client.Send(e.ctx, name, msgs[:min(100, m-k)]...)
+			require.NoError(b, err)
+		}
+	}
+	_, err = e.pool.Exec(e.ctx, "VACUUM ANALYZE streamd.queue_messages")
+	require.NoError(b, err)
 }
