@@ -38,7 +38,8 @@ import (
 // W workers (1, 4 and 16) each receive 100 and ack them until the queue is empty. Each
 // b.Loop iteration is a round: every system at every W, the systems in an order that
 // rotates with the round and W, each case followed by a VACUUM of its table (outside
-// the timing). Run it with -benchtime 5x (5 rounds) or more; it is not in make test.
+// the timing). Run it with -benchtime 5x (5 rounds) or more (make
+// bench-queue-layouts); it is not in make test.
 //
 // The pools commit synchronously (synchronous_commit on, as the bench suite's do),
 // 18 connections each. Systems:
@@ -575,8 +576,8 @@ func (e *layoutEnv) bareSystem(name, queue, table, seq string, named, uuidIDs, g
 		// queue_receive (a direct receive would decline to it). The queue's values
 		// are initplans, not a join: a locking scan joined to the queue's row
 		// re-ran the join for every row a concurrent receive had leased since the
-		// scan's snapshot (EvalPlanQual), and cost the drain 9–18% at 4 and 16
-		// workers (the first runs, bench/RESULTS.md).
+		// scan's snapshot (EvalPlanQual), and cost the drain 12% more server CPU
+		// at 4 workers and 27% at 16 (bench/RESULTS.md, "Issue 22, session 17").
 		receiveSQL = fmt.Sprintf(`WITH q AS MATERIALIZED (
 				SELECT q.visibility_timeout_ms AS vt, q.max_delivery_attempts AS att, clock_timestamp() AS now
 				FROM streamd.queues q WHERE q.queue_name = $1 AND NOT q.fifo)
