@@ -574,10 +574,10 @@ func (e *layoutEnv) bareSystem(name, queue, table, seq string, named, uuidIDs, g
 		// due messages of the delayed lane first, then the main range, as
 		// queue_receive does; a message that used up its attempts is left for
 		// queue_receive (a direct receive would decline to it). The queue's values
-		// are initplans, not a join: a locking scan joined to the queue's row
-		// re-ran the join for every row a concurrent receive had leased since the
-		// scan's snapshot (EvalPlanQual), and cost the drain 12% more server CPU
-		// at 4 workers and 27% at 16 (bench/RESULTS.md, "Issue 22, session 17").
+		// are initplans, not a join: joined to the queue's row, the locking scans
+		// cost the drain 12% more server CPU at 4 workers and 27% at 16, part of it
+		// rescanning the row for every row they read past (the other workers'
+		// messages in flight; bench/RESULTS.md, "Issue 22, session 17").
 		receiveSQL = fmt.Sprintf(`WITH q AS MATERIALIZED (
 				SELECT q.visibility_timeout_ms AS vt, q.max_delivery_attempts AS att, clock_timestamp() AS now
 				FROM streamd.queues q WHERE q.queue_name = $1 AND NOT q.fifo)
