@@ -9,7 +9,7 @@ TEST_TIMEOUT ?= 20m
 STREAMD   := $(GO) run ./cmd/streamd
 
 # (test-prometheus installs Debian's prometheus package when missing.)
-.PHONY: run test test-kcat test-kafka-clients test-kafka-franz-go fuzz-kafka test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-latency bench-peers bench-queue soak soak-groups soak-queue
+.PHONY: run test test-kcat test-kafka-clients test-kafka-franz-go fuzz-kafka test-prometheus test-rabbitmq test-race db-start db-stop db-url migrate build vet fmt bench bench-full bench-latency bench-peers bench-queue bench-queue-layouts soak soak-groups soak-queue
 
 # Local development: without STREAMD_AUTH_TOKEN or STREAMD_AUTH_TOKEN_FILE the API
 # runs with authentication disabled (it listens on 127.0.0.1 unless
@@ -79,6 +79,11 @@ soak-queue: db-start
 bench-queue: db-start
 	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkQueue(Throughput|LongPollLatency|DelayedHead)' -benchtime 5x ./messages/
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkQueuePhases -benchtime 300x ./messages/
+
+# The quick suite's queue case over storage layouts written as bare statements, 5
+# rounds (issue 22; bench/RESULTS.md, "Issue 22, session 17"). About 70 s.
+bench-queue-layouts: db-start
+	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkQueueLayouts -benchtime 5x ./messages/
 
 # librdkafka (Debian's kcat, installed when missing and apt-get is usable) produces and
 # consumes through the Kafka listener, also with SASL PLAIN (TestKcatSASLPlain). make
