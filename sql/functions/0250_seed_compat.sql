@@ -113,7 +113,7 @@ $$;
 -- guard against mistakes, not against a hostile role (docs/tenants.md, Limits).
 -- The INSERT reports the row (RETURNING sees its offset), or 0 rows for a duplicate.
 CREATE OR REPLACE FUNCTION streamd.messages_before_insert() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_q    streamd.queues;
     v_size bigint;

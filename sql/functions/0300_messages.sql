@@ -139,6 +139,78 @@ BEGIN
 END;
 $$;
 
+-- Every queue has its partition of streamd.queue_messages (migration 0215), made when
+-- its row is inserted (an upsert that finds the row fires no AFTER INSERT trigger) and
+-- dropped with the row, as its sequence is. The partition gets the parent's policy and
+-- storage parameters (neither is inherited) and the tenant roles' grants, as the
+-- sequence does (a statement that names a partition is checked against the
+-- partition's privileges and policies, not the parent's).
+CREATE OR REPLACE FUNCTION streamd.queue_partition_make(p_queue text) RETURNS regclass
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text := 'queue_messages_' || md5(p_queue);
+    v_rel  regclass := to_regclass(format('streamd.%I', v_name));
+    v_role name;
+BEGIN
+    IF v_rel IS NOT NULL THEN
+        RETURN v_rel; -- made before (a deleted queue's partition is kept: queues_partition)
+    END IF;
+    -- Made apart and attached: CREATE TABLE ... PARTITION OF takes an ACCESS EXCLUSIVE
+    -- lock of the parent, which waits for every transaction that touched any queue and
+    -- stops every queue's traffic until this one commits; ATTACH PARTITION takes SHARE
+    -- UPDATE EXCLUSIVE (queue traffic goes on) and ACCESS EXCLUSIVE of the default
+    -- partition, which only statements for a missing queue touch.
+    EXECUTE format('CREATE TABLE streamd.%I (LIKE streamd.queue_messages INCLUDING DEFAULTS INCLUDING CONSTRAINTS,'
+                   ' PRIMARY KEY ("offset"), CHECK (stream_name = %L))'
+                   ' WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.01,'
+                   ' autovacuum_vacuum_threshold = 500, autovacuum_vacuum_insert_scale_factor = 0.05,'
+                   ' autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0)', v_name, p_queue);
+    EXECUTE format('ALTER TABLE streamd.queue_messages ATTACH PARTITION streamd.%I FOR VALUES IN (%L)', v_name, p_queue);
+    EXECUTE format('ALTER TABLE streamd.%I ENABLE ROW LEVEL SECURITY', v_name);
+    EXECUTE format('CREATE POLICY tenant_isolation ON streamd.%I'
+                   ' USING ((SELECT streamd.current_tenant()) IS NULL OR tenant_id = (SELECT streamd.current_tenant()))'
+                   ' WITH CHECK ((SELECT streamd.current_tenant()) IS NULL OR tenant_id = (SELECT streamd.current_tenant()))',
+                   v_name);
+    IF EXISTS (SELECT 1 FROM streamd.tenant_roles) THEN
+        PERFORM pg_advisory_xact_lock(hashtext('streamd.tenant_roles'));
+        FOR v_role IN SELECT t.role_name FROM streamd.tenant_roles t JOIN pg_catalog.pg_roles r ON r.rolname = t.role_name LOOP
+            EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.%I TO %I', v_name, v_role);
+        END LOOP;
+    END IF;
+    RETURN format('streamd.%I', v_name)::regclass;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION streamd.queues_partition() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_timeout text;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM streamd.queue_partition_make(NEW.queue_name);
+    ELSE
+        -- Dropping a partition takes an ACCESS EXCLUSIVE lock of the parent: it waits
+        -- for every open transaction that touched any queue, and every queue's traffic
+        -- queues behind it. Tried for 50 ms at most; otherwise the empty partition is
+        -- kept (a queue made again under the name reuses it).
+        v_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', '50ms', true);
+            EXECUTE format('DROP TABLE IF EXISTS streamd.%I', 'queue_messages_' || md5(OLD.queue_name));
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+        PERFORM set_config('lock_timeout', v_timeout, true);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER queues_partition
+    AFTER INSERT OR DELETE ON streamd.queues
+    FOR EACH ROW
+    EXECUTE FUNCTION streamd.queues_partition();
+
 CREATE OR REPLACE TRIGGER queues_offset_seq
     BEFORE INSERT ON streamd.queues
     FOR EACH ROW
@@ -215,7 +287,7 @@ $$;
 -- Deletes a queue and its messages. Refused (SD205) while another queue uses it as its
 -- dead-letter queue. Returns false when it did not exist.
 CREATE OR REPLACE FUNCTION streamd.queue_delete(p_queue text) RETURNS boolean
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 DECLARE
     v_user text;
 BEGIN
@@ -243,7 +315,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_send_check(
     v_q streamd.queues, p_ids text[], p_data text[], p_metadata text[], p_delays_ms bigint[],
     p_max_attempts integer[], p_groups text[], p_data_bytes bytea[] DEFAULT NULL
 ) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     p_queue text := v_q.queue_name;
     v_bad   integer;
@@ -325,7 +397,7 @@ CREATE OR REPLACE FUNCTION streamd.queue_send(
     p_fresh_ids    boolean DEFAULT false,
     p_data_bytes   bytea[] DEFAULT NULL
 ) RETURNS TABLE (ord integer, "offset" bigint, message_id text, duplicate boolean)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz;
@@ -593,7 +665,7 @@ $$;
 CREATE OR REPLACE FUNCTION streamd.queue_dead_letter(
     p_queue text, p_offsets bigint[], p_errors text[], p_discard boolean, p_now timestamptz
 ) RETURNS integer
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 DECLARE
     v_now   timestamptz := coalesce(p_now, clock_timestamp());
     v_n     integer;
@@ -685,7 +757,7 @@ $$;
 -- queue_messages_group, whose offset is its fourth column, once per receipt.
 CREATE OR REPLACE FUNCTION streamd.queue_lock_groups(p_queue text, p_offsets bigint[], p_tokens uuid[],
                                                      OUT keys text[], OUT tenants text[])
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off
     SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
     v_keys text[];
@@ -727,7 +799,7 @@ $$;
 -- sees every tenant's messages, a tenant role only its own.
 CREATE OR REPLACE FUNCTION streamd.queue_groups_advance(p_queue text, p_groups text[], p_tenants text[], p_now timestamptz)
 RETURNS void
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
 BEGIN
@@ -786,7 +858,7 @@ RETURNS TABLE ("offset" bigint, message_id text, data jsonb, metadata jsonb, enq
                visibility_timeout timestamptz, delivery_attempts integer, max_delivery_attempts integer,
                lease_token uuid, group_key text, last_error text, origin_stream text, origin_offset bigint,
                origin_attempts integer, dead_lettered_at timestamptz, data_bytes bytea)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off
     SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -852,6 +924,12 @@ BEGIN
         -- index, so the write is HOT (migration 0195): a group in flight keeps its
         -- place in message_groups_ready and receives read past it, as a standard
         -- receive reads past messages in flight; a settlement moves it to the back.
+        -- Generic plans for statements of message_groups alone (migration 0150's
+        -- n_distinct = 1 makes a queue the whole table to them; a custom plan takes
+        -- the queue name's own estimate, a handful of groups, and read every group of
+        -- the queue); custom plans for queue_messages (migration 0215: a generic plan
+        -- locks every queue's partition).
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
         WITH u AS (
             UPDATE streamd.message_groups g SET lease_end = v_lease
             WHERE g.ctid = ANY(ARRAY(
@@ -863,6 +941,7 @@ BEGIN
                 FOR UPDATE SKIP LOCKED))
             RETURNING g.group_key, g.tenant_id)
         SELECT array_agg(u.group_key), array_agg(u.tenant_id) INTO v_groups, v_tens FROM u;
+        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
         IF v_groups IS NULL THEN
             RETURN;
         END IF;
@@ -891,7 +970,7 @@ BEGIN
         UPDATE streamd.queue_messages m
         SET delivery_attempts = m.delivery_attempts + 1, visibility_timeout = v_lease,
             lease_token = encode(v_tok || int8send(v_tok_lo # m."offset"), 'hex')::uuid
-        WHERE m.ctid = ANY(v_ctids)
+        WHERE m.stream_name = p_queue AND m.ctid = ANY(v_ctids) -- a ctid is a partition's
         RETURNING m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
                   m.delivery_attempts, coalesce(m.max_delivery_attempts, v_q.max_delivery_attempts), m.lease_token,
                   m.group_key, m.last_error, m.origin_stream, m.origin_offset, m.origin_attempts, m.dead_lettered_at,
@@ -909,7 +988,7 @@ $$;
 -- settled; a receipt missing from the result was stale.
 CREATE OR REPLACE FUNCTION streamd.queue_ack(p_queue text, p_offsets bigint[], p_tokens uuid[], p_now timestamptz)
 RETURNS TABLE ("offset" bigint, lease_token uuid)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off
     SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -950,11 +1029,13 @@ BEGIN
             -- A locking probe of the primary key per group, in key order, as in
             -- queue_lock_groups (a join scanned the queue's groups: 32 ms per ack of
             -- 100 in a queue of 1,000 groups).
+            PERFORM set_config('plan_cache_mode', 'force_generic_plan', true); -- as in queue_receive
             SELECT array_agg(l.group_key), array_agg(l.tenant_id), array_agg(l.ctid) INTO v_groups, v_tens, v_gctids
             FROM (SELECT DISTINCT k.key, k.ten FROM unnest(v_groups, v_tens) k(key, ten) ORDER BY k.key, k.ten) k
             CROSS JOIN LATERAL (SELECT g.group_key, g.tenant_id, g.ctid FROM streamd.message_groups g
                                 WHERE g.stream_name = p_queue AND g.group_key = k.key AND g.tenant_id = k.ten
                                 FOR UPDATE) l;
+            PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
         END IF;
     END IF;
     -- The token check is a filter (as a join, the planner could scan the whole queue
@@ -1003,7 +1084,7 @@ $$;
 CREATE OR REPLACE FUNCTION streamd.queue_nack(
     p_queue text, p_offsets bigint[], p_tokens uuid[], p_delays_ms bigint[], p_errors text[], p_now timestamptz
 ) RETURNS TABLE ("offset" bigint, lease_token uuid, dead_lettered boolean)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_now      timestamptz := coalesce(p_now, clock_timestamp());
@@ -1066,7 +1147,7 @@ $$;
 -- restarts. Returns the receipts it settled (a missing one was stale).
 CREATE OR REPLACE FUNCTION streamd.queue_release(p_queue text, p_offsets bigint[], p_tokens uuid[], p_now timestamptz)
 RETURNS TABLE ("offset" bigint, lease_token uuid)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz;
@@ -1108,7 +1189,7 @@ $$;
 -- extended with their tokens and new visibility time.
 CREATE OR REPLACE FUNCTION streamd.queue_extend(p_queue text, p_offsets bigint[], p_tokens uuid[], p_vt_ms bigint, p_now timestamptz)
 RETURNS TABLE ("offset" bigint, lease_token uuid, visibility_timeout timestamptz)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := coalesce(p_now, clock_timestamp());
@@ -1145,7 +1226,7 @@ $$;
 -- Returns the settled receipts and whether each was moved (false: discarded).
 CREATE OR REPLACE FUNCTION streamd.queue_term(p_queue text, p_offsets bigint[], p_tokens uuid[], p_reasons text[], p_now timestamptz)
 RETURNS TABLE ("offset" bigint, lease_token uuid, dead_lettered boolean)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_q      streamd.queues;
@@ -1184,7 +1265,7 @@ $$;
 -- exists) back to their origin queues, in dead-letter order, with fresh attempts and
 -- the origin's settings. Returns how many moved.
 CREATE OR REPLACE FUNCTION streamd.queue_redrive(p_dlq text, p_limit integer, p_now timestamptz) RETURNS integer
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 DECLARE
     v_now   timestamptz := coalesce(p_now, clock_timestamp());
     v_offs  bigint[];
@@ -1212,7 +1293,7 @@ $$;
 -- replay of queue_dead_letters_settle). Their records (queue_dead_letters) are marked
 -- replayed. Returns how many moved.
 CREATE OR REPLACE FUNCTION streamd.queue_redrive_offsets(p_dlq text, p_offs bigint[], p_now timestamptz) RETURNS integer
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 DECLARE
     v_now   timestamptz := coalesce(p_now, clock_timestamp());
     v_offs  bigint[];
@@ -1281,7 +1362,7 @@ $$;
 -- Deletes every message of a queue (and its FIFO groups); returns how many. A tenant
 -- role deletes only its tenant's messages and groups (row-level security).
 CREATE OR REPLACE FUNCTION streamd.queue_purge(p_queue text) RETURNS bigint
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 DECLARE
     v_n bigint;
 BEGIN
@@ -1297,7 +1378,7 @@ $$;
 -- letters); returns the offsets deleted.
 CREATE OR REPLACE FUNCTION streamd.queue_discard(p_queue text, p_offsets bigint[], p_now timestamptz)
 RETURNS SETOF bigint
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET enable_seqscan = off AS $$
 DECLARE
     v_now    timestamptz := coalesce(p_now, clock_timestamp());
     v_q      streamd.queues;

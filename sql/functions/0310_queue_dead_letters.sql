@@ -73,7 +73,7 @@ $$;
 CREATE OR REPLACE FUNCTION streamd.queue_dead_letters_settle(p_dlq text, p_ids text[], p_status text, p_by text,
                                                              p_now timestamptz)
 RETURNS SETOF text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_now     timestamptz := coalesce(p_now, clock_timestamp());
     v_pending text[];

@@ -2,7 +2,8 @@
 -- migrate.
 --
 -- The tailer reads committed inserts into streamd.events and streamd.queue_messages through
--- logical replication (pgoutput) from the publication streamd_wakeups. The
+-- logical replication (pgoutput) from the publication streamd_wakeups
+-- (publish_via_partition_root: a queue's partition's inserts arrive as the parent's). The
 -- publication carries inserts only, and only the columns a wake-up needs (the stream
 -- or queue name and the partition), so payloads never cross the replication
 -- connection. The broadcaster re-sends wake-ups with pg_notify on channel
@@ -21,6 +22,12 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables
                        WHERE pubname = 'streamd_wakeups' AND schemaname = 'streamd' AND tablename = 'queue_messages') THEN
             BEGIN
+                -- queue_messages is partitioned by queue (migration 0215): its
+                -- partitions' inserts are published as the parent's, so the tailer
+                -- sees one relation, queue_messages, whatever the queue.
+                IF NOT (SELECT p.pubviaroot FROM pg_catalog.pg_publication p WHERE p.pubname = 'streamd_wakeups') THEN
+                    EXECUTE 'ALTER PUBLICATION streamd_wakeups SET (publish = ''insert'', publish_via_partition_root = true)';
+                END IF;
                 IF current_setting('server_version_num')::int >= 150000 THEN
                     EXECUTE 'ALTER PUBLICATION streamd_wakeups ADD TABLE streamd.queue_messages (stream_name)';
                 ELSE
@@ -41,7 +48,7 @@ BEGIN
             -- Column lists (PostgreSQL 15): only what a wake-up needs.
             EXECUTE 'CREATE PUBLICATION streamd_wakeups'
                 ' FOR TABLE streamd.events (stream_name, partition), streamd.queue_messages (stream_name)'
-                ' WITH (publish = ''insert'')';
+                ' WITH (publish = ''insert'', publish_via_partition_root = true)';
         ELSE
             EXECUTE 'CREATE PUBLICATION streamd_wakeups'
                 ' FOR TABLE streamd.events, streamd.queue_messages WITH (publish = ''insert'')';

@@ -9,6 +9,7 @@ CREATE OR REPLACE FUNCTION streamd.bind_tenant_role(p_role name, p_tenant_id tex
 LANGUAGE plpgsql AS $$
 DECLARE
     v_role text;
+    v_part regclass;
 BEGIN
     IF p_tenant_id IS NULL OR p_tenant_id = '' THEN
         RAISE EXCEPTION USING ERRCODE = 'SD005', MESSAGE = 'bind tenant role: the tenant id must not be empty';
@@ -47,6 +48,13 @@ BEGIN
     -- streamd.messages is a view of queue_messages that reads as the caller
     -- (migration 0086); each queue's offsets come from a sequence of its own (below).
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.messages, streamd.queue_messages, streamd.message_groups TO %s', v_role);
+    -- queue_messages' partitions, one per queue (migration 0215): a statement that
+    -- names one is checked against its own privileges (queue_partition_make grants
+    -- each new one to the bound roles).
+    FOR v_part IN SELECT i.inhrelid::regclass FROM pg_catalog.pg_inherits i
+                  WHERE i.inhparent = 'streamd.queue_messages'::regclass LOOP
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s', v_part, v_role);
+    END LOOP;
     -- Consumer groups, their dead letters and projections, tenant-scoped (migrations
     -- 0061, 0063), and the group views, which read them as the caller.
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.consumer_groups, streamd.consumer_registrations,
