@@ -20,8 +20,16 @@
 -- functions' generic plans), which would otherwise make it scan the whole table
 -- rather than the queue's range of the primary key.
 --
--- Plans: send, receive and ack run on every message, so they use generic plans (no
--- planning per call) and say which plan they want. Left to estimates, the planner
+-- Plans: queue_messages is partitioned by queue (migration 0215), and a generic plan
+-- through the parent locks every queue's partition and index before it prunes
+-- (PostgreSQL 15): every function that reads or writes queue_messages runs
+-- plan_cache_mode = force_custom_plan, planned at each call with the queue's name
+-- known, so it locks the parent and the queue's partition only. That planning costs
+-- the drain about 700 µs per receive + ack of 100 (bench/RESULTS.md, "Issue 22,
+-- session 17 (part23)"). Statements of message_groups alone switch to generic plans
+-- around them (set_config, restored at the function's exit). Before migration 0215:
+-- send, receive and ack ran on every message, so they used generic plans (no
+-- planning per call) and said which plan they wanted. Left to estimates, the planner
 -- took a whole-queue scan and sort for a receive whenever the statistics were small
 -- (a queue drained when autovacuum analyzed the table, or a new queue), and kept that
 -- plan for the connection's life: 14 ms instead of 0.3 ms for a receive of 100 from
