@@ -161,7 +161,6 @@ DECLARE
     v_role name;
 BEGIN
     IF v_rel IS NOT NULL THEN
-        PERFORM streamd.queue_partition_functions(p_queue);
         RETURN v_rel; -- made before (a deleted queue's partition is kept: queues_partition)
     END IF;
     -- Made apart and attached: CREATE TABLE ... PARTITION OF takes an ACCESS EXCLUSIVE
@@ -186,7 +185,6 @@ BEGIN
             EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON streamd.%I TO %I', v_name, v_role);
         END LOOP;
     END IF;
-    PERFORM streamd.queue_partition_functions(p_queue);
     RETURN format('streamd.%I', v_name)::regclass;
 END;
 $$;
@@ -203,7 +201,6 @@ BEGIN
         -- for every open transaction that touched any queue, and every queue's traffic
         -- queues behind it. Tried for 50 ms at most; otherwise the empty partition is
         -- kept (a queue made again under the name reuses it).
-        EXECUTE format('DROP FUNCTION IF EXISTS streamd.%I, streamd.%I', 'qr_' || md5(OLD.queue_name), 'qa_' || md5(OLD.queue_name));
         v_timeout := current_setting('lock_timeout');
         BEGIN
             PERFORM set_config('lock_timeout', '50ms', true);
@@ -882,15 +879,7 @@ DECLARE
     v_tens   text[];
     v_tok    bytea := uuid_send(gen_random_uuid()); -- the lease tokens' random base, once per call
     v_tok_lo bigint;
-    v_fn     regproc;
 BEGIN
-    -- dispatch begin (queue_partition_functions: not in the queue's own copy)
-    v_fn := to_regproc(format('streamd.%I', 'qr_' || md5(p_queue)));
-    IF v_fn IS NOT NULL THEN
-        RETURN QUERY EXECUTE format('SELECT * FROM %s($1, $2, $3, $4)', v_fn) USING p_queue, p_max, p_vt_ms, p_now;
-        RETURN;
-    END IF;
-    -- dispatch end
     SELECT * INTO v_q FROM streamd.queues q WHERE q.queue_name = p_queue;
     IF NOT FOUND THEN
         v_q := streamd.queue_get(p_queue); -- raises SD201 or SD202
@@ -1018,15 +1007,7 @@ DECLARE
     v_now    timestamptz;
     v_lo     bigint;
     v_hi     bigint;
-    v_fn     regproc;
 BEGIN
-    -- dispatch begin (queue_partition_functions: not in the queue's own copy)
-    v_fn := to_regproc(format('streamd.%I', 'qa_' || md5(p_queue)));
-    IF v_fn IS NOT NULL THEN
-        RETURN QUERY EXECUTE format('SELECT * FROM %s($1, $2, $3, $4)', v_fn) USING p_queue, p_offsets, p_tokens, p_now;
-        RETURN;
-    END IF;
-    -- dispatch end
     SELECT * INTO v_q FROM streamd.queues q WHERE q.queue_name = p_queue;
     IF NOT FOUND THEN
         v_q := streamd.queue_get(p_queue); -- raises SD201 or SD202
@@ -1476,33 +1457,3 @@ LANGUAGE sql STABLE SET enable_seqscan = off AS $$
     WHERE p_queue IS NULL OR q.queue_name = p_queue
     ORDER BY q.queue_name
 $$;
-
--- A queue's own copies of queue_receive and queue_ack (streamd.qr_<md5 of the name>,
--- streamd.qa_<md5>), made with its partition and again at every apply of this file:
--- the same text with streamd.queue_messages replaced by the queue's partition, and
--- generic plans (cached per connection, no planning per call; a generic plan of a
--- partition by name locks that partition only). queue_receive and queue_ack call the
--- queue's copy when it exists (one EXECUTE of the call, planned each time), and run
--- their own statements through the parent, on custom plans, otherwise.
-CREATE OR REPLACE FUNCTION streamd.queue_partition_functions(p_queue text) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_md5 text := md5(p_queue);
-    v_src regprocedure;
-    v_def text;
-    v_pre text;
-BEGIN
-    FOR v_src, v_pre IN VALUES ('streamd.queue_receive(text,integer,bigint,timestamptz)'::regprocedure, 'qr_'),
-                               ('streamd.queue_ack(text,bigint[],uuid[],timestamptz)'::regprocedure, 'qa_') LOOP
-        v_def := pg_get_functiondef(v_src);
-        v_def := regexp_replace(v_def, 'FUNCTION streamd\.queue_\w+\(', format('FUNCTION streamd.%I(', v_pre || v_md5));
-        v_def := regexp_replace(v_def, '-- dispatch begin.*-- dispatch end', '', 's');
-        v_def := regexp_replace(v_def, 'streamd\.queue_messages\M', format('streamd.%I', 'queue_messages_' || v_md5), 'g');
-        v_def := replace(v_def, 'force_custom_plan', 'force_generic_plan');
-        EXECUTE v_def;
-    END LOOP;
-END;
-$$;
-
-SELECT count(streamd.queue_partition_functions(q.queue_name)) FROM streamd.queues q
-WHERE to_regclass(format('streamd.%I', 'queue_messages_' || md5(q.queue_name))) IS NOT NULL;
