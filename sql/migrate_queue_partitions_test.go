@@ -2,11 +2,13 @@ package schema_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/streamd/streamd/internal/testdb"
 	schema "github.com/streamd/streamd/sql"
 )
 
@@ -129,4 +131,33 @@ func TestMigration0215MovesEveryMessageToItsPartition(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"1"}, read(`SELECT "offset"::text FROM streamd.queue_send('new', ARRAY['n1'],
 		ARRAY['{}'], NULL, NULL, NULL, NULL, NULL, NULL, NULL)`))
+}
+
+// TestMigration0215KeepsOtherRolesGrants: migration 0215 drops and makes again
+// streamd.queue_messages and the view streamd.messages; a role that is not bound to a
+// tenant keeps what it was granted on them (a send-only producer's INSERT on the
+// storage, docs/tenants.md "Any other role"; a reader's SELECT on the view), as the
+// bound roles keep theirs.
+func TestMigration0215KeepsOtherRolesGrants(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connectBefore(t, 215)
+	role := strings.ReplaceAll(testdb.Name("streamd_sendonly"), "-", "_")
+	ident := pgx.Identifier{role}.Sanitize()
+	_, err := conn.Exec(ctx, "CREATE ROLE "+ident+" NOLOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = conn.Exec(context.Background(), "DROP OWNED BY "+ident+"; DROP ROLE IF EXISTS "+ident)
+	})
+	_, err = conn.Exec(ctx, "GRANT INSERT ON streamd.queue_messages TO "+ident+"; GRANT SELECT ON streamd.messages TO "+ident)
+	require.NoError(t, err)
+
+	_, err = schema.MigrateConn(ctx, conn)
+	require.NoError(t, err)
+
+	var insert, selectView bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT has_table_privilege($1, 'streamd.queue_messages', 'INSERT'),
+		has_table_privilege($1, 'streamd.messages', 'SELECT')`, role).Scan(&insert, &selectView))
+	require.True(t, insert, "the send-only role's INSERT on the storage")
+	require.True(t, selectView, "the reader's SELECT on the view")
 }

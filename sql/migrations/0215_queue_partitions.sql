@@ -22,7 +22,6 @@
 
 LOCK TABLE streamd.queue_messages, streamd.message_groups, streamd.queues IN ACCESS EXCLUSIVE MODE;
 
-DROP VIEW streamd.messages; -- made again below, of the new table (with its trigger)
 ALTER TABLE streamd.queue_messages RENAME TO queue_messages_0086;
 ALTER INDEX streamd.queue_messages_pkey RENAME TO queue_messages_0086_pkey;
 DROP INDEX streamd.queue_messages_dedup, streamd.queue_messages_due, streamd.queue_messages_group,
@@ -133,11 +132,25 @@ SELECT m.stream_name, m."offset", m.enqueued_at, m.visibility_timeout, m.deliver
 FROM streamd.queue_messages_0086 m
 ORDER BY m.stream_name, m."offset";
 
-DROP TABLE streamd.queue_messages_0086; -- and its policy; the publication loses it (re-added below)
-ANALYZE streamd.queue_messages;
+-- Every other role keeps what it was granted on the storage (a send-only producer's
+-- INSERT, docs/tenants.md "Any other role"): the grants go with the old table.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT a.grantee, a.privilege_type, a.is_grantable
+             FROM pg_catalog.pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+             WHERE c.oid = 'streamd.queue_messages_0086'::regclass AND a.grantee <> c.relowner LOOP
+        EXECUTE format('GRANT %s ON streamd.queue_messages TO %s%s', r.privilege_type,
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_catalog.pg_get_userbyid(r.grantee)) END,
+                       CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END;
+$$;
 
--- Seed 003's view, as migration 0086 made it, of the new table.
-CREATE VIEW streamd.messages WITH (security_invoker = true) AS
+-- Seed 003's view, as migration 0086 made it, now of the new table: replaced, not
+-- dropped, so it keeps its grants, column defaults and INSTEAD OF trigger.
+CREATE OR REPLACE VIEW streamd.messages WITH (security_invoker = true) AS
 SELECT m.stream_name, m."offset", m.message_id, m.data, m.metadata, m.enqueued_at, m.visibility_timeout,
        m.delivery_attempts,
        coalesce(m.max_delivery_attempts,
@@ -151,6 +164,9 @@ FROM streamd.queue_messages m;
 ALTER VIEW streamd.messages ALTER COLUMN dedup SET DEFAULT true;
 ALTER VIEW streamd.messages ALTER COLUMN delivery_attempts SET DEFAULT 0;
 ALTER VIEW streamd.messages ALTER COLUMN tenant_id SET DEFAULT nullif(current_setting('streamd.tenant_id', true), '');
+
+DROP TABLE streamd.queue_messages_0086; -- and its policy; the publication loses it (re-added below)
+ANALYZE streamd.queue_messages;
 
 -- Tenant roles keep their privileges on the view and the parent (the partitions got
 -- theirs above).
