@@ -159,15 +159,34 @@ DECLARE
     v_name text := 'queue_messages_' || md5(p_queue);
     v_rel  regclass := to_regclass(format('streamd.%I', v_name));
     v_role name;
+    v_timeout text;
 BEGIN
     IF v_rel IS NOT NULL THEN
         RETURN v_rel; -- made before (a deleted queue's partition is kept: queues_partition)
     END IF;
+    -- ATTACH's locks, in its order, taken 50 ms at a time: it needs the default
+    -- partition's ACCESS EXCLUSIVE lock, which waits for every open transaction that
+    -- read all partitions (queue_stats, a plain SELECT of messages of every queue),
+    -- and every such statement of any queue would wait behind it as long. Between
+    -- tries the others go on.
+    v_timeout := current_setting('lock_timeout');
+    LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', '50ms', true);
+            LOCK TABLE ONLY streamd.queue_messages IN SHARE UPDATE EXCLUSIVE MODE;
+            LOCK TABLE streamd.queue_messages_no_queue IN ACCESS EXCLUSIVE MODE;
+            PERFORM set_config('lock_timeout', v_timeout, true);
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.05 + 0.05 * random());
+        END;
+    END LOOP;
     -- Made apart and attached: CREATE TABLE ... PARTITION OF takes an ACCESS EXCLUSIVE
     -- lock of the parent, which waits for every transaction that touched any queue and
     -- stops every queue's traffic until this one commits; ATTACH PARTITION takes SHARE
     -- UPDATE EXCLUSIVE (queue traffic goes on) and ACCESS EXCLUSIVE of the default
-    -- partition, which only statements for a missing queue touch.
+    -- partition (taken above), which statements for a missing queue and statements
+    -- that read every partition touch.
     EXECUTE format('CREATE TABLE streamd.%I (LIKE streamd.queue_messages INCLUDING DEFAULTS INCLUDING CONSTRAINTS,'
                    ' PRIMARY KEY ("offset"), CHECK (stream_name = %L))'
                    ' WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.01,'
