@@ -162,7 +162,14 @@ DECLARE
     v_timeout text;
 BEGIN
     IF v_rel IS NOT NULL THEN
-        RETURN v_rel; -- made before (a deleted queue's partition is kept: queues_partition)
+        -- Made before: a deleted queue's partition is kept (queues_partition), refusing
+        -- rows until now. (DISABLE, not DROP: SHARE ROW EXCLUSIVE does not wait for
+        -- readers of every partition.)
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                   WHERE t.tgrelid = v_rel AND t.tgname = 'queue_messages_no_queue' AND t.tgenabled <> 'D') THEN
+            EXECUTE format('ALTER TABLE %s DISABLE TRIGGER queue_messages_no_queue', v_rel);
+        END IF;
+        RETURN v_rel;
     END IF;
     -- ATTACH's locks, in its order, taken 50 ms at a time: it needs the default
     -- partition's ACCESS EXCLUSIVE lock, which waits for every open transaction that
@@ -225,7 +232,20 @@ BEGIN
             PERFORM set_config('lock_timeout', '50ms', true);
             EXECUTE format('DROP TABLE IF EXISTS streamd.%I', 'queue_messages_' || md5(OLD.queue_name));
         EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-            NULL;
+            -- Kept: it refuses rows (SD201) as the default partition does, until a
+            -- queue is made again under the name (queue_partition_make). Else a plain
+            -- INSERT of the deleted queue was stored, and the queue made again
+            -- delivered it and failed its first send on the offset it held.
+            BEGIN
+                PERFORM set_config('lock_timeout', '50ms', true);
+                EXECUTE format('CREATE OR REPLACE TRIGGER queue_messages_no_queue BEFORE INSERT OR UPDATE ON streamd.%I'
+                               ' FOR EACH ROW EXECUTE FUNCTION streamd.queue_messages_no_queue()',
+                               'queue_messages_' || md5(OLD.queue_name));
+                EXECUTE format('ALTER TABLE streamd.%I ENABLE TRIGGER queue_messages_no_queue',
+                               'queue_messages_' || md5(OLD.queue_name));
+            EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+                NULL; -- a transaction of this queue holds it: rows are taken, as before 0215
+            END;
         END;
         PERFORM set_config('lock_timeout', v_timeout, true);
     END IF;
