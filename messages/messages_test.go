@@ -462,6 +462,27 @@ func TestDelayedSend(t *testing.T) {
 	require.Len(t, m, 1)
 }
 
+// SendTx checks its messages before its statement: bad input gets its typed error
+// and leaves the caller's transaction usable (Send, with no caller's transaction,
+// leaves the JSON to the statement's jsonb cast instead).
+func TestSendTxBadJSONLeavesTheTransactionUsable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	q := newQueue(t, pool, nil)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = c.SendTx(ctx, tx, q, messages.OutgoingMessage{Data: data(1)}, messages.OutgoingMessage{Data: json.RawMessage(`{"a":`)})
+	require.ErrorIs(t, err, messages.ErrInvalidJSON)
+	require.Contains(t, err.Error(), "message 2")
+	_, err = c.SendTx(ctx, tx, q, messages.OutgoingMessage{Data: data(2)})
+	require.NoError(t, err, "the transaction is still usable")
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 1, count(t, pool, q))
+}
+
 // E1: bad input gets a typed error that says what was wrong, and nothing is written.
 func TestBadInputWritesNothing(t *testing.T) {
 	t.Parallel()
@@ -500,6 +521,39 @@ func TestBadInputWritesNothing(t *testing.T) {
 			return err
 		}, messages.ErrInvalidJSON, "message 2"},
 		{"empty data", func() error { _, err := c.Send(ctx, q, messages.OutgoingMessage{}); return err }, messages.ErrInvalidJSON, "no data"},
+		// Send leaves the common batch's JSON to the statement's jsonb cast and names
+		// the message only once it refused (send's deferJSON): the errors and their
+		// order are those of the checks made first.
+		{"invalid UTF-8 in JSON", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage("{\"a\":\"\xff\"}")})
+			return err
+		}, messages.ErrInvalidJSON, "message 2: data: it is not valid UTF-8"},
+		{"invalid JSON before a later message's other error", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`[`)},
+				messages.OutgoingMessage{Data: data(1), Delay: -time.Second})
+			return err
+		}, messages.ErrInvalidJSON, "message 2: data is not valid JSON"},
+		{"an error before a later message's invalid JSON", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: data(1), Delay: -time.Second},
+				messages.OutgoingMessage{Data: json.RawMessage(`[`)})
+			return err
+		}, messages.ErrInvalidArgument, "message 2: delay -1s is negative"},
+		{"invalid JSON before a later message without data", func() error {
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: json.RawMessage(`[`)}, messages.OutgoingMessage{})
+			return err
+		}, messages.ErrInvalidJSON, "message 1: data is not valid JSON"},
+		{"invalid JSON in a batch with headers", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":}`), Headers: map[string]string{"h": "v"}})
+			return err
+		}, messages.ErrInvalidJSON, "message 2: data is not valid JSON"},
+		{"invalid JSON to a missing queue", func() error {
+			_, err := c.Send(ctx, missing, messages.OutgoingMessage{Data: json.RawMessage(`nope`)})
+			return err
+		}, messages.ErrInvalidJSON, "message 1: data is not valid JSON"},
+		{"invalid JSON to a FIFO queue", func() error {
+			_, err := c.Send(ctx, fifo, messages.OutgoingMessage{Data: json.RawMessage(`nope`), GroupKey: "g"})
+			return err
+		}, messages.ErrInvalidJSON, "message 1: data is not valid JSON"},
 		// What json.Valid accepts and PostgreSQL refuses (they came back as bare PgErrors).
 		{"JSON with \u0000", func() error {
 			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":"\u0000"}`)})

@@ -66,8 +66,10 @@ type SendResult struct {
 // ErrInvalidJSON, ErrPayloadTooLarge, ErrInvalidArgument.
 func (c *Client) Send(ctx context.Context, queue string, msgs ...OutgoingMessage) ([]SendResult, error) {
 	// One statement (streamd.queue_send) is atomic on its own: no explicit
-	// transaction, which saves two round trips.
-	out, err := c.send(ctx, c.pool, queue, msgs)
+	// transaction, which saves two round trips. No caller's transaction either, so the
+	// common batch's JSON may be checked by the statement's jsonb cast rather than here
+	// first (send's deferJSON).
+	out, err := c.send(ctx, c.pool, queue, msgs, true)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +82,7 @@ func (c *Client) Send(ctx context.Context, queue string, msgs ...OutgoingMessage
 // only if, tx commits. Call Notify(queue) after the commit to wake this Client's long
 // polls at once. Sends to one FIFO group wait for each other's transactions.
 func (c *Client) SendTx(ctx context.Context, tx streams.DBTX, queue string, msgs ...OutgoingMessage) ([]SendResult, error) {
-	out, err := c.send(ctx, tx, queue, msgs)
+	out, err := c.send(ctx, tx, queue, msgs, false)
 	if err == nil {
 		c.countSent(queue, out)
 	}
@@ -97,7 +99,16 @@ func (c *Client) countSent(queue string, out []SendResult) {
 	c.metrics.add(c.metrics.sent, queue, n)
 }
 
-func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs []OutgoingMessage) ([]SendResult, error) {
+// send validates msgs, then stores them with one statement. With deferJSON (a send
+// outside any caller's transaction), the common batch's payloads are not checked for
+// JSON here: the statement's jsonb cast refuses what json.Valid and JSONProblem would
+// (and stores nothing), and only then does the client look for the message to name
+// (jsonRefused). Those checks cost the client about 27 µs a batch of 100 small
+// payloads, a tenth of its CPU per send (bench/RESULTS.md, "Issue 22, session 17").
+// In a caller's transaction the failed statement would abort it, so SendTx checks
+// first. Errors come in message order either way: a message's other checks run
+// after the JSON of every message up to it is known good.
+func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs []OutgoingMessage, deferJSON bool) ([]SendResult, error) {
 	if err := checkName(queue); err != nil {
 		return nil, err
 	}
@@ -120,43 +131,16 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 	)
 	for i := range msgs {
 		m := &msgs[i]
-		if m.Bytes != nil {
-			if m.Data != nil {
-				return nil, invalid(ErrInvalidArgument, "queue %s: message %d: set Data or Bytes, not both", queue, i+1)
-			}
-		} else if len(m.Data) == 0 {
-			return nil, invalid(ErrInvalidJSON, "queue %s: message %d has no data", queue, i+1)
-		} else if !json.Valid(m.Data) {
-			return nil, invalid(ErrInvalidJSON, "queue %s: message %d: data is not valid JSON", queue, i+1)
+		if err := checkShape(queue, i, m); err != nil {
+			return nil, cmp.Or(firstJSONProblem(queue, msgs[:i], deferJSON), err)
 		}
-		if why := pgtext.JSONProblem(m.Data); m.Bytes == nil && why != "" {
-			return nil, invalid(ErrInvalidJSON, "queue %s: message %d: data: %s", queue, i+1, why)
-		}
-		if why := cmp.Or(pgtext.TextProblem(m.MessageID), pgtext.TextProblem(m.GroupKey)); why != "" {
-			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: message id or group key: %s", queue, i+1, why)
-		}
-		for k, v := range m.Headers {
-			if why := cmp.Or(pgtext.TextProblem(k), pgtext.TextProblem(v)); why != "" {
-				return nil, invalid(ErrInvalidArgument, "queue %s: message %d: header %q: %s", queue, i+1, k, why)
+		if !deferJSON {
+			if err := checkJSON(queue, i, m); err != nil {
+				return nil, err
 			}
 		}
-		if m.Delay < 0 {
-			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: delay %v is negative", queue, i+1, m.Delay)
-		}
-		if m.Delay != 0 && !m.DeliverAt.IsZero() {
-			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: set Delay or DeliverAt, not both", queue, i+1)
-		}
-		if m.MaxDeliveryAttempts < 0 {
-			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: max delivery attempts %d is negative", queue, i+1, m.MaxDeliveryAttempts)
-		}
-		if m.MaxDeliveryAttempts > math.MaxInt32 {
-			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: max delivery attempts %d exceeds %d", queue, i+1, m.MaxDeliveryAttempts, math.MaxInt32)
-		}
-		if len(m.MessageID) > 512 {
-			return nil, invalid(ErrInvalidArgument, "queue %s: message %d: message id is longer than 512 bytes", queue, i+1)
-		}
-		if m.DeadLetterQueue != "" && !ValidName(m.DeadLetterQueue) {
-			return nil, invalid(ErrInvalidName, "queue %s: message %d: dead-letter queue %q is not a valid queue name", queue, i+1, m.DeadLetterQueue)
+		if err := checkOther(queue, i, m); err != nil {
+			return nil, cmp.Or(firstJSONProblem(queue, msgs[:i+1], deferJSON), err)
 		}
 		if m.Bytes != nil {
 			bytesData[i] = m.Bytes
@@ -210,6 +194,11 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 				texts[i] = *d // plain: every message has JSON data
 			}
 			out, ok, err := c.sendDirect(ctx, db, queue, made, texts)
+			if err != nil && deferJSON && jsonRefused(err) {
+				// The jsonb cast refused a payload, and nothing was stored: name it.
+				return nil, cmp.Or(firstJSONProblem(queue, msgs, true),
+					fmt.Errorf("%w: queue %s: %w", ErrInvalidJSON, queue, err))
+			}
 			if err != nil || ok {
 				return out, err
 			}
@@ -217,6 +206,12 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 		}
 		for i := range ids {
 			ids[i] = &made[i]
+		}
+	}
+	if deferJSON {
+		// Not the common batch, or no queue to take it: checked here, as SendTx does.
+		if err := firstJSONProblem(queue, msgs, true); err != nil {
+			return nil, err
 		}
 	}
 	// An option no message sets travels as one NULL instead of n: less to encode
@@ -268,6 +263,89 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 		return nil, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
 	}
 	return out, nil
+}
+
+// checkShape checks that m has one payload, and data if it has no bytes.
+func checkShape(queue string, i int, m *OutgoingMessage) error {
+	if m.Bytes != nil {
+		if m.Data != nil {
+			return invalid(ErrInvalidArgument, "queue %s: message %d: set Data or Bytes, not both", queue, i+1)
+		}
+	} else if len(m.Data) == 0 {
+		return invalid(ErrInvalidJSON, "queue %s: message %d has no data", queue, i+1)
+	}
+	return nil
+}
+
+// checkJSON checks that m's data (if it has no bytes) is JSON that PostgreSQL's jsonb
+// takes.
+func checkJSON(queue string, i int, m *OutgoingMessage) error {
+	if m.Bytes != nil {
+		return nil
+	}
+	if !json.Valid(m.Data) {
+		return invalid(ErrInvalidJSON, "queue %s: message %d: data is not valid JSON", queue, i+1)
+	}
+	if why := pgtext.JSONProblem(m.Data); why != "" {
+		return invalid(ErrInvalidJSON, "queue %s: message %d: data: %s", queue, i+1, why)
+	}
+	return nil
+}
+
+// firstJSONProblem returns checkJSON's error for the first of msgs (whose shapes
+// checkShape passed) that has one, or nil; nil as well unless deferred (the caller
+// checked them already).
+func firstJSONProblem(queue string, msgs []OutgoingMessage, deferred bool) error {
+	if !deferred {
+		return nil
+	}
+	for i := range msgs {
+		if err := checkJSON(queue, i, &msgs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// jsonRefused reports whether err is jsonb's input function refusing a payload: not
+// JSON, \u0000, or text not valid in the database's encoding.
+func jsonRefused(err error) bool {
+	switch sqlerr.Code(err) {
+	case sqlerr.InvalidJSON, sqlerr.JSONUnsupportedEscape, sqlerr.InvalidEncoding:
+		return true
+	}
+	return false
+}
+
+// checkOther checks m's ids, keys, headers and options.
+func checkOther(queue string, i int, m *OutgoingMessage) error {
+	if why := cmp.Or(pgtext.TextProblem(m.MessageID), pgtext.TextProblem(m.GroupKey)); why != "" {
+		return invalid(ErrInvalidArgument, "queue %s: message %d: message id or group key: %s", queue, i+1, why)
+	}
+	for k, v := range m.Headers {
+		if why := cmp.Or(pgtext.TextProblem(k), pgtext.TextProblem(v)); why != "" {
+			return invalid(ErrInvalidArgument, "queue %s: message %d: header %q: %s", queue, i+1, k, why)
+		}
+	}
+	if m.Delay < 0 {
+		return invalid(ErrInvalidArgument, "queue %s: message %d: delay %v is negative", queue, i+1, m.Delay)
+	}
+	if m.Delay != 0 && !m.DeliverAt.IsZero() {
+		return invalid(ErrInvalidArgument, "queue %s: message %d: set Delay or DeliverAt, not both", queue, i+1)
+	}
+	if m.MaxDeliveryAttempts < 0 {
+		return invalid(ErrInvalidArgument, "queue %s: message %d: max delivery attempts %d is negative", queue, i+1, m.MaxDeliveryAttempts)
+	}
+	if m.MaxDeliveryAttempts > math.MaxInt32 {
+		return invalid(ErrInvalidArgument, "queue %s: message %d: max delivery attempts %d exceeds %d", queue, i+1, m.MaxDeliveryAttempts, math.MaxInt32)
+	}
+	if len(m.MessageID) > 512 {
+		return invalid(ErrInvalidArgument, "queue %s: message %d: message id is longer than 512 bytes", queue, i+1)
+	}
+	if m.DeadLetterQueue != "" && !ValidName(m.DeadLetterQueue) {
+		return invalid(ErrInvalidName, "queue %s: message %d: dead-letter queue %q is not a valid queue name", queue, i+1, m.DeadLetterQueue)
+	}
+	return nil
 }
 
 // sendDirectSQL is the common send (ids made by the client, JSON data and nothing

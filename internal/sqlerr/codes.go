@@ -61,6 +61,12 @@ const (
 	// JSON that does not parse (PostgreSQL's invalid_text_representation, raised by
 	// the jsonb input function).
 	InvalidJSON = "22P02"
+	// JSONUnsupportedEscape is PostgreSQL's untranslatable_character, which jsonb's
+	// input function raises for \u0000.
+	JSONUnsupportedEscape = "22P05"
+	// InvalidEncoding is PostgreSQL's character_not_in_repertoire: text (a JSON
+	// payload sent as text) that is not valid in the database's encoding.
+	InvalidEncoding = "22021"
 
 	// LockNotAvailable is PostgreSQL's lock_not_available: a lock wait cut short by
 	// lock_timeout.
