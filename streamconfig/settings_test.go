@@ -126,7 +126,9 @@ func jsonReader(s string) *strings.Reader { return strings.NewReader(s) }
 // idle for its archiveAfter becomes read-only (and is not archived twice), one not
 // yet idle long enough is left alone.
 func TestApplyLifecycle(t *testing.T) {
-	t.Parallel()
+	// Not parallel: a pass applies every stream's lifecycle, so two tests' passes at
+	// a later time archive and delete each other's streams (TestApplyLifecycle and
+	// TestApplyLifecycleSkipsAnUnparseableValue each failed so, 5 runs in 40).
 	ctx := context.Background()
 	store, c, archived := setup(t)
 	_, _, deleted := setup(t)
