@@ -2,8 +2,10 @@ package messages_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/sqlerr"
@@ -55,4 +57,58 @@ func TestQueuePartitionGoesWithTheQueue(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO streamd.queue_messages (stream_name, "offset", message_id, data, enqueued_at,
 		visibility_timeout) VALUES ($1, 1, 'm', '{}', now(), now())`, q)
 	require.ErrorIs(t, sqlerr.Wrap(err), messages.ErrQueueNotFound)
+}
+
+// TestCommonReceiveAndAckCallNoFunction: the common receive and ack of a standard
+// queue are client statements on the queue's partition (direct.go), not calls of
+// queue_receive and queue_ack, and PostgreSQL keeps their generic plans (queue13's
+// trap: a custom plan costed cheaper is made again at every call). On one connection,
+// after eight receives and acks of 10, pg_prepared_statements holds no call of either
+// function, and each direct statement ran on its cached generic plan.
+func TestCommonReceiveAndAckCallNoFunction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := testdb.Config(t)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	c := newClient(t, pool, nil)
+	q := newQueue(t, pool, nil)
+
+	msgs := make([]messages.OutgoingMessage, 80)
+	for i := range msgs {
+		msgs[i] = messages.OutgoingMessage{Data: data(i)}
+	}
+	_, err = c.Send(ctx, q, msgs...)
+	require.NoError(t, err)
+	for range 8 {
+		got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
+		require.NoError(t, err)
+		require.Len(t, got, 10)
+		rs := make([]messages.Receipt, len(got))
+		for i, m := range got {
+			rs[i] = m.Receipt
+		}
+		require.NoError(t, c.Ack(ctx, rs...))
+	}
+
+	rows, err := pool.Query(ctx, `SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements`)
+	require.NoError(t, err)
+	defer rows.Close() // before the pool's Close, which waits for its connection
+	direct := 0
+	for rows.Next() {
+		var stmt string
+		var generic, custom int64
+		require.NoError(t, rows.Scan(&stmt, &generic, &custom))
+		require.NotContains(t, stmt, "queue_receive(", "the common receive calls no function")
+		require.NotContains(t, stmt, "queue_ack(", "the common ack calls no function")
+		if strings.Contains(stmt, "queue_messages_") {
+			direct++
+			require.GreaterOrEqual(t, generic, int64(2), "a direct statement keeps its generic plan: %s", stmt)
+			require.LessOrEqual(t, custom, int64(5), "a direct statement keeps its generic plan: %s", stmt)
+		}
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, 2, direct, "the receive and the ack on the partition")
 }

@@ -198,6 +198,17 @@ func (c *Client) receiveOnce(ctx context.Context, queue string, o ReceiveOpts) (
 		stale  map[receiptKey]bool // receipts of o.Ack the ack did not settle
 	)
 	if len(o.Ack) == 0 {
+		out, ok, derr := c.receiveDirect(ctx, conn, queue, o.Max, vt)
+		if derr != nil {
+			return nil, derr
+		}
+		if ok {
+			sort.Slice(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
+			c.metrics.add(c.metrics.received, queue, len(out))
+			return out, nil
+		}
+		// Declined (no standard queue of the name, or a message due for its
+		// dead-letter queue): queue_receive raises the typed error or does it.
 		rows, err = conn.Query(ctx, receiveSQL, queue, o.Max, vt, c.sqlNow())
 	} else {
 		// One round trip: the ack and the receive are sent together and run in one

@@ -24,18 +24,31 @@ import (
 // Ack deletes the messages of receipts: they are done. A receipt whose lease expired
 // but whose message nobody received since still acks.
 func (c *Client) Ack(ctx context.Context, receipts ...Receipt) error {
-	return c.AckTx(ctx, c.pool, receipts...)
+	return c.ack(ctx, c.pool, true, receipts)
 }
 
 // AckTx is Ack inside the caller's transaction tx, so that the handler's own writes
 // and the ack commit together (the message is then processed exactly once). The
 // message row stays locked until tx ends.
 func (c *Client) AckTx(ctx context.Context, tx streams.DBTX, receipts ...Receipt) error {
+	return c.ack(ctx, tx, false, receipts)
+}
+
+// ack acks receipts on db (pool: db is the Client's pool, not a caller's
+// transaction). Each queue's receipts go by ackDirectSQL, or by queue_ack when it
+// declines.
+func (c *Client) ack(ctx context.Context, db streams.DBTX, pool bool, receipts []Receipt) error {
 	return forEachQueue(receipts, func(queue string, rs []Receipt) error {
-		offs, toks := receiptArrays(rs)
-		missed, err := readAck(tx.QueryRow(ctx, ackSQL, queue, offs, toks, c.sqlNow(), len(rs)), rs)
+		missed, ok, err := c.ackDirect(ctx, db, pool, queue, rs)
 		if err != nil {
-			return fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(err))
+			return err
+		}
+		if !ok {
+			offs, toks := receiptArrays(rs)
+			missed, err = readAck(db.QueryRow(ctx, ackSQL, queue, offs, toks, c.sqlNow(), len(rs)), rs)
+			if err != nil {
+				return fmt.Errorf("ack on queue %s: %w", queue, sqlerr.Wrap(err))
+			}
 		}
 		c.metrics.add(c.metrics.acked, queue, settledCount(rs, missed))
 		noteSelfSettled(ctx, queue, rs)
@@ -63,9 +76,15 @@ func readAck(row interface{ Scan(...any) error }, rs []Receipt) (map[receiptKey]
 	if err := row.Scan(&n, &offs, &toks); err != nil {
 		return nil, err
 	}
+	return missedReceipts(rs, n, offs, toks), nil
+}
+
+// missedReceipts is the receipts of rs an ack did not settle, from its answer: n
+// settled, and (only when n is under len(rs)) the settled offsets and tokens.
+func missedReceipts(rs []Receipt, n int64, offs []int64, toks [][16]byte) map[receiptKey]bool {
 	missed := map[receiptKey]bool{}
 	if n >= int64(len(rs)) {
-		return missed, nil
+		return missed
 	}
 	settled := make(map[receiptKey]bool, len(offs))
 	for i := range offs {
@@ -78,7 +97,7 @@ func readAck(row interface{ Scan(...any) error }, rs []Receipt) (map[receiptKey]
 			missed[k] = true
 		}
 	}
-	return missed, nil
+	return missed
 }
 
 // NackOpts are Nack's per-call knobs. A nil *NackOpts means the defaults.
