@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -119,8 +120,35 @@ const ackDirectSQL = `WITH q AS MATERIALIZED (
 // so the ack declines to queue_ack.
 func ackDirectSpread(n int) int64 { return 4*int64(n) + 64 }
 
-// onPartition is a direct statement with its partition's name put in.
-func onPartition(sql, queue string) string { return strings.ReplaceAll(sql, "@P@", partitionIdent(queue)) }
+// directStatements is a queue's receiveDirectSQL and ackDirectSQL with its partition's
+// name put in.
+type directStatements struct{ receive, ack string }
+
+// directCache keeps the statements of the queues a process used last, so that a call
+// neither hashes the name nor copies 3 KB of SQL; it is emptied when it holds
+// directCacheMax.
+var directCache = struct {
+	sync.Mutex
+	m map[string]*directStatements
+}{m: map[string]*directStatements{}}
+
+const directCacheMax = 1024
+
+// direct returns queue's direct statements.
+func direct(queue string) *directStatements {
+	directCache.Lock()
+	defer directCache.Unlock()
+	if d, ok := directCache.m[queue]; ok {
+		return d
+	}
+	if len(directCache.m) >= directCacheMax {
+		clear(directCache.m)
+	}
+	p := partitionIdent(queue)
+	d := &directStatements{strings.ReplaceAll(receiveDirectSQL, "@P@", p), strings.ReplaceAll(ackDirectSQL, "@P@", p)}
+	directCache.m[queue] = d
+	return d
+}
 
 // noPartition reports whether err is a statement's missing table: the queue's
 // partition, so the queue, is missing.
@@ -134,10 +162,10 @@ func noPartition(err error) bool {
 // queue_receive).
 func (c *Client) receiveDirect(ctx context.Context, db streams.DBTX, queue string, max int, vt *int64) ([]*Message, bool, error) {
 	var tok [16]byte
-	_, _ = rand.Read(tok[:]) // crypto/rand.Read never fails
+	_, _ = rand.Read(tok[:])    // crypto/rand.Read never fails
 	tok[6] = tok[6]&0x0f | 0x40 // version 4
 	tok[8] = tok[8]&0x3f | 0x80 // RFC 4122 variant
-	rows, err := db.Query(ctx, onPartition(receiveDirectSQL, queue), queue, max, vt, c.sqlNow(),
+	rows, err := db.Query(ctx, direct(queue).receive, queue, max, vt, c.sqlNow(),
 		tok[:8], int64(binary.BigEndian.Uint64(tok[8:])))
 	if err != nil {
 		if noPartition(err) {
@@ -191,7 +219,7 @@ func (c *Client) ackDirect(ctx context.Context, db streams.DBTX, pool bool, queu
 		sToks  [][16]byte
 		queued bool
 	)
-	err := db.QueryRow(ctx, onPartition(ackDirectSQL, queue), queue, offs, toks, len(rs), lo, hi).Scan(&n, &sOffs, &sToks, &queued)
+	err := db.QueryRow(ctx, direct(queue).ack, queue, offs, toks, len(rs), lo, hi).Scan(&n, &sOffs, &sToks, &queued)
 	switch {
 	case err != nil && noPartition(err) && pool:
 		return nil, false, nil
