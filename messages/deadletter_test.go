@@ -524,11 +524,7 @@ func TestDeadLetterRacesASendOfTheSameID(t *testing.T) {
 func TestWorkStopsWithEveryConnectionBusy(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg := testdb.Config(t)
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := onePool(t)
 	q := newQueue(t, pool, nil)
 	c := newClient(t, pool, nil)
 	held, err := pool.Acquire(ctx) // the only connection

@@ -38,6 +38,12 @@ import (
 //
 // The partition's name (queue_messages_<md5 of the queue name>, migration 0215) is a
 // contract of the client, as queue_messages' columns are for sendDirectSQL.
+//
+// Unlike the functions, these statements cannot run with enable_seqscan and the
+// other planner settings off: their plans are the planner's choice, and on a small
+// partition the generic plan scans it (the lane, the lease by ctid) until an
+// invalidation makes it again. A spike, not landed for that among other things
+// (bench/RESULTS.md, "Issue 22, session 17 (direct23)").
 
 // partitionIdent is the quoted name of queue's partition of streamd.queue_messages.
 func partitionIdent(queue string) string {

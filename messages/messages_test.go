@@ -60,6 +60,18 @@ func newClient(t *testing.T, pool *pgxpool.Pool, clock *fakeClock) *messages.Cli
 	return c
 }
 
+// onePool is a pool of one connection on the test database, closed when the test
+// ends: what one connection's session sees, or every connection busy.
+func onePool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	cfg := testdb.Config(t)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 func newQueue(t *testing.T, pool *pgxpool.Pool, cfg *messages.QueueConfig) string {
 	t.Helper()
 	c, err := messages.NewClient(pool, nil)

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/streamd/streamd/internal/sqlerr"
@@ -68,11 +67,7 @@ func TestQueuePartitionGoesWithTheQueue(t *testing.T) {
 func TestCommonReceiveAndAckCallNoFunction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg := testdb.Config(t)
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := onePool(t)
 	c := newClient(t, pool, nil)
 	q := newQueue(t, pool, nil)
 
@@ -80,7 +75,7 @@ func TestCommonReceiveAndAckCallNoFunction(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = messages.OutgoingMessage{Data: data(i)}
 	}
-	_, err = c.Send(ctx, q, msgs...)
+	_, err := c.Send(ctx, q, msgs...)
 	require.NoError(t, err)
 	for range 8 {
 		got, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 10})
