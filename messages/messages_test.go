@@ -546,6 +546,23 @@ func TestBadInputWritesNothing(t *testing.T) {
 			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":}`), Headers: map[string]string{"h": "v"}})
 			return err
 		}, messages.ErrInvalidJSON, "message 2: data is not valid JSON"},
+		// JSON that json.Valid takes and jsonb refuses (a lone UTF-16 surrogate
+		// escape): the statement's refusal is ErrInvalidJSON on every path.
+		{"lone surrogate", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":"\ud800"}`)})
+			return err
+		}, messages.ErrInvalidJSON, "invalid JSON"},
+		{"lone surrogate with headers", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":"\ud800"}`), Headers: map[string]string{"h": "v"}})
+			return err
+		}, messages.ErrInvalidJSON, "invalid JSON"},
+		{"lone surrogate in a transaction", func() error {
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = c.SendTx(ctx, tx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":"\ud800"}`)})
+			return err
+		}, messages.ErrInvalidJSON, "invalid JSON"},
 		{"invalid JSON to a missing queue", func() error {
 			_, err := c.Send(ctx, missing, messages.OutgoingMessage{Data: json.RawMessage(`nope`)})
 			return err

@@ -103,7 +103,7 @@ func (c *Client) countSent(queue string, out []SendResult) {
 // outside any caller's transaction), the common batch's payloads are not checked for
 // JSON here: the statement's jsonb cast refuses what json.Valid and JSONProblem would
 // (and stores nothing), and only then does the client look for the message to name
-// (jsonRefused). Those checks cost the client about 27 µs a batch of 100 small
+// (refusedJSON). Those checks cost the client about 27 µs a batch of 100 small
 // payloads, a tenth of its CPU per send (bench/RESULTS.md, "Issue 22, session 17").
 // In a caller's transaction the failed statement would abort it, so SendTx checks
 // first. Errors come in message order either way: a message's other checks run
@@ -194,13 +194,11 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 				texts[i] = *d // plain: every message has JSON data
 			}
 			out, ok, err := c.sendDirect(ctx, db, queue, made, texts)
-			if err != nil && deferJSON && jsonRefused(err) {
-				// The jsonb cast refused a payload, and nothing was stored: name it.
-				return nil, cmp.Or(firstJSONProblem(queue, msgs, true),
-					fmt.Errorf("%w: queue %s: %w", ErrInvalidJSON, queue, err))
+			if err != nil {
+				return nil, refusedJSON(queue, msgs, err)
 			}
-			if err != nil || ok {
-				return out, err
+			if ok {
+				return out, nil
 			}
 			// No such queue, or a FIFO queue: queue_send raises the typed error.
 		}
@@ -233,7 +231,7 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 		queue, ids, data, nilIfAllNil(meta), nilIfAllNil(delays), nilIfAllNil(deliverAt), nilIfAllNil(groups),
 		nilIfAllNil(attempts), nilIfAllNil(dlqs), c.sqlNow(), fresh, binary)
 	if err != nil {
-		return nil, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
+		return nil, refusedJSON(queue, msgs, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err)))
 	}
 	defer rows.Close()
 	out := make([]SendResult, n)
@@ -260,7 +258,7 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err))
+		return nil, refusedJSON(queue, msgs, fmt.Errorf("send to queue %s: %w", queue, sqlerr.Wrap(err)))
 	}
 	return out, nil
 }
@@ -307,14 +305,17 @@ func firstJSONProblem(queue string, msgs []OutgoingMessage, deferred bool) error
 	return nil
 }
 
-// jsonRefused reports whether err is jsonb's input function refusing a payload: not
-// JSON, \u0000, or text not valid in the database's encoding.
-func jsonRefused(err error) bool {
+// refusedJSON returns err, or, when it is jsonb's input function refusing a payload
+// (not JSON, \u0000, text not valid in the database's encoding; nothing stored), an
+// ErrInvalidJSON naming the first message the client's checks refuse, or wrapping err
+// when they take them all (a lone UTF-16 surrogate escape: json.Valid takes it, jsonb
+// does not). Every statement of send goes through it, whichever path checked first.
+func refusedJSON(queue string, msgs []OutgoingMessage, err error) error {
 	switch sqlerr.Code(err) {
 	case sqlerr.InvalidJSON, sqlerr.JSONUnsupportedEscape, sqlerr.InvalidEncoding:
-		return true
+		return cmp.Or(firstJSONProblem(queue, msgs, true), fmt.Errorf("%w: queue %s: %w", ErrInvalidJSON, queue, err))
 	}
-	return false
+	return err
 }
 
 // checkOther checks m's ids, keys, headers and options.
