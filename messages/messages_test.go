@@ -516,6 +516,22 @@ func TestBadInputWritesNothing(t *testing.T) {
 			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(1), Headers: map[string]string{"h": strings.Repeat("x", 120)}})
 			return err
 		}, messages.ErrPayloadTooLarge, "allows 100"},
+		// The client's JSON checks come before the queue's size limit (the SQL's), on
+		// every path: the common batch's statement checks a message's size before its
+		// jsonb cast, and its refusal must not jump ahead of a JSON error.
+		{"oversize before a later message's invalid JSON", func() error {
+			_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data(strings.Repeat("x", 200))},
+				messages.OutgoingMessage{Data: json.RawMessage(`[`)})
+			return err
+		}, messages.ErrInvalidJSON, "message 2: data is not valid JSON"},
+		{"oversize invalid JSON", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`["` + strings.Repeat("x", 200))})
+			return err
+		}, messages.ErrInvalidJSON, "message 2: data is not valid JSON"},
+		{"oversize invalid JSON with headers", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`["` + strings.Repeat("x", 200)), Headers: map[string]string{"h": "v"}})
+			return err
+		}, messages.ErrInvalidJSON, "message 2: data is not valid JSON"},
 		{"invalid JSON", func() error {
 			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":`)})
 			return err

@@ -102,8 +102,9 @@ func (c *Client) countSent(queue string, out []SendResult) {
 // send validates msgs, then stores them with one statement. With deferJSON (a send
 // outside any caller's transaction), the common batch's payloads are not checked for
 // JSON here: the statement's jsonb cast refuses what json.Valid and JSONProblem would
-// (and stores nothing), and only then does the client look for the message to name
-// (refusedJSON). Those checks cost the client about 27 µs a batch of 100 small
+// (and stores nothing), and only once the statement failed does the client look for
+// the message to name (its JSON error wins over the statement's, as where the checks
+// ran first; refusedJSON). Those checks cost the client about 27 µs a batch of 100 small
 // payloads, a tenth of its CPU per send (bench/RESULTS.md, "Issue 22, session 17").
 // In a caller's transaction the failed statement would abort it, so SendTx checks
 // first. Errors come in message order either way: a message's other checks run
@@ -194,6 +195,14 @@ func (c *Client) send(ctx context.Context, db streams.DBTX, queue string, msgs [
 				texts[i] = *d // plain: every message has JSON data
 			}
 			out, ok, err := c.sendDirect(ctx, db, queue, made, texts)
+			if err != nil && deferJSON {
+				// The client's JSON checks come before the SQL's (as where they ran
+				// first): the statement checks a message's size before its jsonb cast,
+				// so its ErrPayloadTooLarge can stand for a batch that holds bad JSON.
+				if jerr := firstJSONProblem(queue, msgs, true); jerr != nil {
+					return nil, jerr
+				}
+			}
 			if err != nil {
 				return nil, refusedJSON(queue, msgs, err)
 			}
