@@ -483,6 +483,49 @@ func TestSendTxBadJSONLeavesTheTransactionUsable(t *testing.T) {
 	require.Equal(t, 1, count(t, pool, q))
 }
 
+// The client's JSON checks (json.Valid and pgtext.JSONProblem) refuse what jsonb
+// refuses, and nothing else, at the edges json.Valid and jsonb disagree on: SendTx,
+// which checks before its statement, then names the message and leaves the caller's
+// transaction usable (a lone surrogate escape and a number numeric cannot hold came
+// from the statement, and aborted it).
+func TestSendTxJSONThatJSONBRefusesLeavesTheTransactionUsable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	q := newQueue(t, pool, nil)
+	for _, p := range []string{
+		`"\ud800"`, `"\udc00"`, `"\ud800\u0041"`, `"\ud800x"`, `"\udc00\ud800"`, `"\ud800\ud800\udc00"`,
+		`"\ud83d\ude00"`, `"\uD83D\uDE00"`, `"\\ud800"`, `"e12345 \ud83d\ude00"`,
+		`1e131071`, `9.9999e131071`, `1e131072`, `-1e131072`, `1E+131072`, `1e-16383`, `1e-16384`, `0e-16383`,
+		`0e-16384`, `0e99999`, `0e1073741822`, `0e1073741823`, `1e99999999999999999999`, `0.000e16000`,
+		`[1, 2.5e-16384]`, `{"e99999": 1}`, `"1e-99999"`,
+		`0.` + strings.Repeat("0", 16382) + `1`, `0.` + strings.Repeat("0", 16383) + `1`,
+		`0.` + strings.Repeat("1", 6383) + `e-9999`, `0.` + strings.Repeat("1", 6385) + `e-9999`,
+	} {
+		t.Run(p[:min(len(p), 30)], func(t *testing.T) {
+			var pgErr error
+			var discard string
+			if err := pool.QueryRow(ctx, `SELECT $1::text::jsonb::text`, p).Scan(&discard); err != nil {
+				pgErr = err
+			}
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = c.SendTx(ctx, tx, q, messages.OutgoingMessage{Data: data(1)}, messages.OutgoingMessage{Data: json.RawMessage(p)})
+			if pgErr == nil {
+				require.NoError(t, err, "jsonb takes it")
+				return
+			}
+			require.ErrorIs(t, err, messages.ErrInvalidJSON, "jsonb refuses it (%v)", pgErr)
+			msg := err.Error()
+			_, err = c.SendTx(ctx, tx, q, messages.OutgoingMessage{Data: data(2)})
+			require.NoError(t, err, "the transaction is still usable")
+			require.Contains(t, msg, "message 2: data:")
+		})
+	}
+}
+
 // E1: bad input gets a typed error that says what was wrong, and nothing is written.
 func TestBadInputWritesNothing(t *testing.T) {
 	t.Parallel()
@@ -567,18 +610,35 @@ func TestBadInputWritesNothing(t *testing.T) {
 		{"lone surrogate", func() error {
 			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":"\ud800"}`)})
 			return err
-		}, messages.ErrInvalidJSON, "invalid JSON"},
+		}, messages.ErrInvalidJSON, "message 2: data: it holds a UTF-16 high surrogate escape without its low one"},
 		{"lone surrogate with headers", func() error {
 			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":"\ud800"}`), Headers: map[string]string{"h": "v"}})
 			return err
-		}, messages.ErrInvalidJSON, "invalid JSON"},
+		}, messages.ErrInvalidJSON, "message 2: data: it holds a UTF-16 high surrogate escape without its low one"},
 		{"lone surrogate in a transaction", func() error {
 			tx, err := pool.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(ctx) }()
 			_, err = c.SendTx(ctx, tx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":"\ud800"}`)})
 			return err
-		}, messages.ErrInvalidJSON, "invalid JSON"},
+		}, messages.ErrInvalidJSON, "message 2: data: it holds a UTF-16 high surrogate escape without its low one"},
+		// Numbers json.Valid takes and jsonb's numeric cannot hold (22003, which came
+		// back untyped on every path).
+		{"number out of numeric's range", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`[1e131072]`)})
+			return err
+		}, messages.ErrInvalidJSON, "message 2: data: it holds a number out of the range of PostgreSQL's numeric"},
+		{"number out of numeric's scale with headers", func() error {
+			_, err := c.Send(ctx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`{"a":1e-16384}`), Headers: map[string]string{"h": "v"}})
+			return err
+		}, messages.ErrInvalidJSON, "message 2: data: it holds a number out of the range of PostgreSQL's numeric"},
+		{"number out of numeric's range in a transaction", func() error {
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = c.SendTx(ctx, tx, q, ok, messages.OutgoingMessage{Data: json.RawMessage(`[0e-99999]`)})
+			return err
+		}, messages.ErrInvalidJSON, "message 2: data: it holds a number out of the range of PostgreSQL's numeric"},
 		{"invalid JSON to a missing queue", func() error {
 			_, err := c.Send(ctx, missing, messages.OutgoingMessage{Data: json.RawMessage(`nope`)})
 			return err

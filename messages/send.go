@@ -317,8 +317,9 @@ func firstJSONProblem(queue string, msgs []OutgoingMessage, deferred bool) error
 // refusedJSON returns err, or, when it is jsonb's input function refusing a payload
 // (not JSON, \u0000, text not valid in the database's encoding; nothing stored), an
 // ErrInvalidJSON naming the first message the client's checks refuse, or wrapping err
-// when they take them all (a lone UTF-16 surrogate escape: json.Valid takes it, jsonb
-// does not). Every statement of send goes through it, whichever path checked first.
+// when they take them all (they should not: pgtext.JSONProblem refuses what jsonb does
+// and json.Valid takes). Every statement of send goes through it, whichever path
+// checked first.
 func refusedJSON(queue string, msgs []OutgoingMessage, err error) error {
 	switch sqlerr.Code(err) {
 	case sqlerr.InvalidJSON, sqlerr.JSONUnsupportedEscape, sqlerr.InvalidEncoding:

@@ -42,6 +42,9 @@ func TestStatusesOfBadRequests(t *testing.T) {
 		{"bogus dead-letter status", "GET", "/v1/streams/" + s + "/dead-letters?status=bogus", "", 400, "status"},
 		{"negative discard", "POST", "/v1/queues/" + q + "/discard", `{"offsets":[-1]}`, 400, "offsets[0]"},
 		{"peek limit", "GET", "/v1/queues/" + q + "/messages?limit=-1", "", 400, "limit"},
+		// JSON that Go takes and jsonb refuses is bad input, not an internal error (it was
+		// a 500: numeric's 22003 came back untyped).
+		{"number jsonb cannot hold", "POST", "/v1/queues/" + q + "/messages", `{"messages":[{"data":[1e131072]}]}`, 400, "numeric"},
 		{"wrong method", "GET", "/v1/queues/" + q + "/purge", "", 405, "POST"},
 		{"no route", "GET", "/v1/nowhere", "", 404, ""},
 	} {
