@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -526,6 +527,8 @@ func TestWorkStopsWithEveryConnectionBusy(t *testing.T) {
 	ctx := context.Background()
 	cfg := testdb.Config(t)
 	cfg.MaxConns = 1
+	acquiring := &acquireSignal{started: make(chan struct{})}
+	cfg.ConnConfig.Tracer = acquiring
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer pool.Close()
@@ -534,6 +537,7 @@ func TestWorkStopsWithEveryConnectionBusy(t *testing.T) {
 	held, err := pool.Acquire(ctx) // the only connection
 	require.NoError(t, err)
 	defer held.Release()
+	acquiring.armed.Store(true)
 
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -541,7 +545,14 @@ func TestWorkStopsWithEveryConnectionBusy(t *testing.T) {
 		done <- c.Work(wctx, q, &messages.WorkerConfig{PollWait: 50 * time.Millisecond},
 			func(context.Context, *messages.Message) error { return nil })
 	}()
-	time.Sleep(200 * time.Millisecond) // let Work wait for the connection
+	// Stop once Work asks the pool for a connection (its receive's: Work takes none
+	// before), not after a sleep: a stop that came first let Work return from its
+	// loop, and the test passed whatever the receive did.
+	select {
+	case <-acquiring.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Work did not ask for a connection within 10s")
+	}
 	stop()
 	select {
 	case err := <-done:
@@ -550,6 +561,30 @@ func TestWorkStopsWithEveryConnectionBusy(t *testing.T) {
 		t.Fatal("Work did not return within 10s of its ctx ending")
 	}
 }
+
+// acquireSignal is a pool tracer that closes started when an Acquire begins once
+// armed (pgxpool.AcquireTracer; the query hooks do nothing).
+type acquireSignal struct {
+	armed   atomic.Bool
+	once    sync.Once
+	started chan struct{}
+}
+
+func (a *acquireSignal) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	if a.armed.Load() {
+		a.once.Do(func() { close(a.started) })
+	}
+	return ctx
+}
+
+func (a *acquireSignal) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {
+}
+
+func (a *acquireSignal) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (a *acquireSignal) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // TestDuplicateReceiptSettlesOnce guards Q2 against a receipt named twice in one Nack
 // or Term: the message moves to the dead-letter queue once (it moved once per
