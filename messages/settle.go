@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/streamd/streamd/internal/pgtext"
 	"github.com/streamd/streamd/internal/sqlerr"
 	"github.com/streamd/streamd/streams"
 )
@@ -99,7 +100,8 @@ type NackOpts struct {
 // Nack gives messages back: each becomes visible again after opts.Delay, and its
 // receipt is spent. A message that has used up its delivery attempts and has a
 // dead-letter queue moves there now (Q2). Errors: ErrInvalidArgument for a negative
-// delay (from Delay or Backoff; nothing is nacked then), ErrLeaseLost.
+// delay (from Delay or Backoff) or an Error that PostgreSQL's text cannot hold
+// (invalid UTF-8, a NUL byte; nothing is nacked then), ErrLeaseLost.
 func (c *Client) Nack(ctx context.Context, opts *NackOpts, receipts ...Receipt) error {
 	o := NackOpts{}
 	if opts != nil {
@@ -107,6 +109,9 @@ func (c *Client) Nack(ctx context.Context, opts *NackOpts, receipts ...Receipt) 
 	}
 	if o.Delay < 0 {
 		return invalid(ErrInvalidArgument, "NackOpts.Delay %v is negative", o.Delay)
+	}
+	if why := pgtext.TextProblem(o.Error); why != "" {
+		return invalid(ErrInvalidArgument, "NackOpts.Error: %s", why)
 	}
 	delayOf := func(Receipt) time.Duration { return o.Delay }
 	if o.Backoff != nil {
@@ -208,8 +213,12 @@ func (c *Client) Extend(ctx context.Context, timeout time.Duration, receipts ...
 
 // Term ends messages for good: each moves to its dead-letter queue now, with reason as
 // its last error, or is deleted when it has no dead-letter queue. Errors:
-// ErrLeaseLost.
+// ErrInvalidArgument for a reason that PostgreSQL's text cannot hold (invalid UTF-8,
+// a NUL byte; nothing is termed then), ErrLeaseLost.
 func (c *Client) Term(ctx context.Context, reason string, receipts ...Receipt) error {
+	if why := pgtext.TextProblem(reason); why != "" {
+		return invalid(ErrInvalidArgument, "term reason: %s", why)
+	}
 	return forEachQueue(receipts, func(queue string, rs []Receipt) error {
 		offs, toks := receiptArrays(rs)
 		reasons := make([]string, len(rs))

@@ -10,12 +10,15 @@ import (
 	"time"
 
 	"github.com/streamd/streamd/internal/backoff"
+	"github.com/streamd/streamd/internal/pgtext"
 	"github.com/streamd/streamd/internal/sqlerr"
 )
 
 // Handler processes one message. Its return value settles the message: nil acks it,
 // an error from TermError dead-letters it now, an error from RetryAfter nacks it with
-// that delay, any other error nacks it with the worker's backoff. ctx is not Work's:
+// that delay, any other error nacks it with the worker's backoff; the error's text is
+// the message's last error (invalid UTF-8 and NUL bytes, which PostgreSQL's text
+// refuses, as U+FFFD). ctx is not Work's:
 // when Work's ctx ends, running handlers go on and settle (WorkerConfig.DrainTimeout).
 // ctx is cancelled when the drain runs out of time (an error returned then releases
 // the message without spending its delivery attempt), when Work stops on an error,
@@ -350,6 +353,9 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 	if selfSettled {
 		sctx = withSelfSettled(sctx, self.r)
 	}
+	// The error's text goes as PostgreSQL's text takes it (pgtext.Clean): a NUL byte
+	// or invalid UTF-8 in it made the settlement fail, and the message waited out its
+	// lease, neither dead-lettered nor given back.
 	var err error
 	var term *termError
 	var retry *retryError
@@ -357,9 +363,9 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 	case herr == nil:
 		err = acks.ack(m.Receipt, selfSettled)
 	case errors.As(herr, &term):
-		err = c.Term(sctx, term.reason(), m.Receipt)
+		err = c.Term(sctx, pgtext.Clean(term.reason()), m.Receipt)
 	case errors.As(herr, &retry):
-		err = c.Nack(sctx, &NackOpts{Delay: max(retry.delay, 0), Error: herr.Error()}, m.Receipt)
+		err = c.Nack(sctx, &NackOpts{Delay: max(retry.delay, 0), Error: pgtext.Clean(herr.Error())}, m.Receipt)
 	case ctx.Err() != nil:
 		// Interrupted by Work's stop (the drain ran out, or Work failed): not a failed
 		// delivery. Give the message back at once for another worker, its attempt not
@@ -368,7 +374,7 @@ func (c *Client) handle(ctx context.Context, log *slog.Logger, w *WorkerConfig, 
 	default:
 		// A negative delay from the schedule counts as 0: refused by Nack, it left the
 		// message leased until its lease ran out.
-		err = c.Nack(sctx, &NackOpts{Delay: max(w.Backoff(m.DeliveryAttempts), 0), Error: herr.Error()}, m.Receipt)
+		err = c.Nack(sctx, &NackOpts{Delay: max(w.Backoff(m.DeliveryAttempts), 0), Error: pgtext.Clean(herr.Error())}, m.Receipt)
 	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):

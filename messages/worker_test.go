@@ -203,3 +203,63 @@ func TestWorkKeepsTheLeaseOfARolledBackSelfAck(t *testing.T) {
 	stop()
 	require.NoError(t, awaitWork(t, done, 10*time.Second, "after its ctx ended"))
 }
+
+// TestWorkSettlesWhateverItsHandlerErrorSays: a handler's error is recorded as the
+// message's last error, and its text is the handler's, not the database's: one that
+// holds a NUL byte or invalid UTF-8 (raw bytes of a bad payload, say) made Work's
+// Term and Nack fail on PostgreSQL's text (22021), so the message was neither
+// dead-lettered nor given back, and came back only when its lease ran out. A Nack or
+// Term called with such text is refused with ErrInvalidArgument, nothing settled.
+func TestWorkSettlesWhateverItsHandlerErrorSays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c := newClient(t, pool, nil)
+	dlq := newQueue(t, pool, nil)
+	q := newQueue(t, pool, &messages.QueueConfig{DeadLetterQueue: dlq, VisibilityTimeout: time.Minute})
+	_, err := c.Send(ctx, q, messages.OutgoingMessage{Data: data("term")}, messages.OutgoingMessage{Data: data("nack")})
+	require.NoError(t, err)
+
+	m, err := c.Receive(ctx, q, &messages.ReceiveOpts{Max: 2})
+	require.NoError(t, err)
+	require.Len(t, m, 2)
+	require.ErrorIs(t, c.Nack(ctx, &messages.NackOpts{Error: "bad \x00 byte"}, m[1].Receipt), messages.ErrInvalidArgument)
+	require.ErrorIs(t, c.Term(ctx, "bad \xff byte", m[0].Receipt), messages.ErrInvalidArgument)
+	require.NoError(t, c.Release(ctx, m[0].Receipt, m[1].Receipt), "nothing was settled")
+
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	nacked := make(chan struct{})
+	var once sync.Once
+	go func() {
+		done <- c.Work(wctx, q, &messages.WorkerConfig{PollWait: 50 * time.Millisecond,
+			Backoff: func(int) time.Duration { return time.Hour }},
+			func(_ context.Context, m *messages.Message) error {
+				if string(m.Data) == `"term"` {
+					return messages.TermError(errors.New("bad \x00 byte"))
+				}
+				once.Do(func() { close(nacked) })
+				return errors.New("bad \xff byte")
+			})
+	}()
+	testdb.WaitFor(t, 10*time.Second, "the termed message in the dead-letter queue", func() bool {
+		dead, err := c.Peek(ctx, dlq, nil)
+		require.NoError(t, err)
+		return len(dead) == 1
+	})
+	<-nacked
+	testdb.WaitFor(t, 10*time.Second, "the nacked message's last error", func() bool {
+		held, err := c.Peek(ctx, q, nil)
+		require.NoError(t, err)
+		return len(held) == 1 && held[0].LastError != ""
+	})
+	stop()
+	require.NoError(t, awaitWork(t, done, 10*time.Second, "stop"))
+	dead, err := c.Peek(ctx, dlq, nil)
+	require.NoError(t, err)
+	require.Equal(t, "bad \uFFFD byte", dead[0].LastError)
+	held, err := c.Peek(ctx, q, nil)
+	require.NoError(t, err)
+	require.Equal(t, "bad \uFFFD byte", held[0].LastError)
+}

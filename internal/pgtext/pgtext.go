@@ -250,3 +250,13 @@ func TextProblem(s string) string {
 	}
 	return ""
 }
+
+// Clean returns s as PostgreSQL's text takes it: invalid UTF-8 and NUL bytes become
+// U+FFFD. For text a caller does not choose (an error's message), where refusing it
+// would lose what it says.
+func Clean(s string) string {
+	if TextProblem(s) == "" {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}

@@ -32,6 +32,8 @@ func TestProblems(t *testing.T) {
 		`0.` + strings.Repeat("0", 16383) + `1`, `0.` + strings.Repeat("1", 6385) + `e-9999`} {
 		require.NotEmpty(t, pgtext.JSONProblem([]byte(n)), n[:min(len(n), 20)])
 	}
+	require.Equal(t, "a \uFFFD b \uFFFD é", pgtext.Clean("a \x00 b \xff\xfe é"))
+	require.Equal(t, "key é", pgtext.Clean("key é"))
 	require.Empty(t, pgtext.TextProblem("key é"))
 	require.NotEmpty(t, pgtext.TextProblem("a\x00b"))
 	require.NotEmpty(t, pgtext.TextProblem("\xff"))
