@@ -75,7 +75,7 @@ func (a *Admin) ListGroups(ctx context.Context, stream string) ([]GroupSummary, 
 	rows, err := a.pool.Query(ctx, `SELECT stream_name, group_id, group_epoch, members, partitions, pending_moves, lag, updated_at
 		FROM streamd.consumer_group_summary WHERE ($1 = '' OR stream_name = $1) ORDER BY stream_name, group_id`, stream)
 	if err != nil {
-		return nil, fmt.Errorf("list groups: %w", err)
+		return nil, fmt.Errorf("list groups: %w", sqlerr.Wrap(err))
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (GroupSummary, error) {
 		var g GroupSummary
@@ -83,7 +83,7 @@ func (a *Admin) ListGroups(ctx context.Context, stream string) ([]GroupSummary, 
 		return g, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list groups: %w", err)
+		return nil, fmt.Errorf("list groups: %w", sqlerr.Wrap(err))
 	}
 	return out, nil
 }
@@ -99,7 +99,7 @@ func (a *Admin) DescribeGroup(ctx context.Context, stream, group string) (*Group
 		return nil, fmt.Errorf("describe group %s of %s: %w", group, stream, ErrGroupNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("describe group %s of %s: %w", group, stream, err)
+		return nil, fmt.Errorf("describe group %s of %s: %w", group, stream, sqlerr.Wrap(err))
 	}
 	rows, err := a.pool.Query(ctx, `SELECT partition, current_offset, log_start_offset, stream_head, lag,
 		coalesce(consumer_id, ''), member_epoch, coalesce(pending_owner, ''), paused
@@ -114,7 +114,7 @@ func (a *Admin) DescribeGroup(ctx context.Context, stream, group string) (*Group
 		return p, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("describe group %s of %s: %w", group, stream, err)
+		return nil, fmt.Errorf("describe group %s of %s: %w", group, stream, sqlerr.Wrap(err))
 	}
 	rows, err = a.pool.Query(ctx, `SELECT consumer_id, coalesce(instance_id, ''), member_epoch, registered_at, last_heartbeat,
 		last_heartbeat + session_timeout_ms * interval '1 millisecond' < now()
@@ -305,7 +305,7 @@ func (a *Admin) DeadLetters(ctx context.Context, stream, group, status string) (
 		FROM streamd.dead_letter_queue WHERE stream_name = $1 AND ($2 = '' OR group_id = $2) AND ($3 = '' OR status = $3)
 		ORDER BY id`, stream, group, status)
 	if err != nil {
-		return nil, fmt.Errorf("list dead letters of %s: %w", stream, err)
+		return nil, fmt.Errorf("list dead letters of %s: %w", stream, sqlerr.Wrap(err))
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
@@ -317,7 +317,7 @@ func (a *Admin) DeadLetters(ctx context.Context, stream, group, status string) (
 		return d, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list dead letters of %s: %w", stream, err)
+		return nil, fmt.Errorf("list dead letters of %s: %w", stream, sqlerr.Wrap(err))
 	}
 	return out, nil
 }

@@ -122,7 +122,7 @@ func (c *Client) CancelRedriveTask(ctx context.Context, dlq string, id int64) (*
 		return nil, fmt.Errorf("cancel redrive task %d of queue %s: %w: none open", id, dlq, ErrRedriveTaskNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("cancel redrive task %d of queue %s: %w", id, dlq, err)
+		return nil, fmt.Errorf("cancel redrive task %d of queue %s: %w", id, dlq, sqlerr.Wrap(err))
 	}
 	return &t, nil
 }

@@ -190,10 +190,10 @@ func DescribeStreamTx(ctx context.Context, db DBTX, name string) (*StreamInfo, e
 		return nil, fmt.Errorf("describe stream %q: %w", name, ErrStreamNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("describe stream %s: %w", name, err)
+		return nil, fmt.Errorf("describe stream %s: %w", name, sqlerr.Wrap(err))
 	}
 	if s.PartitionInfo, err = partitionHeads(ctx, db, name); err != nil {
-		return nil, fmt.Errorf("describe stream %s: %w", name, err)
+		return nil, fmt.Errorf("describe stream %s: %w", name, sqlerr.Wrap(err))
 	}
 	return &s, nil
 }

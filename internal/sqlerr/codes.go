@@ -119,6 +119,11 @@ var (
 	ErrNoRetentionPolicy        = errors.New("no retention policy")
 	ErrInvalidStreamConfig      = errors.New("invalid stream configuration")
 
+	// ErrInvalidText is text PostgreSQL cannot store (a NUL byte, bytes not valid
+	// UTF-8), refused as it binds: it is every package's invalid argument (it matches
+	// streams', consumergroup's, messages' and retention's ErrInvalidArgument).
+	ErrInvalidText error = invalidText{}
+
 	// Event sourcing (package eventstore).
 	ErrVersionMismatch  = errors.New("version mismatch")
 	ErrSessionNotOpen   = errors.New("key not open in this session")
@@ -141,6 +146,10 @@ var sentinels = map[string]error{
 	ProducerFenced:     ErrProducerFenced,
 	DuplicateSequence:  ErrDuplicateSequence,
 	InvalidJSON:        ErrInvalidJSON,
+	// A NUL byte or bytes not valid UTF-8 in a text bind parameter (a name, an id, a
+	// filter) or, for 22P05, a \u0000 escape inside jsonb: the client's input.
+	InvalidEncoding:       ErrInvalidText,
+	JSONUnsupportedEscape: ErrInvalidJSON,
 
 	Fenced:             ErrFenced,
 	FencedSession:      ErrFenced,
@@ -184,4 +193,19 @@ func Codes() map[string]error {
 		out[k] = v
 	}
 	return out
+}
+
+// invalidText is ErrInvalidText: one condition that every package names its own way.
+type invalidText struct{}
+
+func (invalidText) Error() string {
+	return "invalid argument: text holds a NUL byte or is not valid UTF-8"
+}
+
+func (invalidText) Is(target error) bool {
+	switch target {
+	case ErrInvalidArgument, ErrGroupInvalidArgument, ErrQueueInvalidArgument, ErrRetentionInvalidArgument:
+		return true
+	}
+	return false
 }

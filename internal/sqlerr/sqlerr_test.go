@@ -53,17 +53,19 @@ func TestRetriable(t *testing.T) {
 func TestEveryCodeMapsToItsSentinel(t *testing.T) {
 	t.Parallel()
 	want := map[string]error{
-		sqlerr.StreamNotFound:     streams.ErrStreamNotFound,
-		sqlerr.PartitionNotFound:  streams.ErrPartitionNotFound,
-		sqlerr.InvalidName:        streams.ErrInvalidName,
-		sqlerr.PayloadTooLarge:    streams.ErrPayloadTooLarge,
-		sqlerr.InvalidArgument:    streams.ErrInvalidArgument,
-		sqlerr.PartitionDecrease:  streams.ErrPartitionsDecrease,
-		sqlerr.OffsetOutOfRange:   streams.ErrOffsetOutOfRange,
-		sqlerr.OutOfOrderSequence: streams.ErrOutOfOrderSequence,
-		sqlerr.ProducerFenced:     streams.ErrProducerFenced,
-		sqlerr.DuplicateSequence:  streams.ErrDuplicateSequence,
-		sqlerr.InvalidJSON:        streams.ErrInvalidJSON,
+		sqlerr.StreamNotFound:        streams.ErrStreamNotFound,
+		sqlerr.PartitionNotFound:     streams.ErrPartitionNotFound,
+		sqlerr.InvalidName:           streams.ErrInvalidName,
+		sqlerr.PayloadTooLarge:       streams.ErrPayloadTooLarge,
+		sqlerr.InvalidArgument:       streams.ErrInvalidArgument,
+		sqlerr.PartitionDecrease:     streams.ErrPartitionsDecrease,
+		sqlerr.OffsetOutOfRange:      streams.ErrOffsetOutOfRange,
+		sqlerr.OutOfOrderSequence:    streams.ErrOutOfOrderSequence,
+		sqlerr.ProducerFenced:        streams.ErrProducerFenced,
+		sqlerr.DuplicateSequence:     streams.ErrDuplicateSequence,
+		sqlerr.InvalidJSON:           streams.ErrInvalidJSON,
+		sqlerr.InvalidEncoding:       consumergroup.ErrInvalidArgument,
+		sqlerr.JSONUnsupportedEscape: streams.ErrInvalidJSON,
 
 		sqlerr.Fenced:             consumergroup.ErrFenced,
 		sqlerr.FencedSession:      consumergroup.ErrFenced,
@@ -108,6 +110,14 @@ func TestEveryCodeMapsToItsSentinel(t *testing.T) {
 		require.True(t, errors.As(err, &back), code)
 		require.Equal(t, code, back.Code)
 	}
+	// Text PostgreSQL cannot store (a NUL byte in a group id, a filter, an id) is
+	// every package's invalid argument, not an untyped error (a 500 at the API).
+	text := sqlerr.Wrap(&pgconn.PgError{Code: sqlerr.InvalidEncoding, Message: "invalid byte sequence"})
+	for _, sentinel := range []error{streams.ErrInvalidArgument, consumergroup.ErrInvalidArgument,
+		messages.ErrInvalidArgument, retention.ErrInvalidArgument} {
+		require.ErrorIs(t, text, sentinel)
+	}
+	require.NotErrorIs(t, text, streams.ErrInvalidJSON)
 	other := &pgconn.PgError{Code: "23505"}
 	require.Same(t, other, sqlerr.Wrap(other), "a code outside the table passes through")
 }
