@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -135,14 +136,35 @@ func (r *Request) Decode(v any) error {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return fmt.Errorf("%w: request body over %d bytes", ErrTooLarge, tooBig.Limit)
+		if err := tooLarge(err); err != nil {
+			return err
 		}
 		return fmt.Errorf("%w: malformed JSON body: %v", ErrBadRequest, err)
 	}
 	if dec.More() {
 		return fmt.Errorf("%w: malformed JSON body: more than one JSON value", ErrBadRequest)
+	}
+	return nil
+}
+
+// ReadBody reads the whole body (for a handler that parses it itself): a body over
+// Config.MaxRequestBytes is ErrTooLarge (413), as in Decode.
+func (r *Request) ReadBody() ([]byte, error) {
+	raw, err := io.ReadAll(r.Body)
+	if err != nil {
+		if tl := tooLarge(err); tl != nil {
+			return nil, tl
+		}
+		return nil, fmt.Errorf("read request body: %w", err)
+	}
+	return raw, nil
+}
+
+// tooLarge returns ErrTooLarge when err is the size limit's, and nil otherwise.
+func tooLarge(err error) error {
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return fmt.Errorf("%w: request body over %d bytes", ErrTooLarge, tooBig.Limit)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package api
 
 import (
 	"errors"
-	"io"
 	"net/http"
 
 	"github.com/streamd/streamd/streamconfig"
@@ -41,7 +40,7 @@ func (s *Server) putConfig(r *Request) (any, error) {
 	if err := r.Authorize(name, ActionAdmin); err != nil {
 		return nil, err
 	}
-	raw, err := io.ReadAll(r.Body)
+	raw, err := r.ReadBody()
 	if err != nil {
 		return nil, err
 	}

@@ -18,7 +18,8 @@ import (
 // (it was 404); unknown status filters are 400 (they answered 200 with an empty
 // list); a negative offset to discard is 400 (200); a wrong method on a known route
 // is 405 with Allow (404); peek's bad limit names the query parameter, not a Go field;
-// a peeked message has no receipt (it had a zeroed one).
+// a peeked message has no receipt (it had a zeroed one); a configuration over the
+// request size limit is 413 like every other body (it was 500).
 func TestStatusesOfBadRequests(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -47,6 +48,7 @@ func TestStatusesOfBadRequests(t *testing.T) {
 		{"number jsonb cannot hold", "POST", "/v1/queues/" + q + "/messages", `{"messages":[{"data":[1e131072]}]}`, 400, "numeric"},
 		{"wrong method", "GET", "/v1/queues/" + q + "/purge", "", 405, "POST"},
 		{"no route", "GET", "/v1/nowhere", "", 404, ""},
+		{"config over the size limit", "PUT", "/v1/streams/" + s + "/config", `{"tags":{"a":"` + strings.Repeat("x", 5000) + `"}}`, 413, "over 4096 bytes"},
 	} {
 		code, body := c.do(tc.method, tc.path, adminToken, tc.body)
 		require.Equal(t, tc.want, code, "%s: %v", tc.name, body)
