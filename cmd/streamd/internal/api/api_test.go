@@ -136,7 +136,7 @@ func TestProduceFetchAndBadInput(t *testing.T) {
 		{"unknown field", "POST", "/v1/streams/" + s + "/records", `{"records":[{"dat":{}}]}`, 400},
 		{"no records", "POST", "/v1/streams/" + s + "/records", `{"records":[]}`, 400},
 		{"bad partition", "POST", "/v1/streams/" + s + "/records", `{"records":[{"partition":9,"data":{}}]}`, 404},
-		{"one bad record fails the batch", "POST", "/v1/streams/" + s + "/records", `{"records":[{"data":{}},{"partition":-1,"data":{}}]}`, 404},
+		{"one bad record fails the batch", "POST", "/v1/streams/" + s + "/records", `{"records":[{"data":{}},{"partition":-1,"data":{}}]}`, 400},
 		{"unknown stream", "POST", "/v1/streams/no-such-" + s + "/records", `{"records":[{"data":{}}]}`, 404},
 		{"invalid stream name", "POST", "/v1/streams", `{"name":"bad name","partitions":1}`, 400},
 		{"decrease partitions", "POST", "/v1/streams", fmt.Sprintf(`{"name":%q,"partitions":1}`, s), 409},

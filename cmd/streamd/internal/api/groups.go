@@ -216,7 +216,7 @@ func (s *Server) replayDeadLetter(r *Request) (any, error) {
 	if err := r.Authorize(stream, ActionAdmin); err != nil {
 		return nil, err
 	}
-	id, err := intParam(r, "id", r.PathValue("id"), 0)
+	id, err := idParam(r)
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +241,7 @@ func (s *Server) settleDeadLetter(r *Request, settle func(context.Context, strin
 	if err := r.Authorize(stream, ActionAdmin); err != nil {
 		return nil, err
 	}
-	id, err := intParam(r, "id", r.PathValue("id"), 0)
+	id, err := idParam(r)
 	if err != nil {
 		return nil, err
 	}

@@ -44,8 +44,11 @@ func (s *Server) readBy(r *Request) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		if p > 1<<31-1 {
-			return nil, fmt.Errorf("%w: after_partition %d is too large", ErrBadRequest, p)
+		if p < 0 || p > 1<<31-1 {
+			return nil, fmt.Errorf("%w: after_partition %d: want a partition number, 0 or more", ErrBadRequest, p)
+		}
+		if o < 0 {
+			return nil, fmt.Errorf("%w: after_offset %d: offsets are 0 or more", ErrBadRequest, o)
 		}
 		opts.After = &streams.Position{Partition: int32(p), Offset: o}
 	}

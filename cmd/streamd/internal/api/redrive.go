@@ -55,7 +55,7 @@ func (s *Server) listRedriveTasks(r *Request) (any, error) {
 }
 
 func (s *Server) cancelRedriveTask(r *Request) (any, error) {
-	id, err := intParam(r, "id", r.PathValue("id"), 0)
+	id, err := idParam(r)
 	if err != nil {
 		return nil, err
 	}

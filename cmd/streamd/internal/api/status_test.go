@@ -19,7 +19,9 @@ import (
 // list); a negative offset to discard is 400 (200); a wrong method on a known route
 // is 405 with Allow (404); peek's bad limit names the query parameter, not a Go field;
 // a peeked message has no receipt (it had a zeroed one); a configuration over the
-// request size limit is 413 like every other body (it was 500).
+// request size limit is 413 like every other body (it was 500); a negative produce
+// partition, dead-letter or redrive task id is 400 as docs/api.md says (they were
+// 404), and a negative read-by cursor 400 (it was taken).
 func TestStatusesOfBadRequests(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -48,6 +50,12 @@ func TestStatusesOfBadRequests(t *testing.T) {
 		{"number jsonb cannot hold", "POST", "/v1/queues/" + q + "/messages", `{"messages":[{"data":[1e131072]}]}`, 400, "numeric"},
 		{"wrong method", "GET", "/v1/queues/" + q + "/purge", "", 405, "POST"},
 		{"no route", "GET", "/v1/nowhere", "", 404, ""},
+		{"negative produce partition", "POST", "/v1/streams/" + s + "/records", `{"records":[{"data":{}},{"data":{},"partition":-1}]}`, 400, "records[1]: partition -1"},
+		{"negative dead-letter id", "POST", "/v1/streams/" + s + "/dead-letters/-1/replay", "", 400, "id -1"},
+		{"negative dead-letter id to discard", "POST", "/v1/streams/" + s + "/dead-letters/-1/discard", "", 400, "id -1"},
+		{"negative redrive task id", "DELETE", "/v1/queues/" + q + "/redrive-tasks/-1", "", 400, "id -1"},
+		{"negative read-by partition", "GET", "/v1/streams/" + s + "/events?event_type=t&after_partition=-1&after_offset=0", "", 400, "after_partition -1"},
+		{"negative read-by offset", "GET", "/v1/streams/" + s + "/events?event_type=t&after_partition=0&after_offset=-1", "", 400, "after_offset -1"},
 		{"config over the size limit", "PUT", "/v1/streams/" + s + "/config", `{"tags":{"a":"` + strings.Repeat("x", 5000) + `"}}`, 413, "over 4096 bytes"},
 	} {
 		code, body := c.do(tc.method, tc.path, adminToken, tc.body)
@@ -57,6 +65,7 @@ func TestStatusesOfBadRequests(t *testing.T) {
 		}
 		require.NotContains(t, fmt.Sprint(body["error"]), "Opts.", "%s: the API's words, not Go's", tc.name)
 	}
+	require.Zero(t, count(t, sc, s), "a refused produce appends nothing")
 
 	code, body = c.do("GET", "/v1/queues/"+q+"/messages", adminToken, "")
 	require.Equal(t, http.StatusOK, code, "%v", body)

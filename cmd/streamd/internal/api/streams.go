@@ -162,6 +162,9 @@ func (s *Server) produce(r *Request) (any, error) {
 	}
 	recs := make([]streams.Record, len(req.Records))
 	for i, in := range req.Records {
+		if in.Partition != nil && *in.Partition < 0 {
+			return nil, fmt.Errorf("%w: records[%d]: partition %d: want a partition number, 0 or more", ErrBadRequest, i, *in.Partition)
+		}
 		data := in.Data
 		if string(data) == "null" {
 			data = nil
@@ -245,6 +248,19 @@ func partitionParam(r *Request) (int32, error) {
 		return 0, fmt.Errorf("%w: partition %d: want a partition number, 0 or more", ErrBadRequest, p)
 	}
 	return int32(p), nil
+}
+
+// idParam reads the {id} path value: ids are 0 or more (a negative one is bad
+// input, 400; one that does not exist is 404).
+func idParam(r *Request) (int64, error) {
+	id, err := intParam(r, "id", r.PathValue("id"), 0)
+	if err != nil {
+		return 0, err
+	}
+	if id < 0 {
+		return 0, fmt.Errorf("%w: id %d: ids are 0 or more", ErrBadRequest, id)
+	}
+	return id, nil
 }
 
 func intParam(_ *Request, name, v string, def int64) (int64, error) {
