@@ -56,6 +56,36 @@ func TestSetMaxPayloadBytes(t *testing.T) {
 	require.ErrorIs(t, c.SetMaxPayloadBytes(ctx, testdb.Name("missing"), 10), streams.ErrStreamNotFound)
 }
 
+// TestAlterStreamIsAllOrNothing: AlterStream grows and sets the payload limit
+// together; a refused grow (fewer partitions, an unknown stream) or limit leaves both
+// as they were.
+func TestAlterStreamIsAllOrNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := streams.NewClient(testdb.Pool(t), nil)
+	name := testdb.Name("alter")
+	require.NoError(t, c.AddStream(ctx, name, 2))
+	p, n := int32(3), int32(1000)
+	require.NoError(t, c.AlterStream(ctx, name, &streams.AlterStreamOpts{Partitions: &p, MaxPayloadBytes: &n}))
+	fewer, more, zero, other := int32(1), int32(4), int32(0), int32(2000)
+	for _, tc := range []struct {
+		opts *streams.AlterStreamOpts
+		want error
+	}{
+		{&streams.AlterStreamOpts{Partitions: &fewer, MaxPayloadBytes: &other}, streams.ErrPartitionsDecrease},
+		{&streams.AlterStreamOpts{Partitions: &more, MaxPayloadBytes: &zero}, streams.ErrInvalidArgument},
+		{&streams.AlterStreamOpts{}, streams.ErrInvalidArgument},
+		{nil, streams.ErrInvalidArgument},
+	} {
+		require.ErrorIs(t, c.AlterStream(ctx, name, tc.opts), tc.want)
+		info, err := c.DescribeStream(ctx, name)
+		require.NoError(t, err)
+		require.Len(t, info.PartitionInfo, 3, "a refused alter changes nothing")
+		require.EqualValues(t, 1000, info.MaxPayloadBytes, "a refused alter changes nothing")
+	}
+	require.ErrorIs(t, c.AlterStream(ctx, testdb.Name("missing"), &streams.AlterStreamOpts{Partitions: &more}), streams.ErrStreamNotFound)
+}
+
 // TestStreamCreatedAtTx: a stream's creation time, as DescribeStream has it, changes
 // when the stream is deleted and created again; an unknown stream is
 // ErrStreamNotFound.

@@ -131,6 +131,18 @@ func TestCLIProduceRefusesInvalidJSONAndCreateRefusesExisting(t *testing.T) {
 	info, err = streams.NewClient(testdb.Pool(t), nil).DescribeStream(ctx, s)
 	require.NoError(t, err)
 	require.Len(t, info.PartitionInfo, 3)
+	// A refused alter changes nothing: --max-payload was written before the grow
+	// (fewer partitions, or more than 10000) or the payload limit itself failed.
+	limit := info.MaxPayloadBytes
+	for _, bad := range [][]string{{"--partitions", "2", "--max-payload", "2000"},
+		{"--partitions", "20000", "--max-payload", "2000"}, {"--partitions", "4", "--max-payload", "0"}} {
+		_, err = run(t, ctx, "", append([]string{"stream", "alter", s}, bad...)...)
+		require.Error(t, err, "%v", bad)
+		info, err = streams.NewClient(testdb.Pool(t), nil).DescribeStream(ctx, s)
+		require.NoError(t, err)
+		require.Len(t, info.PartitionInfo, 3, "%v wrote nothing", bad)
+		require.Equal(t, limit, info.MaxPayloadBytes, "%v wrote nothing", bad)
+	}
 }
 
 // TestCLIQueueSettleByReceiptAndVersion: the receipt that receive prints (table and

@@ -61,15 +61,16 @@ func newStreamCmd(g *globals) *cobra.Command {
 			}
 			defer pool.Close()
 			c := streams.NewClient(pool, nil)
+			// Both or neither: the limit set before a refused grow stayed set.
+			opts := &streams.AlterStreamOpts{}
 			if fl.Changed("max-payload") {
-				if err := c.SetMaxPayloadBytes(cmd.Context(), args[0], maxPayload); err != nil {
-					return err
-				}
+				opts.MaxPayloadBytes = &maxPayload
 			}
 			if fl.Changed("partitions") {
-				if err := c.GrowStream(cmd.Context(), args[0], grow); err != nil {
-					return err
-				}
+				opts.Partitions = &grow
+			}
+			if err := c.AlterStream(cmd.Context(), args[0], opts); err != nil {
+				return err
 			}
 			info, err := c.DescribeStream(cmd.Context(), args[0])
 			if err != nil {

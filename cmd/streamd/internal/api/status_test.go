@@ -81,7 +81,8 @@ func TestStatusesOfBadRequests(t *testing.T) {
 }
 
 // TestAlterStream: POST of an existing stream is 409 and changes nothing; PATCH grows
-// it and sets its payload limit; bad values are 400.
+// it and sets its payload limit; bad values are 400; a refused PATCH changes nothing
+// (its payload limit was written before the grow failed).
 func TestAlterStream(t *testing.T) {
 	t.Parallel()
 	c, _ := newServer(t)
@@ -97,5 +98,15 @@ func TestAlterStream(t *testing.T) {
 	for _, bad := range []string{`{}`, `{"partitions":0}`, `{"max_payload_bytes":0}`, `{"partitions":1}`} {
 		code, body = c.do("PATCH", "/v1/streams/"+s, adminToken, bad)
 		require.Contains(t, []int{400, 409}, code, "%s: %v", bad, body)
+	}
+	// A PATCH that fails writes nothing: its payload limit was set before the grow
+	// was refused (fewer partitions, 409; over the library's 10000, 400).
+	for _, bad := range []string{`{"partitions":2,"max_payload_bytes":2000}`, `{"partitions":20000,"max_payload_bytes":2000}`} {
+		code, body = c.do("PATCH", "/v1/streams/"+s, adminToken, bad)
+		require.Contains(t, []int{400, 409}, code, "%s: %v", bad, body)
+		code, body = c.do("GET", "/v1/streams/"+s, adminToken, "")
+		require.Equal(t, http.StatusOK, code, "%v", body)
+		require.EqualValues(t, 1000, body["max_payload_bytes"], "%s wrote nothing", bad)
+		require.EqualValues(t, 3, body["partitions"], "%s wrote nothing", bad)
 	}
 }

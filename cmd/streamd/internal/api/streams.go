@@ -97,15 +97,16 @@ func (s *Server) alterStream(r *Request) (any, error) {
 	if m := req.MaxPayloadBytes; m != nil && (*m < 1 || *m > streams.MaxPayloadLimit) {
 		return nil, fmt.Errorf("%w: max_payload_bytes %d: want 1 to %d", ErrBadRequest, *m, streams.MaxPayloadLimit)
 	}
+	// Both or neither: the limit set before a refused grow stayed set.
+	opts := &streams.AlterStreamOpts{}
 	if m := req.MaxPayloadBytes; m != nil {
-		if err := s.streams.SetMaxPayloadBytes(r.Context(), name, int32(*m)); err != nil {
-			return nil, err
-		}
+		opts.MaxPayloadBytes = ptr(int32(*m))
 	}
 	if p := req.Partitions; p != nil {
-		if err := s.streams.GrowStream(r.Context(), name, int32(*p)); err != nil {
-			return nil, err
-		}
+		opts.Partitions = ptr(int32(*p))
+	}
+	if err := s.streams.AlterStream(r.Context(), name, opts); err != nil {
+		return nil, err
 	}
 	return s.streams.DescribeStream(r.Context(), name)
 }
@@ -249,6 +250,8 @@ func partitionParam(r *Request) (int32, error) {
 	}
 	return int32(p), nil
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // idParam reads the {id} path value: ids are 0 or more (a negative one is bad
 // input, 400; one that does not exist is 404).
