@@ -203,8 +203,9 @@ func (s *Server) fetch(r *Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if max > 10000 || waitMs > 30000 || max < 0 || waitMs < 0 {
-		return nil, fmt.Errorf("%w: max must be in [0, 10000] and wait_ms in [0, 30000]", ErrBadRequest)
+	// max=0 is refused, not read as the library's default (500).
+	if max > 10000 || waitMs > 30000 || max < 1 || waitMs < 0 {
+		return nil, fmt.Errorf("%w: max must be in [1, 10000] and wait_ms in [0, 30000] (got max=%d, wait_ms=%d)", ErrBadRequest, max, waitMs)
 	}
 	res, err := s.streams.Fetch(r.Context(), name, partition, offset,
 		&streams.FetchOpts{MaxRecords: int(max), MaxWait: time.Duration(waitMs) * time.Millisecond})
