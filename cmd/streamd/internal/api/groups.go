@@ -116,6 +116,9 @@ func (s *Server) resetOffsets(r *Request) (any, error) {
 	if req.Value != nil && opts.Mode != consumergroup.ResetToOffset && opts.Mode != consumergroup.ResetShiftBy {
 		return nil, fmt.Errorf("%w: value goes with mode offset or shift, not %s", ErrBadRequest, req.Mode)
 	}
+	if req.Time != nil && opts.Mode != consumergroup.ResetToTimestamp {
+		return nil, fmt.Errorf("%w: time goes with mode timestamp, not %s", ErrBadRequest, req.Mode)
+	}
 	changes, err := s.groups.ResetOffsets(r.Context(), stream, r.PathValue("group"), opts)
 	if err != nil {
 		return nil, err

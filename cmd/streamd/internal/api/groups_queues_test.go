@@ -98,6 +98,8 @@ func TestGroupsEndpoints(t *testing.T) {
 		{"offset without value", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"offset","execute":true}`, 400},
 		{"shift without value", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"shift","execute":true}`, 400},
 		{"value without offset or shift", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"latest","value":3}`, 400},
+		// (It executed the latest reset, the time ignored.)
+		{"time without timestamp", "POST", "/v1/streams/" + s + "/groups/g1/reset-offsets", `{"mode":"latest","time":"2026-01-01T00:00:00Z","execute":true}`, 400},
 		{"unknown group", "POST", "/v1/streams/" + s + "/groups/nope/reset-offsets", `{"mode":"latest"}`, 404},
 		{"unknown dead letter", "POST", "/v1/streams/" + s + "/dead-letters/999999/replay", "", 404},
 	} {
