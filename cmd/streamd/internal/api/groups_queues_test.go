@@ -158,6 +158,17 @@ func TestQueueEndpoints(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "%v", body)
 	released := body["messages"].([]any)[0].(map[string]any)
 	require.Equal(t, "m3", released["message_id"])
+	// Nack's delay_ms, backoff and error do not go with a release or an ack: 400, and
+	// the message stays leased (a release with delay_ms released it at once; an ack
+	// with one deleted it).
+	for _, verb := range []string{"release", "ack"} {
+		for _, knob := range []map[string]any{{"delay_ms": 60000}, {"backoff": map[string]int{"base_ms": 1, "max_ms": 2}}, {"error": "why"}} {
+			knob["receipts"] = []any{released["receipt"]}
+			bad, _ := json.Marshal(knob)
+			code, body = c.do("POST", "/v1/queues/"+q+"/"+verb, adminToken, string(bad))
+			require.Equal(t, http.StatusBadRequest, code, "%s %s: %v", verb, bad, body)
+		}
+	}
 	release, _ := json.Marshal(map[string]any{"receipts": []any{released["receipt"]}})
 	code, body = c.do("POST", "/v1/queues/"+q+"/release", adminToken, string(release))
 	require.Equal(t, http.StatusNoContent, code, "%v", body)

@@ -284,10 +284,15 @@ type backoffRequest struct {
 	MaxMs  int64 `json:"max_ms"`
 }
 
-func (s *Server) settleRequest(r *Request) (*settleRequest, error) {
+// settleRequest reads an ack, nack or release body; delay_ms, backoff and error are
+// nack's, refused on the others (a release with delay_ms released at once).
+func (s *Server) settleRequest(r *Request, verb string) (*settleRequest, error) {
 	var req settleRequest
 	if err := r.Decode(&req); err != nil {
 		return nil, err
+	}
+	if verb != "nack" && (req.DelayMs != 0 || req.Backoff != nil || req.Error != "") {
+		return nil, fmt.Errorf("%w: delay_ms, backoff and error go with nack, not %s", ErrBadRequest, verb)
 	}
 	if len(req.Receipts) == 0 {
 		return nil, fmt.Errorf("%w: no receipts", ErrBadRequest)
@@ -319,7 +324,7 @@ func (s *Server) settleRequest(r *Request) (*settleRequest, error) {
 }
 
 func (s *Server) ackMessages(r *Request) (any, error) {
-	req, err := s.settleRequest(r)
+	req, err := s.settleRequest(r, "ack")
 	if err != nil {
 		return nil, err
 	}
@@ -330,7 +335,7 @@ func (s *Server) ackMessages(r *Request) (any, error) {
 }
 
 func (s *Server) nackMessages(r *Request) (any, error) {
-	req, err := s.settleRequest(r)
+	req, err := s.settleRequest(r, "nack")
 	if err != nil {
 		return nil, err
 	}
@@ -348,7 +353,7 @@ func (s *Server) nackMessages(r *Request) (any, error) {
 // releaseMessages gives messages back without spending their delivery attempt (a
 // consumer that stops before handling them).
 func (s *Server) releaseMessages(r *Request) (any, error) {
-	req, err := s.settleRequest(r)
+	req, err := s.settleRequest(r, "release")
 	if err != nil {
 		return nil, err
 	}
