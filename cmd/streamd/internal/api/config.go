@@ -40,13 +40,17 @@ func (s *Server) putConfig(r *Request) (any, error) {
 	if err := r.Authorize(name, ActionAdmin); err != nil {
 		return nil, err
 	}
+	replace, err := boolParam(r, "replace")
+	if err != nil {
+		return nil, err
+	}
 	raw, err := r.ReadBody()
 	if err != nil {
 		return nil, err
 	}
 	store := streamconfig.NewStore(s.pool)
 	cfg := &streamconfig.Config{}
-	if r.URL.Query().Get("replace") != "true" {
+	if !replace {
 		if cfg, err = store.Get(r.Context(), name); err != nil {
 			return nil, err
 		}

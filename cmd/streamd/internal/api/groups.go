@@ -67,7 +67,10 @@ func (s *Server) deleteGroup(r *Request) (any, error) {
 	if err := r.Authorize(stream, ActionAdmin); err != nil {
 		return nil, err
 	}
-	force := r.URL.Query().Get("force") == "true"
+	force, err := boolParam(r, "force")
+	if err != nil {
+		return nil, err
+	}
 	if err := s.groups.DeleteGroup(r.Context(), stream, r.PathValue("group"), force); err != nil {
 		return nil, err
 	}

@@ -22,7 +22,9 @@ import (
 // request size limit is 413 like every other body (it was 500); a negative produce
 // partition, dead-letter or redrive task id is 400 as docs/api.md says (they were
 // 404), and a negative read-by cursor 400 (it was taken); fetch's max=0 is 400 like
-// peek's limit=0 and receive's max 0 (it fetched up to the library's default, 500).
+// peek's limit=0 and receive's max 0 (it fetched up to the library's default, 500);
+// a boolean query parameter that is not one is 400 (replace=yes merged, force=yes
+// did not force).
 func TestStatusesOfBadRequests(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -57,6 +59,8 @@ func TestStatusesOfBadRequests(t *testing.T) {
 		{"negative redrive task id", "DELETE", "/v1/queues/" + q + "/redrive-tasks/-1", "", 400, "id -1"},
 		{"negative read-by partition", "GET", "/v1/streams/" + s + "/events?event_type=t&after_partition=-1&after_offset=0", "", 400, "after_partition -1"},
 		{"fetch max 0 (read as the default, 500)", "GET", "/v1/streams/" + s + "/partitions/0/records?max=0", "", 400, "max"},
+		{"replace=yes (read as a merge)", "PUT", "/v1/streams/" + s + "/config?replace=yes", `{}`, 400, "replace"},
+		{"force=yes (read as false)", "DELETE", "/v1/streams/" + s + "/groups/g?force=yes", "", 400, "force"},
 		{"negative read-by offset", "GET", "/v1/streams/" + s + "/events?event_type=t&after_partition=0&after_offset=-1", "", 400, "after_offset -1"},
 		{"config over the size limit", "PUT", "/v1/streams/" + s + "/config", `{"tags":{"a":"` + strings.Repeat("x", 5000) + `"}}`, 413, "over 4096 bytes"},
 	} {

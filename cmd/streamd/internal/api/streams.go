@@ -267,6 +267,20 @@ func idParam(r *Request) (int64, error) {
 	return id, nil
 }
 
+// boolParam reads a boolean query parameter (absent: false): one that is not a
+// boolean is bad input, not false (replace=yes merged, force=yes did not force).
+func boolParam(r *Request, name string) (bool, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%w: %s=%q: want true or false", ErrBadRequest, name, v)
+	}
+	return b, nil
+}
+
 func intParam(_ *Request, name, v string, def int64) (int64, error) {
 	if v == "" {
 		return def, nil
