@@ -197,10 +197,11 @@ func (s *Server) sendMessages(r *Request) (any, error) {
 	}
 	out := make([]messages.OutgoingMessage, len(req.Messages))
 	for i, m := range req.Messages {
+		// Messages are counted from 1, as the library's errors count them.
 		if m.DelayMs < 0 {
-			return nil, fmt.Errorf("%w: message %d: delay_ms %d is negative", ErrBadRequest, i, m.DelayMs)
+			return nil, fmt.Errorf("%w: message %d: delay_ms %d is negative", ErrBadRequest, i+1, m.DelayMs)
 		}
-		if err := tooLong(fmt.Sprintf("message %d: delay_ms", i), m.DelayMs); err != nil {
+		if err := tooLong(fmt.Sprintf("message %d: delay_ms", i+1), m.DelayMs); err != nil {
 			return nil, err
 		}
 		out[i] = messages.OutgoingMessage{Data: m.Data, DeadLetterQueue: m.DeadLetterQueue,

@@ -24,7 +24,8 @@ import (
 // 404), and a negative read-by cursor 400 (it was taken); fetch's max=0 is 400 like
 // peek's limit=0 and receive's max 0 (it fetched up to the library's default, 500);
 // a boolean query parameter that is not one is 400 (replace=yes merged, force=yes
-// did not force).
+// did not force); a send's bad delay_ms names its message as the library counts them,
+// from 1 (it named the one before).
 func TestStatusesOfBadRequests(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -61,6 +62,7 @@ func TestStatusesOfBadRequests(t *testing.T) {
 		{"fetch max 0 (read as the default, 500)", "GET", "/v1/streams/" + s + "/partitions/0/records?max=0", "", 400, "max"},
 		{"replace=yes (read as a merge)", "PUT", "/v1/streams/" + s + "/config?replace=yes", `{}`, 400, "replace"},
 		{"force=yes (read as false)", "DELETE", "/v1/streams/" + s + "/groups/g?force=yes", "", 400, "force"},
+		{"second message's delay named as the first's", "POST", "/v1/queues/" + q + "/messages", `{"messages":[{"data":{}},{"data":{},"delay_ms":-1}]}`, 400, "message 2: delay_ms -1"},
 		{"negative read-by offset", "GET", "/v1/streams/" + s + "/events?event_type=t&after_partition=0&after_offset=-1", "", 400, "after_offset -1"},
 		{"config over the size limit", "PUT", "/v1/streams/" + s + "/config", `{"tags":{"a":"` + strings.Repeat("x", 5000) + `"}}`, 413, "over 4096 bytes"},
 	} {
