@@ -342,6 +342,10 @@ func oneStreamAndPartition(records []Record) bool {
 	return true
 }
 
+// MaxIDBytes is the longest event id, event type or correlation id a record may have,
+// in bytes: they are indexed, and an index row holds about 2.7 kB.
+const MaxIDBytes = 1024
+
 func validateRecords(records []Record) error {
 	for i := range records {
 		if err := validateRecord(&records[i]); err != nil {
@@ -378,6 +382,13 @@ func validateRecord(r *Record) error {
 	for k, v := range r.Headers {
 		if why := cmp.Or(pgtext.TextProblem(k), pgtext.TextProblem(v)); why != "" {
 			return invalid(ErrInvalidArgument, "stream %s: record header %q: %s", r.Stream, k, why)
+		}
+	}
+	// Indexed (the unique event id index, the read indexes): a longer value failed the
+	// append or, stored before its read index, the index's build (SQLSTATE 54000).
+	for _, f := range [...]struct{ name, v string }{{"event id", r.EventID}, {"event type", r.EventType}, {"correlation id", r.CorrelationID}} {
+		if len(f.v) > MaxIDBytes {
+			return invalid(ErrInvalidArgument, "stream %s: record %s is longer than %d bytes", r.Stream, f.name, MaxIDBytes)
 		}
 	}
 	if r.KeyBytes != nil {

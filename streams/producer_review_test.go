@@ -54,25 +54,31 @@ func TestProducerHeldKeyFailsAlone(t *testing.T) {
 	require.Equal(t, []string{"a", "b"}, stored)
 }
 
-// TestProducerOversizedEventIDFailsAlone: a record whose event id is too large for the
-// event id index (54000, program_limit_exceeded) fails alone; the others of its batch
-// are appended. The whole batch used to fail with it.
+// TestProducerOversizedEventIDFailsAlone: a record whose key is too large for an
+// index (here a versioned stream's key version index: 54000, program_limit_exceeded)
+// fails alone; the others of its batch are appended. The whole batch used to fail with
+// it. An event id over MaxIDBytes (it was the 54000 of the event id index) is refused
+// before it is sent, alone too.
 func TestProducerOversizedEventIDFailsAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c, s := setup(t, 1)
+	_, err := c.Pool().Exec(ctx, "SELECT streamd.set_stream_event_sourcing($1, true, false)", s)
+	require.NoError(t, err)
 	prod, err := streams.NewProducer(c.Pool(), &streams.ProducerConfig{Linger: 100 * time.Millisecond})
 	require.NoError(t, err)
 	defer prod.Close(ctx)
 	noise := make([]byte, 8000) // random, so that the index cannot compress it
 	_, _ = rand.Read(noise)
 	_, errs := produceOneBatch(t, prod,
-		streams.Record{Stream: s, Data: json.RawMessage(`1`)},
-		streams.Record{Stream: s, EventID: hex.EncodeToString(noise), Data: json.RawMessage(`1`)},
-		streams.Record{Stream: s, Data: json.RawMessage(`1`)})
+		streams.Record{Stream: s, Key: "a", Data: json.RawMessage(`1`)},
+		streams.Record{Stream: s, Key: hex.EncodeToString(noise), Data: json.RawMessage(`1`)},
+		streams.Record{Stream: s, Key: "b", Data: json.RawMessage(`1`)},
+		streams.Record{Stream: s, Key: "c", EventID: hex.EncodeToString(noise), Data: json.RawMessage(`1`)})
 	require.NoError(t, errs[0])
-	require.Equal(t, "54000", sqlerr.Code(errs[1]), "the oversized event id fails: %v", errs[1])
+	require.Equal(t, "54000", sqlerr.Code(errs[1]), "the oversized key fails: %v", errs[1])
 	require.NoError(t, errs[2])
+	require.ErrorIs(t, errs[3], streams.ErrInvalidArgument, "the oversized event id is refused")
 }
 
 // TestProducerAsyncEarlyErrorsCallDoneElsewhere: ProduceAsync calls done from another

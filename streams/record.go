@@ -27,9 +27,10 @@ type Record struct {
 	// EventID the stream already holds stores nothing and returns the original
 	// position (Position.Duplicate). Empty means the client assigns a UUIDv7 (unique,
 	// and ordered by time, which keeps the stream's event id index append-mostly);
-	// set it to make retries across processes idempotent.
+	// set it to make retries across processes idempotent. At most MaxIDBytes.
 	EventID string
-	// EventType is a free-form type name ("OrderPlaced"). Empty is allowed.
+	// EventType is a free-form type name ("OrderPlaced"). Empty is allowed. At most
+	// MaxIDBytes.
 	EventType string
 	// Data is the JSON payload. Data and Bytes both nil is a tombstone (NULL data).
 	Data json.RawMessage
@@ -42,7 +43,8 @@ type Record struct {
 	// bytes (stored in header_keys and header_values). Only AppendPartition takes
 	// them; Produce, ProduceTx and the Producer refuse them.
 	RawHeaders []Header
-	// CorrelationID and CausationID link related events.
+	// CorrelationID and CausationID link related events. CorrelationID is at most
+	// MaxIDBytes.
 	CorrelationID string
 	CausationID   string
 	// Version is the event's schema version. Zero means 1.

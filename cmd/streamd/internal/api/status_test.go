@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"net/http"
 	"strings"
 	"testing"
@@ -25,7 +26,10 @@ import (
 // peek's limit=0 and receive's max 0 (it fetched up to the library's default, 500);
 // a boolean query parameter that is not one is 400 (replace=yes merged, force=yes
 // did not force); a send's bad delay_ms names its message as the library counts them,
-// from 1 (it named the one before).
+// from 1 (it named the one before); an event id, event type or correlation id longer
+// than 1024 bytes is 400 (they are indexed: an event id over an index row's size was
+// a 500, SQLSTATE 54000, and an event type or correlation id stored that long made
+// its read index impossible to build, a 500 too).
 func TestStatusesOfBadRequests(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -63,6 +67,8 @@ func TestStatusesOfBadRequests(t *testing.T) {
 		{"replace=yes (read as a merge)", "PUT", "/v1/streams/" + s + "/config?replace=yes", `{}`, 400, "replace"},
 		{"force=yes (read as false)", "DELETE", "/v1/streams/" + s + "/groups/g?force=yes", "", 400, "force"},
 		{"second message's delay named as the first's", "POST", "/v1/queues/" + q + "/messages", `{"messages":[{"data":{}},{"data":{},"delay_ms":-1}]}`, 400, "message 2: delay_ms -1"},
+		{"event id over an index row", "POST", "/v1/streams/" + s + "/records", `{"records":[{"data":{}},{"data":{},"event_id":"` + noise(3500) + `"}]}`, 400, "event id is longer than 1024 bytes"},
+		{"event type over an index row", "POST", "/v1/streams/" + s + "/records", `{"records":[{"data":{},"event_type":"` + noise(1025) + `"}]}`, 400, "event type is longer than 1024 bytes"},
 		{"negative read-by offset", "GET", "/v1/streams/" + s + "/events?event_type=t&after_partition=0&after_offset=-1", "", 400, "after_offset -1"},
 		{"config over the size limit", "PUT", "/v1/streams/" + s + "/config", `{"tags":{"a":"` + strings.Repeat("x", 5000) + `"}}`, 413, "over 4096 bytes"},
 	} {
@@ -117,4 +123,14 @@ func TestAlterStream(t *testing.T) {
 		require.EqualValues(t, 1000, body["max_payload_bytes"], "%s wrote nothing", bad)
 		require.EqualValues(t, 3, body["partitions"], "%s wrote nothing", bad)
 	}
+}
+
+// noise is n bytes of incompressible text (an index row stores it at its length).
+func noise(n int) string {
+	r := rand.New(rand.NewSource(int64(n)))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"[r.Intn(62)]
+	}
+	return string(b)
 }
