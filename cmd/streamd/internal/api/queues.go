@@ -253,6 +253,9 @@ func (s *Server) receiveMessages(r *Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if n > 10000 { // named here: the library's error names ReceiveOpts.Max
+		return nil, fmt.Errorf("%w: max %d: want 1 to 10000", ErrBadRequest, n)
+	}
 	if req.WaitMs < 0 || req.WaitMs > 30000 || req.VisibilityTimeoutMs < 0 {
 		return nil, fmt.Errorf("%w: wait_ms must be in [0, 30000] and visibility_timeout_ms not negative", ErrBadRequest)
 	}

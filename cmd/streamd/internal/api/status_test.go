@@ -29,7 +29,8 @@ import (
 // from 1 (it named the one before); an event id, event type or correlation id longer
 // than 1024 bytes is 400 (they are indexed: an event id over an index row's size was
 // a 500, SQLSTATE 54000, and an event type or correlation id stored that long made
-// its read index impossible to build, a 500 too).
+// its read index impossible to build, a 500 too); receive's max over 10000 names max,
+// not ReceiveOpts.Max.
 func TestStatusesOfBadRequests(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -69,6 +70,7 @@ func TestStatusesOfBadRequests(t *testing.T) {
 		{"second message's delay named as the first's", "POST", "/v1/queues/" + q + "/messages", `{"messages":[{"data":{}},{"data":{},"delay_ms":-1}]}`, 400, "message 2: delay_ms -1"},
 		{"event id over an index row", "POST", "/v1/streams/" + s + "/records", `{"records":[{"data":{}},{"data":{},"event_id":"` + noise(3500) + `"}]}`, 400, "event id is longer than 1024 bytes"},
 		{"event type over an index row", "POST", "/v1/streams/" + s + "/records", `{"records":[{"data":{},"event_type":"` + noise(1025) + `"}]}`, 400, "event type is longer than 1024 bytes"},
+		{"receive max over 10000", "POST", "/v1/queues/" + q + "/receive", `{"max":10001}`, 400, "max 10001"},
 		{"negative read-by offset", "GET", "/v1/streams/" + s + "/events?event_type=t&after_partition=0&after_offset=-1", "", 400, "after_offset -1"},
 		{"config over the size limit", "PUT", "/v1/streams/" + s + "/config", `{"tags":{"a":"` + strings.Repeat("x", 5000) + `"}}`, 413, "over 4096 bytes"},
 	} {
