@@ -40,6 +40,17 @@ func newServer(t *testing.T) (*client, *streams.Client) {
 	return &client{t: t, srv: srv}, streams.NewClient(pool, nil)
 }
 
+// streamAndQueue makes a stream of one partition and a queue, named from prefix, and
+// returns their names.
+func (c *client) streamAndQueue(sc *streams.Client, prefix string) (stream, queue string) {
+	c.t.Helper()
+	stream, queue = testdb.Name(prefix), testdb.Name(prefix+"-q")
+	require.NoError(c.t, sc.CreateStream(context.Background(), stream, 1))
+	code, body := c.do("POST", "/v1/queues", adminToken, fmt.Sprintf(`{"name":%q}`, queue))
+	require.Equal(c.t, http.StatusCreated, code, "%v", body)
+	return stream, queue
+}
+
 func (c *client) do(method, path, token, body string) (int, map[string]any) {
 	c.t.Helper()
 	req, err := http.NewRequest(method, c.srv.URL+path, strings.NewReader(body))

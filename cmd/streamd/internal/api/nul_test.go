@@ -1,15 +1,11 @@
 package api_test
 
 import (
-	"context"
-	"fmt"
 	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/streamd/streamd/internal/testdb"
 )
 
 // TestTextPostgreSQLCannotStoreIs400: a NUL byte in a name, id or text that reaches
@@ -18,13 +14,9 @@ import (
 // library does not check the text first (14 here).
 func TestTextPostgreSQLCannotStoreIs400(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	c, sc := newServer(t)
-	s, q := testdb.Name("nul"), testdb.Name("nul-q")
-	require.NoError(t, sc.CreateStream(ctx, s, 1))
-	code, body := c.do("POST", "/v1/queues", adminToken, fmt.Sprintf(`{"name":%q}`, q))
-	require.Equal(t, http.StatusCreated, code, "%v", body)
-	code, body = c.do("PUT", "/v1/streams/"+s+"/config", adminToken, `{"tags":{"team":"a"}}`)
+	s, q := c.streamAndQueue(sc, "nul")
+	code, body := c.do("PUT", "/v1/streams/"+s+"/config", adminToken, `{"tags":{"team":"a"}}`)
 	require.Equal(t, http.StatusOK, code, "%v", body)
 
 	for _, tc := range []struct{ method, path, body string }{

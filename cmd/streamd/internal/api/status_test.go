@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand"
@@ -33,13 +32,9 @@ import (
 // not ReceiveOpts.Max.
 func TestStatusesOfBadRequests(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	c, sc := newServer(t)
-	s, q := testdb.Name("st"), testdb.Name("st-q")
-	require.NoError(t, sc.CreateStream(ctx, s, 1))
-	code, body := c.do("POST", "/v1/queues", adminToken, fmt.Sprintf(`{"name":%q}`, q))
-	require.Equal(t, http.StatusCreated, code, "%v", body)
-	code, body = c.do("POST", "/v1/queues/"+q+"/messages", adminToken, `{"messages":[{"data":{"n":1}}]}`)
+	s, q := c.streamAndQueue(sc, "st")
+	code, body := c.do("POST", "/v1/queues/"+q+"/messages", adminToken, `{"messages":[{"data":{"n":1}}]}`)
 	require.Equal(t, http.StatusOK, code, "%v", body)
 
 	for _, tc := range []struct {
