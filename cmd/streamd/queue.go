@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -418,7 +419,9 @@ func newDLQCmd(g *globals) *cobra.Command {
 				if err != nil || o < 0 {
 					return fmt.Errorf("offset %q: want a non-negative integer", a)
 				}
-				offs = append(offs, o)
+				if !slices.Contains(offs, o) {
+					offs = append(offs, o)
+				}
 			}
 			c, done, err := queueClient(cmd, g)
 			if err != nil {
@@ -457,10 +460,18 @@ func newDLQCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return g.print(cmd.OutOrStdout(), map[string]any{"dlq": args[0], "discarded": n}, func(tw *tabwriter.Writer) {
+			if err := g.print(cmd.OutOrStdout(), map[string]any{"dlq": args[0], "discarded": n}, func(tw *tabwriter.Writer) {
 				row(tw, "DLQ", "DISCARDED")
 				row(tw, args[0], n)
-			})
+			}); err != nil {
+				return err
+			}
+			// As by --id: offsets named and not discarded (not there, or in flight)
+			// make the command fail, after it printed what it did.
+			if !discardAll && n < int64(len(offs)) {
+				return fmt.Errorf("%d of %d dead letters not discarded: not there, or in flight", int64(len(offs))-n, len(offs))
+			}
+			return nil
 		},
 	}
 	discard.Flags().BoolVar(&discardAll, "all", false, "discard every dead letter not in flight")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -128,5 +129,35 @@ func TestCLIDLQDiscardAllKeepsInFlight(t *testing.T) {
 	out, err := runQueueCLI(t, "", "dlq", "discard", dlq, "--all")
 	require.NoError(t, err)
 	require.Contains(t, out, `"discarded": 1`)
+	require.NoError(t, c.Ack(ctx, leased[0].Receipt), "the message in flight was kept")
+}
+
+// TestCLIDLQDiscardByOffsetSaysWhatItDidNotDiscard: offsets named to dlq discard that
+// it did not discard (not there, or in flight) make it fail after printing what it
+// did, as discarding by --id does; it exited 0 whatever it found.
+func TestCLIDLQDiscardByOffsetSaysWhatItDidNotDiscard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	c, err := messages.NewClient(pool, nil)
+	require.NoError(t, err)
+	dlq := testdb.Name("dlq-offs")
+	require.NoError(t, c.CreateQueue(ctx, dlq, nil))
+	t.Cleanup(func() { _ = c.DeleteQueue(context.Background(), dlq) })
+	sent, err := c.Send(ctx, dlq, messages.OutgoingMessage{Data: json.RawMessage(`1`)},
+		messages.OutgoingMessage{Data: json.RawMessage(`2`)}, messages.OutgoingMessage{Data: json.RawMessage(`3`)})
+	require.NoError(t, err)
+	leased, err := c.Receive(ctx, dlq, nil) // the first, in flight
+	require.NoError(t, err)
+	require.Len(t, leased, 1)
+	require.Equal(t, sent[0].Offset, leased[0].Offset)
+	off := func(i int) string { return strconv.FormatInt(sent[i].Offset, 10) }
+
+	out, err := runQueueCLI(t, "", "dlq", "discard", dlq, off(1))
+	require.NoError(t, err)
+	require.Contains(t, out, `"discarded": 1`)
+	out, err = runQueueCLI(t, "", "dlq", "discard", dlq, off(0), off(1), off(2), off(2), "999999")
+	require.ErrorContains(t, err, "3 of 4 dead letters not discarded")
+	require.Contains(t, out, `"discarded": 1`, "what it did is printed first")
 	require.NoError(t, c.Ack(ctx, leased[0].Receipt), "the message in flight was kept")
 }
