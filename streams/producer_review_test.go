@@ -77,6 +77,7 @@ func TestProducerOversizedEventIDFailsAlone(t *testing.T) {
 		streams.Record{Stream: s, Key: "c", EventID: hex.EncodeToString(noise), Data: json.RawMessage(`1`)})
 	require.NoError(t, errs[0])
 	require.Equal(t, "54000", sqlerr.Code(errs[1]), "the oversized key fails: %v", errs[1])
+	require.ErrorIs(t, errs[1], streams.ErrInvalidArgument, "typed, the caller's input")
 	require.NoError(t, errs[2])
 	require.ErrorIs(t, errs[3], streams.ErrInvalidArgument, "the oversized event id is refused")
 }

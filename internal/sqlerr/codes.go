@@ -67,6 +67,10 @@ const (
 	// InvalidEncoding is PostgreSQL's character_not_in_repertoire: text (a JSON
 	// payload sent as text) that is not valid in the database's encoding.
 	InvalidEncoding = "22021"
+	// ProgramLimitExceeded is PostgreSQL's program_limit_exceeded: a value over one of
+	// its size limits as it is stored (an index row over about 2.7 kB, such as a long
+	// key of a versioned stream; an array or a jsonb over its largest).
+	ProgramLimitExceeded = "54000"
 
 	// LockNotAvailable is PostgreSQL's lock_not_available: a lock wait cut short by
 	// lock_timeout.
@@ -122,7 +126,11 @@ var (
 	// ErrInvalidText is text PostgreSQL cannot store (a NUL byte, bytes not valid
 	// UTF-8), refused as it binds: it is every package's invalid argument (it matches
 	// streams', consumergroup's, messages' and retention's ErrInvalidArgument).
-	ErrInvalidText error = invalidText{}
+	ErrInvalidText error = invalidInput("invalid argument: text holds a NUL byte or is not valid UTF-8")
+	// ErrValueTooLarge is a value over one of PostgreSQL's size limits (an index row's,
+	// an array's, a jsonb's), refused as it is stored: the caller's input, every
+	// package's invalid argument, as ErrInvalidText is.
+	ErrValueTooLarge error = invalidInput("invalid argument: a value is over PostgreSQL's size limit for it")
 
 	// Event sourcing (package eventstore).
 	ErrVersionMismatch  = errors.New("version mismatch")
@@ -150,6 +158,7 @@ var sentinels = map[string]error{
 	// filter) or, for 22P05, a \u0000 escape inside jsonb: the client's input.
 	InvalidEncoding:       ErrInvalidText,
 	JSONUnsupportedEscape: ErrInvalidJSON,
+	ProgramLimitExceeded:  ErrValueTooLarge,
 
 	Fenced:             ErrFenced,
 	FencedSession:      ErrFenced,
@@ -195,14 +204,13 @@ func Codes() map[string]error {
 	return out
 }
 
-// invalidText is ErrInvalidText: one condition that every package names its own way.
-type invalidText struct{}
+// invalidInput is ErrInvalidText and ErrValueTooLarge: input PostgreSQL refused, a
+// condition that every package names its own way (its ErrInvalidArgument).
+type invalidInput string
 
-func (invalidText) Error() string {
-	return "invalid argument: text holds a NUL byte or is not valid UTF-8"
-}
+func (e invalidInput) Error() string { return string(e) }
 
-func (invalidText) Is(target error) bool {
+func (invalidInput) Is(target error) bool {
 	switch target {
 	case ErrInvalidArgument, ErrGroupInvalidArgument, ErrQueueInvalidArgument, ErrRetentionInvalidArgument:
 		return true

@@ -66,6 +66,7 @@ func TestEveryCodeMapsToItsSentinel(t *testing.T) {
 		sqlerr.InvalidJSON:           streams.ErrInvalidJSON,
 		sqlerr.InvalidEncoding:       consumergroup.ErrInvalidArgument,
 		sqlerr.JSONUnsupportedEscape: streams.ErrInvalidJSON,
+		sqlerr.ProgramLimitExceeded:  streams.ErrInvalidArgument,
 
 		sqlerr.Fenced:             consumergroup.ErrFenced,
 		sqlerr.FencedSession:      consumergroup.ErrFenced,
@@ -118,6 +119,14 @@ func TestEveryCodeMapsToItsSentinel(t *testing.T) {
 		require.ErrorIs(t, text, sentinel)
 	}
 	require.NotErrorIs(t, text, streams.ErrInvalidJSON)
+	// So is a value over PostgreSQL's size limit for it (an index row's: a long key of
+	// a versioned stream).
+	big := sqlerr.Wrap(&pgconn.PgError{Code: sqlerr.ProgramLimitExceeded, Message: "index row size 8040 exceeds"})
+	for _, sentinel := range []error{streams.ErrInvalidArgument, consumergroup.ErrInvalidArgument,
+		messages.ErrInvalidArgument, retention.ErrInvalidArgument} {
+		require.ErrorIs(t, big, sentinel)
+	}
+	require.NotErrorIs(t, big, sqlerr.ErrInvalidText)
 	other := &pgconn.PgError{Code: "23505"}
 	require.Same(t, other, sqlerr.Wrap(other), "a code outside the table passes through")
 }
