@@ -75,6 +75,9 @@ func TestBadBatchesWriteNothing(t *testing.T) {
 		{"over max.message.bytes", topic, -1, rawBatch(kmsg.Record{Value: []byte("a")}, kmsg.Record{Value: make([]byte, 1<<20+1)}), kerr.MessageTooLarge},
 		{"two batches", topic, -1, append(rawBatch(kmsg.Record{Value: []byte("a")}), rawBatch(kmsg.Record{Value: []byte("b")})...), kerr.InvalidRecord},
 		{"a short batch", topic, -1, good[:40], kerr.CorruptMessage},
+		// Kafka's LogValidator: a client's batch v2 starts at base offset 0.
+		{"base offset not 0", topic, -1, kmsgBatch(kmsg.RecordBatch{FirstOffset: 5, PartitionLeaderEpoch: -1,
+			ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1}, []kmsg.Record{{Value: []byte("a")}}), kerr.InvalidRecord},
 	}
 	for _, tc := range cases {
 		req := kmsg.NewPtrProduceRequest()

@@ -31,9 +31,10 @@ const batchHeaderLen = 61
 var errInvalidRecord = errors.New("invalid record")
 
 // decodeBatch decodes the records of a Produce partition: exactly one RecordBatch
-// v2 whose CRC (CRC-32C from the attributes on) matches, compressed with any of the
-// four codecs, whose records decode exactly (offset deltas 0, 1, 2, ...). limit
-// bounds the decompressed size. Errors wrap errCorrupt or errInvalidRecord.
+// v2 at base offset 0 whose CRC (CRC-32C from the attributes on) matches,
+// compressed with any of the four codecs, whose records decode exactly (offset
+// deltas 0, 1, 2, ...). limit bounds the decompressed size. Errors wrap errCorrupt
+// or errInvalidRecord.
 func decodeBatch(raw []byte, limit int) (*kmsg.RecordBatch, []kmsg.Record, error) {
 	if len(raw) < batchHeaderLen {
 		return nil, nil, fmt.Errorf("%w: %d bytes is shorter than a record batch header", errCorrupt, len(raw))
@@ -48,6 +49,9 @@ func decodeBatch(raw []byte, limit int) (*kmsg.RecordBatch, []kmsg.Record, error
 	if int(b.Length)+12 != len(raw) {
 		return nil, nil, fmt.Errorf("%w: a produce partition must hold exactly one record batch (%d bytes, the first is %d)",
 			errInvalidRecord, len(raw), int(b.Length)+12)
+	}
+	if b.FirstOffset != 0 { // Kafka's LogValidator: a client's batch starts at base offset 0
+		return nil, nil, fmt.Errorf("%w: the batch's base offset is %d, not 0", errInvalidRecord, b.FirstOffset)
 	}
 	if got := crc32.Checksum(raw[21:], crc32c); got != uint32(b.CRC) {
 		return nil, nil, fmt.Errorf("%w: CRC %08x, computed %08x", errCorrupt, uint32(b.CRC), got)
