@@ -233,14 +233,11 @@ func (c *Client) ExpireProducers(ctx context.Context, idle time.Duration, opts *
 // DeleteBefore deletes the records of a partition below offset (Kafka's
 // DeleteRecords): the log start moves to offset at once (fetches below it fail with
 // an *OffsetOutOfRangeError), then the rows are deleted in batches. offset -1 means
-// the log end. It returns the new log start. An offset past the log end is an
-// *OffsetOutOfRangeError and changes nothing.
+// the log end. It returns the new log start. An offset past the log end or below
+// -1 is an *OffsetOutOfRangeError (Kafka's answer to both) and changes nothing.
 func (c *Client) DeleteBefore(ctx context.Context, stream string, partition int32, offset int64) (int64, error) {
 	if partition < 0 {
 		return 0, invalid(ErrPartitionNotFound, "delete records of %s: partition %d is negative", stream, partition)
-	}
-	if offset < -1 {
-		return 0, invalid(ErrInvalidArgument, "delete records of %s/%d: offset %d is negative", stream, partition, offset)
 	}
 	info, err := c.DescribeStream(ctx, stream)
 	if err != nil {
@@ -253,7 +250,7 @@ func (c *Client) DeleteBefore(ctx context.Context, stream string, partition int3
 	if offset == -1 {
 		offset = p.NextOffset
 	}
-	if offset > p.NextOffset {
+	if offset > p.NextOffset || offset < 0 {
 		return 0, &OffsetOutOfRangeError{Stream: stream, Partition: partition, Offset: offset,
 			LogStartOffset: p.LogStartOffset, NextOffset: p.NextOffset}
 	}

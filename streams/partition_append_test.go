@@ -126,6 +126,8 @@ func TestDeleteBeforeMovesTheLogStart(t *testing.T) {
 	require.Len(t, res.Events, 6)
 	_, err = c.DeleteBefore(ctx, s, 0, 11)
 	require.ErrorIs(t, err, streams.ErrOffsetOutOfRange)
+	_, err = c.DeleteBefore(ctx, s, 0, -5) // Kafka: OFFSET_OUT_OF_RANGE too
+	require.ErrorIs(t, err, streams.ErrOffsetOutOfRange)
 	ls, err = c.DeleteBefore(ctx, s, 0, -1)
 	require.NoError(t, err)
 	require.Equal(t, int64(10), ls)
