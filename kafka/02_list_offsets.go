@@ -14,8 +14,9 @@ import (
 
 // ListOffsets v1 to v8 (v0's old-style offset lists are not served). Timestamps: -1
 // latest (the high watermark), -2 earliest (the log start), -3 (v7+) the record with
-// the largest timestamp (the last: log times never decrease), >= 0 the first record
-// at or after that time (streamd.offset_for_time).
+// the largest timestamp (the last: log times never decrease), -4 (v8+) the earliest
+// local offset (the log start: no remote tier), >= 0 the first record at or after
+// that time (streamd.offset_for_time).
 var listOffsetsHandler = handler{key: 2, min: 1, max: 8, fn: handleListOffsets}
 
 func handleListOffsets(ctx context.Context, r *request) (kmsg.Response, error) {
@@ -79,7 +80,7 @@ func (s *Server) listOffset(ctx context.Context, rp *kmsg.ListOffsetsResponseTop
 	switch {
 	case ts == -1:
 		rp.Offset = head.NextOffset
-	case ts == -2:
+	case ts == -2, ts == -4: // -4: the earliest local offset (KIP-405); there is no remote tier
 		rp.Offset = head.LogStartOffset
 	case ts == -3:
 		if head.NextOffset > head.LogStartOffset {
