@@ -2,7 +2,9 @@ package kafka
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -88,7 +90,7 @@ func handleProduce(ctx context.Context, r *request) (kmsg.Response, error) {
 					rp.ErrorCode = kerr.RequestTimedOut.Code
 					return
 				}
-				s.producePartition(ctx, t.Topic, p.Partition, p.Records, rp, r.isAdmin())
+				s.producePartition(ctx, req.Version, t.Topic, p.Partition, p.Records, rp, r.isAdmin())
 			}()
 		}
 		resp.Topics = append(resp.Topics, rt)
@@ -100,12 +102,18 @@ func handleProduce(ctx context.Context, r *request) (kmsg.Response, error) {
 	return resp, nil
 }
 
-// producePartition appends one partition's batch, all or nothing, and fills rp. It
-// may create a missing topic (Config.AutoCreateTopics) when mayCreate.
-func (s *Server) producePartition(ctx context.Context, topic string, partition int32, raw []byte, rp *kmsg.ProduceResponseTopicPartition, mayCreate bool) {
+// producePartition appends one partition's batch, sent in a Produce of version,
+// all or nothing, and fills rp. It may create a missing topic
+// (Config.AutoCreateTopics) when mayCreate.
+func (s *Server) producePartition(ctx context.Context, version int16, topic string, partition int32, raw []byte, rp *kmsg.ProduceResponseTopicPartition, mayCreate bool) {
 	fail := func(code int16, err error) {
 		rp.ErrorCode = code
 		setMessage(rp, err.Error())
+	}
+	// Kafka's ProduceRequest.validateRecords: a batch v2 may be zstd only from v7.
+	if version < 7 && len(raw) >= batchHeaderLen && raw[16] == 2 && int16(binary.BigEndian.Uint16(raw[21:]))&attrCodecMask == codecZstd {
+		fail(kerr.UnsupportedCompressionType.Code, fmt.Errorf("produce v%d may not carry zstd batches (v7+)", version))
+		return
 	}
 	batch, recs, err := decodeBatch(raw, max(64<<20, int(s.cfg.MaxRequestBytes)))
 	if err != nil {

@@ -1,13 +1,17 @@
 package kafka
 
 import (
+	"bytes"
+	"context"
 	"encoding/binary"
 	"hash/crc32"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/streamd/streamd/internal/testdb"
 	"github.com/streamd/streamd/streams"
@@ -43,6 +47,23 @@ func kmsgBatch(b kmsg.RecordBatch, recs []kmsg.Record) []byte {
 	out := b.AppendTo(nil)
 	binary.BigEndian.PutUint32(out[17:], crc32.Checksum(out[21:], crc32c))
 	return out
+}
+
+// produceBatch sends batch to partition 0 of topic in a Produce with acks -1 and
+// returns the answer.
+func produceBatch(t *testing.T, ctx context.Context, cl *kgo.Client, topic string, batch []byte) *kmsg.ProduceResponse {
+	t.Helper()
+	req := kmsg.NewPtrProduceRequest()
+	req.Acks, req.TimeoutMillis = -1, 10000
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = topic
+	p := kmsg.NewProduceRequestTopicPartition()
+	p.Records = batch
+	rt.Partitions = append(rt.Partitions, p)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	return resp
 }
 
 // A batch that cannot be stored gets its Kafka error code and writes nothing, while
@@ -109,18 +130,50 @@ func TestBadBatchesWriteNothing(t *testing.T) {
 	}
 
 	// A JSON stream stores good values as data, where SQL can query them.
-	req := kmsg.NewPtrProduceRequest()
-	req.Acks, req.TimeoutMillis = -1, 10000
-	rt := kmsg.NewProduceRequestTopic()
-	rt.Topic = jsonTopic
-	p := kmsg.NewProduceRequestTopicPartition()
-	p.Records = good
-	rt.Partitions = append(rt.Partitions, p)
-	req.Topics = append(req.Topics, rt)
-	kresp, err := req.RequestWith(ctx, cl)
-	require.NoError(t, err)
+	kresp := produceBatch(t, ctx, cl, jsonTopic, good)
 	require.Zero(t, kresp.Topics[0].Partitions[0].ErrorCode)
 	var ok int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT (data->>'ok')::int FROM streamd.events WHERE stream_name = $1`, jsonTopic).Scan(&ok))
 	require.Equal(t, 1, ok)
+}
+
+// TestZstdNeedsProduceV7: a zstd batch in a Produce below v7 is
+// UNSUPPORTED_COMPRESSION_TYPE and writes nothing, as Kafka's
+// ProduceRequest.validateRecords refuses it (a client may send zstd only once the
+// broker lists Produce v7); the same batch at v7 is stored.
+func TestZstdNeedsProduceV7(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, nil)
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	topic := testdb.Name("zstdv6")
+	require.NoError(t, sc.CreateStream(ctx, topic, 1))
+	v6 := kversion.Stable()
+	v6.SetMaxKeyVersion(0, 6) // Produce
+	clients := map[int16]*kgo.Client{6: newClient(t, []string{ts.addr}, kgo.MaxVersions(v6)), 7: newClient(t, []string{ts.addr})}
+
+	var body bytes.Buffer
+	rec := kmsg.Record{Value: bytes.Repeat([]byte("z"), 100)}
+	zrecs := compressRecords(codecZstd, appendRecord(nil, &rec), &body)
+	require.NotNil(t, zrecs)
+	b := kmsg.RecordBatch{PartitionLeaderEpoch: -1, Magic: 2, Attributes: codecZstd, ProducerID: -1, ProducerEpoch: -1,
+		FirstSequence: -1, NumRecords: 1, Records: zrecs, Length: int32(batchHeaderLen - 12 + len(zrecs))}
+	batch := b.AppendTo(nil)
+	binary.BigEndian.PutUint32(batch[17:], crc32.Checksum(batch[21:], crc32c))
+
+	for _, v := range []int16{6, 7} {
+		resp := produceBatch(t, ctx, clients[v], topic, batch)
+		require.Equal(t, v == 6, resp.GetVersion() == 6, "sent as v%d", resp.GetVersion())
+		code := resp.Topics[0].Partitions[0].ErrorCode
+		info, err := sc.DescribeStream(ctx, topic)
+		require.NoError(t, err)
+		if v == 6 {
+			require.Equal(t, kerr.UnsupportedCompressionType.Code, code, "v6: %v", kerr.ErrorForCode(code))
+			require.Equal(t, int64(0), info.PartitionInfo[0].NextOffset, "v6 wrote nothing")
+		} else {
+			require.Zero(t, code, "v7: %v", kerr.ErrorForCode(code))
+			require.Equal(t, int64(1), info.PartitionInfo[0].NextOffset)
+		}
+	}
 }
