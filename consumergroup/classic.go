@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -415,12 +416,24 @@ type ClassicCommit struct {
 // (nothing written) with ErrIllegalGeneration, ErrUnknownMember, ErrInstanceFenced or
 // ErrRebalanceInProgress (between JoinGroup and SyncGroup) as Kafka does; otherwise
 // each partition is committed or refused on its own (the results, in the order of
-// req.Offsets). A new generation cannot form while the commit is written.
+// req.Offsets). A partition's metadata over MaxOffsetMetadata is
+// ErrOffsetMetadataTooLarge for it, not written. A new generation cannot form while
+// the commit is written.
 func (c *Classic) CommitOffsets(ctx context.Context, req *ClassicCommit) ([]StreamPartitionResult, error) {
 	n := len(req.Offsets)
-	names, parts, offs, metas := make([]string, n), make([]int32, n), make([]int64, n), make([]*string, n)
+	out := make([]StreamPartitionResult, n)
+	keep := make([]int, 0, n) // the entries sent to SQL, by their position in req.Offsets
+	names, parts, offs, metas := make([]string, 0, n), make([]int32, 0, n), make([]int64, 0, n), make([]*string, 0, n)
 	for i, o := range req.Offsets {
-		names[i], parts[i], offs[i], metas[i] = o.Stream, o.Partition, o.Offset, nullable(o.Metadata)
+		out[i].Stream, out[i].Partition = o.Stream, o.Partition
+		if l := utf16Len(o.Metadata); l > MaxOffsetMetadata {
+			out[i].Err = fmt.Errorf("%s/%d: metadata of %d characters, over %d: %w",
+				o.Stream, o.Partition, l, MaxOffsetMetadata, ErrOffsetMetadataTooLarge)
+			continue
+		}
+		keep = append(keep, i)
+		names, parts = append(names, o.Stream), append(parts, o.Partition)
+		offs, metas = append(offs, o.Offset), append(metas, nullable(o.Metadata))
 	}
 	rows, err := c.pool.Query(ctx, `SELECT entry, outcome FROM streamd.kafka_group_commit(
 		$1, $2, $3, $4, $5, $6, $7, $8, $9)`,
@@ -432,7 +445,31 @@ func (c *Classic) CommitOffsets(ctx context.Context, req *ClassicCommit) ([]Stre
 	if err != nil {
 		return nil, fmt.Errorf("commit offsets of group %s as %s (generation %d): %w", req.Group, req.MemberID, req.Generation, err)
 	}
-	return res, nil
+	for j, i := range keep {
+		out[i] = res[j]
+	}
+	return out, nil
+}
+
+// MaxOffsetMetadata is the longest metadata an offset commit keeps, in UTF-16 code
+// units as Kafka counts it (Java's String.length against offset.metadata.max.bytes,
+// whose default is 4096).
+const MaxOffsetMetadata = 4096
+
+// ErrOffsetMetadataTooLarge: a committed offset's metadata is over
+// MaxOffsetMetadata (Kafka's OFFSET_METADATA_TOO_LARGE); that offset is not written.
+var ErrOffsetMetadataTooLarge = errors.New("offset metadata too large")
+
+// utf16Len is the length of s in UTF-16 code units (Java's String.length).
+func utf16Len(s string) int {
+	n := 0
+	for _, r := range s {
+		n++
+		if r >= 0x10000 {
+			n++
+		}
+	}
+	return n
 }
 
 // FetchOffsets returns the group's committed offsets on the given streams (every

@@ -53,6 +53,8 @@ func errorCode(err error) int16 {
 		return kerr.NonEmptyGroup.Code
 	case errors.Is(err, consumergroup.ErrGroupSubscribed):
 		return kerr.GroupSubscribedToTopic.Code
+	case errors.Is(err, consumergroup.ErrOffsetMetadataTooLarge):
+		return kerr.OffsetMetadataTooLarge.Code
 	case errors.Is(err, consumergroup.ErrInvalidArgument):
 		return kerr.InvalidRequest.Code
 	case errors.Is(err, errInvalidConfig), errors.Is(err, streamconfig.ErrInvalidConfig):
