@@ -124,6 +124,10 @@ func (s *Server) producePartition(ctx context.Context, version int16, topic stri
 		}
 		return
 	}
+	if s.keylessOnCompacted(ctx, topic, recs) {
+		fail(kerr.InvalidRecord.Code, fmt.Errorf("%w: a compacted topic takes no record without a key", errInvalidRecord))
+		return
+	}
 	records := toStreamRecords(recs)
 	var opts *streams.AppendPartitionOpts
 	if batch.ProducerID >= 0 {
@@ -142,6 +146,18 @@ func (s *Server) producePartition(ctx context.Context, version int16, topic stri
 	}
 	rp.BaseOffset = pos.BaseOffset
 	rp.LogAppendTime = pos.Timestamp.UnixMilli()
+}
+
+// keylessOnCompacted: recs hold a record without a key (null) and topic's
+// cleanup.policy compacts, which Kafka's LogValidator refuses (INVALID_RECORD). The
+// policy is read only for such batches, from the cache fetches use.
+func (s *Server) keylessOnCompacted(ctx context.Context, topic string, recs []kmsg.Record) bool {
+	for i := range recs {
+		if recs[i].Key == nil {
+			return s.topicCompacted(ctx, topic)
+		}
+	}
+	return false
 }
 
 // produceErrorCode is errorCode with Produce's reading of bad records.

@@ -92,8 +92,9 @@ func TestAdminThroughKadm(t *testing.T) {
 	require.Equal(t, "1000000", topicConfig(t, ctx, adm, topic)["retention.bytes"])
 
 	// max.message.bytes is the stream's payload limit: a larger record is refused.
+	// (The topic compacts: its records have keys, as Kafka requires.)
 	prod := newClient(t, []string{ts.addr}, kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	err = prod.ProduceSync(ctx, &kgo.Record{Value: make([]byte, 101)}).FirstErr()
+	err = prod.ProduceSync(ctx, &kgo.Record{Key: []byte("k"), Value: make([]byte, 101)}).FirstErr()
 	require.ErrorIs(t, err, kerr.MessageTooLarge)
 
 	// Partitions grow, never shrink.
@@ -110,7 +111,7 @@ func TestAdminThroughKadm(t *testing.T) {
 	// DeleteRecords moves the log start.
 	recs := make([]*kgo.Record, 5)
 	for i := range recs {
-		recs[i] = &kgo.Record{Partition: 1, Value: []byte("v")}
+		recs[i] = &kgo.Record{Partition: 1, Key: []byte("k"), Value: []byte("v")}
 	}
 	require.NoError(t, prod.ProduceSync(ctx, recs...).FirstErr())
 	offs := kadm.Offsets{}

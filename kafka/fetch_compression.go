@@ -65,12 +65,16 @@ const compressionTTL = time.Second
 const compressedReadFactor = 4
 
 type cachedCompression struct {
-	codec      int8
+	codec int8
+	// compacted: the topic's cleanup.policy compacts (Produce refuses keyless
+	// records, as Kafka does).
+	compacted  bool
 	expires    time.Time
 	refreshing bool // a refresh goroutine reads it again
 }
 
-// topicCompression caches each topic's fetch codec (Server.compression).
+// topicCompression caches each topic's fetch codec and whether it is compacted
+// (Server.compression).
 type topicCompression struct {
 	mu      sync.Mutex
 	byTopic map[string]cachedCompression
@@ -93,6 +97,19 @@ const compressionRefreshTimeout = 10 * time.Second
 // and the cached codec for a refreshed one (the fetch itself reports a missing
 // stream).
 func (s *Server) fetchCodec(ctx context.Context, topic string) int8 {
+	return s.cachedTopic(ctx, topic).codec
+}
+
+// topicCompacted says whether topic's cleanup.policy compacts, as fetchCodec reads
+// the codec (a change made through another instance applies within
+// compressionTTL).
+func (s *Server) topicCompacted(ctx context.Context, topic string) bool {
+	return s.cachedTopic(ctx, topic).compacted
+}
+
+// cachedTopic is topic's entry, from the cache or the stream's configuration
+// (fetchCodec).
+func (s *Server) cachedTopic(ctx context.Context, topic string) cachedCompression {
 	now := time.Now()
 	s.compression.mu.Lock()
 	c, ok := s.compression.byTopic[topic]
@@ -105,43 +122,48 @@ func (s *Server) fetchCodec(ctx context.Context, topic string) int8 {
 			defer s.compression.refreshes.Done()
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), compressionRefreshTimeout)
 			defer cancel()
-			s.loadCodec(rctx, topic, c.codec, forgets)
+			s.loadCodec(rctx, topic, c, forgets)
 		}()
 	}
 	forgets := s.compression.forgets
 	s.compression.mu.Unlock()
 	if ok {
-		return c.codec
+		return c
 	}
-	return s.loadCodec(ctx, topic, codecNone, forgets)
+	return s.loadCodec(ctx, topic, cachedCompression{codec: codecNone}, forgets)
 }
 
-// loadCodec reads topic's codec from its configuration and caches it, unless
-// forgetCompression ran since forgets was read. When the configuration cannot be
-// read it caches fallback (what the refreshed entry held; uncompressed for a new one).
-func (s *Server) loadCodec(ctx context.Context, topic string, fallback int8, forgets uint64) int8 {
+// loadCodec reads topic's codec and cleanup policy from its configuration and
+// caches them, unless forgetCompression ran since forgets was read. When the
+// configuration cannot be read it caches fallback (what the refreshed entry held;
+// uncompressed for a new one).
+func (s *Server) loadCodec(ctx context.Context, topic string, fallback cachedCompression, forgets uint64) cachedCompression {
 	now := time.Now()
-	codec := compressionCodecs[s.cfg.Compression]
+	e := cachedCompression{codec: compressionCodecs[s.cfg.Compression]}
 	cfg, err := streamconfig.GetTx(ctx, s.pool, topic)
 	switch {
 	case err == nil:
-		codec = compressionCodecs[compressionOf(cfg.Performance, s.cfg.Compression)]
+		e.codec = compressionCodecs[compressionOf(cfg.Performance, s.cfg.Compression)]
+		if r := cfg.Retention; r != nil {
+			e.compacted = r.CleanupPolicy == streamconfig.CleanupCompact || r.CleanupPolicy == streamconfig.CleanupCompactDelete
+		}
 	case errors.Is(err, streams.ErrStreamNotFound):
 	default:
 		s.logger.Warn("kafka fetch: cannot read the topic's compression", "stream", topic, "error", err)
-		codec = fallback
+		e = cachedCompression{codec: fallback.codec, compacted: fallback.compacted}
 	}
 	s.compression.mu.Lock()
 	defer s.compression.mu.Unlock()
 	if s.compression.forgets != forgets {
 		delete(s.compression.byTopic, topic) // read again by the next fetch
-		return codec
+		return e
 	}
 	if s.compression.byTopic == nil || len(s.compression.byTopic) > 10000 {
 		s.compression.byTopic = map[string]cachedCompression{}
 	}
-	s.compression.byTopic[topic] = cachedCompression{codec: codec, expires: now.Add(compressionTTL)}
-	return codec
+	e.expires = now.Add(compressionTTL)
+	s.compression.byTopic[topic] = e
+	return e
 }
 
 // forgetCompression drops topic from the cache after this instance changed its

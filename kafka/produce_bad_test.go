@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -175,5 +176,41 @@ func TestZstdNeedsProduceV7(t *testing.T) {
 			require.Zero(t, code, "v7: %v", kerr.ErrorForCode(code))
 			require.Equal(t, int64(1), info.PartitionInfo[0].NextOffset)
 		}
+	}
+}
+
+// TestCompactedTopicTakesOnlyKeyedRecords: a record without a key (null; an empty
+// key is a key) produced to a topic whose cleanup.policy compacts is INVALID_RECORD
+// and nothing of its batch is written, as Kafka's LogValidator refuses it; keyed
+// batches are stored, and a delete topic takes keyless records.
+func TestCompactedTopicTakesOnlyKeyedRecords(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, nil)
+	ctx := testCtx(t)
+	sc := streams.NewClient(pool, nil)
+	cl := newClient(t, []string{ts.addr})
+	adm := kadm.NewClient(cl)
+	keyless := rawBatch(kmsg.Record{Key: []byte("k"), Value: []byte("a")}, kmsg.Record{Value: []byte("b")})
+	keyed := rawBatch(kmsg.Record{Key: []byte("k"), Value: []byte("a")}, kmsg.Record{Key: []byte{}, Value: []byte("b")})
+	for _, policy := range []string{"compact", "compact,delete", "delete"} {
+		topic := testdb.Name("compacted")
+		require.NoError(t, sc.CreateStream(ctx, topic, 1))
+		require.Zero(t, produceBatch(t, ctx, cl, topic, keyed).Topics[0].Partitions[0].ErrorCode)
+		alter, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "cleanup.policy", Value: &policy}}, topic)
+		require.NoError(t, err)
+		require.NoError(t, alter[0].Err)
+
+		code := produceBatch(t, ctx, cl, topic, keyless).Topics[0].Partitions[0].ErrorCode
+		info, err := sc.DescribeStream(ctx, topic)
+		require.NoError(t, err)
+		if policy == "delete" {
+			require.Zero(t, code, "%s: %v", policy, kerr.ErrorForCode(code))
+			require.Equal(t, int64(4), info.PartitionInfo[0].NextOffset, policy)
+			continue
+		}
+		require.Equal(t, kerr.InvalidRecord.Code, code, "%s: %v", policy, kerr.ErrorForCode(code))
+		require.Equal(t, int64(2), info.PartitionInfo[0].NextOffset, "%s: the keyless batch wrote nothing", policy)
+		require.Zero(t, produceBatch(t, ctx, cl, topic, keyed).Topics[0].Partitions[0].ErrorCode, policy)
 	}
 }
