@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -15,6 +16,11 @@ import (
 // transaction. Replication is PostgreSQL's: any replication factor is accepted and
 // 1 reported; manual replica assignments are refused.
 var createTopicsHandler = handler{key: 19, min: 0, max: 7, fn: handleCreateTopics}
+
+// maxPartitions is the most partitions a stream may have (streams.CreateStreamTx
+// refuses more); CreateTopics and CreatePartitions answer a larger count with
+// INVALID_PARTITIONS.
+const maxPartitions = 10000
 
 // errValidateOnly rolls a validate-only request's transaction back.
 var errValidateOnly = errors.New("validate only")
@@ -47,8 +53,8 @@ func handleCreateTopics(ctx context.Context, r *request) (kmsg.Response, error) 
 			fail(kerr.InvalidRequest.Code, "the topic is named more than once in the request")
 		case !streams.ValidName(t.Topic):
 			fail(kerr.InvalidTopicException.Code, "a topic name is 1 to 249 characters of A-Z a-z 0-9 . _ -")
-		case partitions < 1 || partitions > 10000:
-			fail(kerr.InvalidPartitions.Code, "the partition count must be between 1 and 10000")
+		case partitions < 1 || partitions > maxPartitions:
+			fail(kerr.InvalidPartitions.Code, fmt.Sprintf("the partition count must be between 1 and %d", maxPartitions))
 		case t.ReplicationFactor == 0 || t.ReplicationFactor < -1:
 			fail(kerr.InvalidReplicationFactor.Code, "the replication factor must be -1 or positive")
 		case len(t.ReplicaAssignment) > 0:

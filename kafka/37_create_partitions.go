@@ -14,8 +14,8 @@ import (
 )
 
 // CreatePartitions v0 to v3: grows a stream's partition count (keys move, as in
-// Kafka). Fewer or as many partitions as the topic has is INVALID_PARTITIONS. Needs
-// admin on the stream.
+// Kafka). Fewer or as many partitions as the topic has, or more than maxPartitions,
+// is INVALID_PARTITIONS. Needs admin on the stream.
 var createPartitionsHandler = handler{key: 37, min: 0, max: 3, fn: handleCreatePartitions}
 
 func handleCreatePartitions(ctx context.Context, r *request) (kmsg.Response, error) {
@@ -45,6 +45,9 @@ func handleCreatePartitions(ctx context.Context, r *request) (kmsg.Response, err
 			if t.Count <= info.Partitions {
 				return fmt.Errorf("%w: topic %s has %d partitions; asked for %d", streams.ErrPartitionsDecrease, t.Topic, info.Partitions, t.Count)
 			}
+			if t.Count > maxPartitions {
+				return fmt.Errorf("%w: topic %s: asked for %d partitions, at most %d", errTooManyPartitions, t.Topic, t.Count, maxPartitions)
+			}
 			if len(t.Assignment) > 0 {
 				return errManualAssignment
 			}
@@ -59,6 +62,8 @@ func handleCreatePartitions(ctx context.Context, r *request) (kmsg.Response, err
 		switch {
 		case errors.Is(err, errManualAssignment):
 			rt.ErrorCode = kerr.InvalidReplicaAssignment.Code
+		case errors.Is(err, errTooManyPartitions):
+			rt.ErrorCode = kerr.InvalidPartitions.Code
 		case err != nil && !errors.Is(err, errValidateOnly):
 			rt.ErrorCode = errorCode(err)
 		}
@@ -70,5 +75,7 @@ func handleCreatePartitions(ctx context.Context, r *request) (kmsg.Response, err
 	}
 	return resp, nil
 }
+
+var errTooManyPartitions = errors.New("too many partitions")
 
 var errManualAssignment = errors.New("streamd has no replicas to assign: every broker serves every partition")

@@ -107,6 +107,9 @@ func TestAdminThroughKadm(t *testing.T) {
 	cp, err = adm.UpdatePartitions(ctx, 3, topic)
 	require.NoError(t, err)
 	require.ErrorIs(t, cp[topic].Err, kerr.InvalidPartitions)
+	cp, err = adm.UpdatePartitions(ctx, 10001, topic) // over streamd's limit, as CreateTopics answers it
+	require.NoError(t, err)
+	require.ErrorIs(t, cp[topic].Err, kerr.InvalidPartitions)
 
 	// DeleteRecords moves the log start.
 	recs := make([]*kgo.Record, 5)
