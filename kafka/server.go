@@ -263,7 +263,8 @@ type Server struct {
 	// its shutdown.
 	tails tailReaders
 
-	// topicIDs caches the streams' topic ids for Fetch v13+ (01_fetch.go).
+	// topicIDs caches the streams' topic ids for Fetch v13+ (01_fetch.go) and
+	// DeleteTopics v6 (topicNameOf).
 	topicIDs struct {
 		mu    sync.Mutex
 		names map[[16]byte]string

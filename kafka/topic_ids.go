@@ -1,6 +1,9 @@
 package kafka
 
-import "crypto/sha256"
+import (
+	"context"
+	"crypto/sha256"
+)
 
 // topicID is a topic's id: streams have none, so it is derived from the name (the
 // first 16 bytes of a SHA-256), the same on every instance. KIP-848 assignments name
@@ -11,4 +14,20 @@ func topicID(name string) [16]byte {
 	var id [16]byte
 	copy(id[:], sum[:16])
 	return id
+}
+
+// topicNameOf is the name of the stream whose topic id is id, "" when none has it:
+// from the cache resolveTopicIDs keeps, reloaded when id is not in it.
+func (s *Server) topicNameOf(ctx context.Context, id [16]byte) (string, error) {
+	s.topicIDs.mu.Lock()
+	defer s.topicIDs.mu.Unlock()
+	if name, ok := s.topicIDs.names[id]; ok {
+		return name, nil
+	}
+	names, err := s.topicNamesByID(ctx)
+	if err != nil {
+		return "", err
+	}
+	s.topicIDs.names = names
+	return names[id], nil
 }
