@@ -14,8 +14,8 @@ import (
 )
 
 // Metadata up to v12: v13 only adds a top-level error code. Topic ids are derived
-// from the stream name (topic_ids.go; KIP-848 assignments name topics by id); Fetch
-// still stops below v13 (topics by id).
+// from the stream name (topic_ids.go; KIP-848 assignments name topics by id); a v12
+// request may name topics by id (an id no stream has is UNKNOWN_TOPIC_ID).
 var metadataHandler = handler{key: 3, min: 0, max: 12, fn: handleMetadata}
 
 func handleMetadata(ctx context.Context, r *request) (kmsg.Response, error) {
@@ -44,8 +44,19 @@ func handleMetadata(ctx context.Context, r *request) (kmsg.Response, error) {
 		return nil, err
 	}
 	partitions := make(map[string]int32, len(all))
+	byID := make(map[[16]byte]string, len(all)+1)
 	for _, st := range all {
 		partitions[st.Name] = st.Partitions
+		byID[topicID(st.Name)] = st.Name
+	}
+	byID[topicID(consumerOffsetsTopic)] = consumerOffsetsTopic
+	// v12 may name a topic by its id (KIP-516), derived from its name.
+	for i := range req.Topics {
+		if t := &req.Topics[i]; t.Topic == nil {
+			if name, ok := byID[t.TopicID]; ok {
+				t.Topic = &name
+			}
+		}
 	}
 	// A principal sees the topics it may read or write ("describe" in Kafka's terms).
 	everyTopic := req.Topics == nil || (req.Version == 0 && len(req.Topics) == 0) // v0: empty; v1+: null

@@ -11,6 +11,37 @@ import (
 	"github.com/streamd/streamd/streams"
 )
 
+// TestMetadataByTopicID: Metadata v12 naming a topic by its id (KIP-516), as Kafka
+// answers it, describes the topic Metadata gave that id; an id no topic has is
+// UNKNOWN_TOPIC_ID.
+func TestMetadataByTopicID(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ts := startServer(t, pool, nil)
+	ctx := testCtx(t)
+	topic := testdb.Name("mdbyid")
+	require.NoError(t, streams.NewClient(pool, nil).CreateStream(ctx, topic, 3))
+	cl := newClient(t, []string{ts.addr})
+
+	req := kmsg.NewPtrMetadataRequest()
+	req.Version = 12
+	for _, id := range [][16]byte{topicID(topic), topicID(testdb.Name("nosuch"))} {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.TopicID = id
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Len(t, resp.Topics, 2)
+	got := resp.Topics[0]
+	require.Zero(t, got.ErrorCode, "%v", kerr.ErrorForCode(got.ErrorCode))
+	require.NotNil(t, got.Topic)
+	require.Equal(t, topic, *got.Topic)
+	require.Equal(t, topicID(topic), got.TopicID)
+	require.Len(t, got.Partitions, 3)
+	require.Equal(t, kerr.UnknownTopicID.Code, resp.Topics[1].ErrorCode)
+}
+
 // TestDeleteTopicsByID: DeleteTopics v6 naming a topic by its id (KIP-516; the Java
 // admin's deleteTopics(TopicCollection.ofTopicIds(...))) deletes the topic Metadata
 // gave that id; an id no topic has is UNKNOWN_TOPIC_ID.
