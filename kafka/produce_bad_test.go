@@ -50,6 +50,17 @@ func kmsgBatch(b kmsg.RecordBatch, recs []kmsg.Record) []byte {
 	return out
 }
 
+// recordsBatch is a record batch v2 with the attributes given (codecNone: the
+// records uncompressed) claiming n records whose records are the bytes given, CRC
+// computed.
+func recordsBatch(attrs int16, n int32, records []byte) []byte {
+	b := kmsg.RecordBatch{PartitionLeaderEpoch: -1, Magic: 2, Attributes: attrs, LastOffsetDelta: n - 1, ProducerID: -1, ProducerEpoch: -1,
+		FirstSequence: -1, NumRecords: n, Records: records, Length: int32(batchHeaderLen - 12 + len(records))}
+	out := b.AppendTo(nil)
+	binary.BigEndian.PutUint32(out[17:], crc32.Checksum(out[21:], crc32c))
+	return out
+}
+
 // produceBatch sends batch to partition 0 of topic in a Produce with acks -1 and
 // returns the answer.
 func produceBatch(t *testing.T, ctx context.Context, cl *kgo.Client, topic string, batch []byte) *kmsg.ProduceResponse {
@@ -97,6 +108,11 @@ func TestBadBatchesWriteNothing(t *testing.T) {
 		{"over max.message.bytes", topic, -1, rawBatch(kmsg.Record{Value: []byte("a")}, kmsg.Record{Value: make([]byte, 1<<20+1)}), kerr.MessageTooLarge},
 		{"two batches", topic, -1, append(rawBatch(kmsg.Record{Value: []byte("a")}), rawBatch(kmsg.Record{Value: []byte("b")})...), kerr.InvalidRecord},
 		{"a short batch", topic, -1, good[:40], kerr.CorruptMessage},
+		// A batch whose CRC holds but whose records do not decode was built wrong,
+		// not damaged on the way: Kafka's DefaultRecord answers INVALID_RECORD (not
+		// CORRUPT_MESSAGE, which a client retries).
+		{"a record that does not decode", topic, -1, recordsBatch(codecNone, 1, []byte{3 << 1, 0, 0xff, 0xff}), kerr.InvalidRecord},
+		{"bytes after the last record", topic, -1, recordsBatch(codecNone, 1, append(appendRecord(nil, &kmsg.Record{Value: []byte("a")}), 0, 0)), kerr.InvalidRecord},
 		// Kafka's LogValidator: a client's batch v2 starts at base offset 0.
 		{"base offset not 0", topic, -1, kmsgBatch(kmsg.RecordBatch{FirstOffset: 5, PartitionLeaderEpoch: -1,
 			ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1}, []kmsg.Record{{Value: []byte("a")}}), kerr.InvalidRecord},
@@ -158,10 +174,7 @@ func TestZstdNeedsProduceV7(t *testing.T) {
 	rec := kmsg.Record{Value: bytes.Repeat([]byte("z"), 100)}
 	zrecs := compressRecords(codecZstd, appendRecord(nil, &rec), &body)
 	require.NotNil(t, zrecs)
-	b := kmsg.RecordBatch{PartitionLeaderEpoch: -1, Magic: 2, Attributes: codecZstd, ProducerID: -1, ProducerEpoch: -1,
-		FirstSequence: -1, NumRecords: 1, Records: zrecs, Length: int32(batchHeaderLen - 12 + len(zrecs))}
-	batch := b.AppendTo(nil)
-	binary.BigEndian.PutUint32(batch[17:], crc32.Checksum(batch[21:], crc32c))
+	batch := recordsBatch(codecZstd, 1, zrecs)
 
 	for _, v := range []int16{6, 7} {
 		resp := produceBatch(t, ctx, clients[v], topic, batch)

@@ -34,7 +34,9 @@ var errInvalidRecord = errors.New("invalid record")
 // v2 at base offset 0 whose CRC (CRC-32C from the attributes on) matches,
 // compressed with any of the four codecs, whose records decode exactly (offset
 // deltas 0, 1, 2, ...). limit bounds the decompressed size. Errors wrap errCorrupt
-// or errInvalidRecord.
+// (a batch damaged on the way: a short header, a bad CRC, records that do not
+// decompress) or errInvalidRecord (a batch built wrong, its CRC good: records that
+// do not decode, as Kafka's DefaultRecord answers).
 func decodeBatch(raw []byte, limit int) (*kmsg.RecordBatch, []kmsg.Record, error) {
 	if len(raw) < batchHeaderLen {
 		return nil, nil, fmt.Errorf("%w: %d bytes is shorter than a record batch header", errCorrupt, len(raw))
@@ -68,16 +70,16 @@ func decodeBatch(raw []byte, limit int) (*kmsg.RecordBatch, []kmsg.Record, error
 	}
 	// Each record takes at least 7 bytes: a bogus count cannot make us allocate.
 	if int(b.NumRecords) > len(data)/7+1 {
-		return nil, nil, fmt.Errorf("%w: %d records in %d bytes", errCorrupt, b.NumRecords, len(data))
+		return nil, nil, fmt.Errorf("%w: %d records in %d bytes", errInvalidRecord, b.NumRecords, len(data))
 	}
 	recs := make([]kmsg.Record, b.NumRecords)
 	for i := range recs {
 		l, n := binary.Varint(data)
 		if n <= 0 || l < 0 || int64(len(data)-n) < l {
-			return nil, nil, fmt.Errorf("%w: record %d: bad length", errCorrupt, i)
+			return nil, nil, fmt.Errorf("%w: record %d: bad length", errInvalidRecord, i)
 		}
 		if err := recs[i].ReadFrom(data[:n+int(l)]); err != nil {
-			return nil, nil, fmt.Errorf("%w: record %d: %v", errCorrupt, i, err)
+			return nil, nil, fmt.Errorf("%w: record %d: %v", errInvalidRecord, i, err)
 		}
 		if recs[i].OffsetDelta != int32(i) {
 			return nil, nil, fmt.Errorf("%w: record %d has offset delta %d", errInvalidRecord, i, recs[i].OffsetDelta)
@@ -85,7 +87,7 @@ func decodeBatch(raw []byte, limit int) (*kmsg.RecordBatch, []kmsg.Record, error
 		data = data[n+int(l):]
 	}
 	if len(data) != 0 {
-		return nil, nil, fmt.Errorf("%w: %d bytes after the last record", errCorrupt, len(data))
+		return nil, nil, fmt.Errorf("%w: %d bytes after the last record", errInvalidRecord, len(data))
 	}
 	return &b, recs, nil
 }
