@@ -290,7 +290,10 @@ func TestRestartDeliversByPollingThenByTailer(t *testing.T) {
 		c.MinBackoff = 8 * time.Second
 		c.MaxBackoff = 8 * time.Second
 	})
-	const poll = 150 * time.Millisecond
+	// A poll of 1 s: a wake-up must beat the reader's next poll to count as one, and
+	// under load (a clean-clone CI beside other tests, load 8) the reconnected
+	// tailer's first wake-ups took longer than a 150 ms poll five times running.
+	const poll = time.Second
 	r := startReader(t, pool, l.Hub, stream, poll)
 	testdb.WaitFor(t, 30*time.Second, "streaming", func() bool { return b.Streaming() && l.Connected() })
 	require.True(t, deliveredByWake(t, r, c, stream, 5), "before the restart, wake-ups deliver")
