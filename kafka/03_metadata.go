@@ -44,16 +44,20 @@ func handleMetadata(ctx context.Context, r *request) (kmsg.Response, error) {
 		return nil, err
 	}
 	partitions := make(map[string]int32, len(all))
-	byID := make(map[[16]byte]string, len(all)+1)
 	for _, st := range all {
 		partitions[st.Name] = st.Partitions
-		byID[topicID(st.Name)] = st.Name
 	}
-	byID[topicID(consumerOffsetsTopic)] = consumerOffsetsTopic
-	// v12 may name a topic by its id (KIP-516), derived from its name.
+	// v12 may name a topic by its id (KIP-516), derived from its name: resolved
+	// through the cache Fetch and DeleteTopics use (topicNameOf), so a request that
+	// names none hashes nothing. A name the cache still holds for a stream deleted
+	// since is not taken (UNKNOWN_TOPIC_ID).
 	for i := range req.Topics {
 		if t := &req.Topics[i]; t.Topic == nil {
-			if name, ok := byID[t.TopicID]; ok {
+			name, err := s.topicNameOf(ctx, t.TopicID)
+			if err != nil {
+				return nil, err
+			}
+			if _, ok := partitions[name]; ok || name == consumerOffsetsTopic {
 				t.Topic = &name
 			}
 		}
